@@ -362,6 +362,44 @@ def test_eager_fast_kernel_equals_reference(interleaved: bool, dtype: torch.dtyp
         assert torch.equal(fast, rotary._rotate_eager(x.float(), cos, sin, interleaved).to(dtype))
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("shape", "rotary_dim", "table_batch"),
+    [((2, 3, 37, 16), 16, False), ((2, 3, 37, 15), 6, False), ((2, 3, 37, 16), 8, True)],
+)
+def test_blocked_half_precision_kernel_rounds_once(
+    interleaved: bool,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    rotary_dim: int,
+    table_batch: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Half-precision inputs are rotated block by block in float32 (here 5 rows a block, so
+    37 rows span 8 blocks, the last one short): equal to rotating in float64 and rounding once,
+    for odd head dims, partial rotary and per-batch tables alike."""
+    monkeypatch.setattr(rotary, "BLOCK_ELEMENTS", 5 * shape[-1])
+    monkeypatch.setattr(rotary, "_compile_enabled", False)
+    x = torch.randn(shape[0], shape[2], shape[1], shape[3]).to(dtype).transpose(1, 2)
+    table_shape = (
+        (shape[0], 1, shape[2], rotary_dim // 2) if table_batch else (shape[2], rotary_dim // 2)
+    )
+    angles = torch.rand(table_shape, dtype=torch.float64) * 1000
+    cos, sin = angles.cos().float(), angles.sin().float()
+    with torch.no_grad():
+        got = apply_rotary(x, cos, sin, interleaved=interleaved)
+    assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
+    exact = rotary._rotate_eager(x.double(), cos.double(), sin.double(), interleaved)
+    # one rounding of a value computed in float32: at most one unit in the last place apart
+    # from rounding the float64 value (fma or not), never more
+    ulp = torch.finfo(dtype).eps * exact.abs().clamp(min=torch.finfo(dtype).tiny)
+    assert ((got.double() - exact).abs() <= ulp).all()
+    if interleaved:  # one complex multiply per pair: bit-identical to the float32 formula
+        assert torch.equal(got, rotary._rotate_eager(x.float(), cos, sin, True).to(dtype))
+    assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("interleaved", "dtype"), [(False, torch.float32), (True, torch.bfloat16)])
 def test_compiled_kernel_equals_eager(

@@ -524,6 +524,9 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)
             additive = torch.where(mask, additive, blocked)
+        # (b, h, nq, nk): with a 3-D mask SDPA leaves its fused CPU kernel for the math one,
+        # which is 2-3x slower and materialises the scores
+        additive = additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
         if work != q.dtype:
             out = F.scaled_dot_product_attention(
                 q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p

@@ -88,7 +88,9 @@ class ALiBi(DistanceBias):
         """``-m_h · |d|`` (or ``-m_h · d`` when causal) at ``d = i - j`` -> ``(h, *d.shape)``."""
         d = distance if self.causal else distance.abs()
         slopes = self.slopes.to(distance.dtype).view(-1, *([1] * distance.dim()))  # (h, 1, ...)
-        return 0.0 - slopes * d  # 0 - x, not -x: no -0.0 on the diagonal
+        # 0 - m·d in one pass over the (h, ...) output; 0 - x, not -x: no -0.0 on the diagonal
+        zero = torch.zeros((), dtype=distance.dtype, device=distance.device)
+        return torch.addcmul(zero, slopes, d, value=-1)
 
     def score_mod(
         self,

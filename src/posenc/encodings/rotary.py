@@ -28,9 +28,10 @@ within float32 rounding at any position; the cached tables stay float32 after
 rotated in float32 and cast back once.
 
 Speed (CPU): the interleaved layout is one complex multiply per tensor
-(``view_as_complex(x) * (cos + i sin)``, written straight into the output); the half layout
-and half-precision inputs use one ``torch.compile``-d fused kernel per layout (compiled per
-shape and dtype by dynamo), falling back to an eager kernel without temporaries when
+(``view_as_complex(x) * (cos + i sin)``, written straight into the output); half-precision
+interleaved inputs are converted, rotated and rounded back block by block in a cache-sized
+float32 buffer (one pass over memory). The half layout uses one ``torch.compile``-d fused
+kernel (compiled per shape and dtype by dynamo), falling back to the same eager kernels when
 compilation is unavailable. When autograd is recording, a plain differentiable formula is
 used. See ``benchmarks/rope.md``.
 
@@ -146,6 +147,63 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tens
     return out
 
 
+#: Work-dtype elements per block of :func:`_rotate_blocked`: 2**18 float32 values are 1 MiB,
+#: so a block and its table rows stay in a core's L2 cache while they are rotated.
+BLOCK_ELEMENTS = 1 << 18
+
+
+def _rotate_blocked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Eager, no autograd, for half-precision ``x`` and float32 tables: one pass over memory.
+
+    Converting all of ``x`` to float32, rotating and converting back would stream three
+    full-size temporaries through memory. Instead each cache-sized block of rows is converted
+    into one reused float32 buffer, rotated there in place (a complex multiply for the
+    interleaved layout) and written back to the output with a single rounding, so memory sees
+    ``x`` read once and the output written once. Bit-identical to rotating in float32 and
+    casting the result once.
+    """
+    half = cos.shape[-1]
+    r = 2 * half
+    n, d = x.shape[-2], x.shape[-1]
+    lead = x.shape[:-2]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous
+    as_complex = interleaved and d % 2 == 0  # the pairs of a (rows, d) block view as complex
+    if as_complex:
+        table = torch.complex(cos, sin).expand(*lead, n, half)  # (..., n, r/2), a view
+    cos, sin = cos.expand(*lead, n, half), sin.expand(*lead, n, half)  # views, no copies
+    rows = max(1, min(n, BLOCK_ELEMENTS // d))
+    buf = torch.empty(rows, d, dtype=cos.dtype, device=x.device)  # (rows, d)
+    spare = torch.empty(rows, half, dtype=cos.dtype, device=x.device)
+    for index in _indices(lead):
+        xi, oi = x[index], out[index]  # (n, d)
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            block = buf[: stop - start]
+            block.copy_(xi[start:stop])  # converts to float32
+            if as_complex:  # (x1 + i x2)(cos + i sin)
+                pairs = torch.view_as_complex(block[:, :r].unflatten(-1, (half, 2)))
+                pairs.mul_(table[index][start:stop])
+            else:
+                c, s = cos[index][start:stop], sin[index][start:stop]  # (rows, r/2)
+                if interleaved:
+                    x1, x2 = block[:, 0:r:2], block[:, 1:r:2]
+                else:
+                    x1, x2 = block[:, :half], block[:, half:r]
+                keep = spare[: stop - start].copy_(x1)
+                x1.mul_(c).addcmul_(x2, s, value=-1)
+                x2.mul_(c).addcmul_(keep, s)
+            oi[start:stop].copy_(block)  # rounds once
+    return out
+
+
+def _indices(shape: torch.Size) -> list[tuple[int, ...]]:
+    """Every index tuple into ``shape`` (``[()]`` for an empty shape)."""
+    out: list[tuple[int, ...]] = [()]
+    for size in shape:
+        out = [(*prefix, i) for prefix in out for i in range(size)]
+    return out
+
+
 #: Tensors smaller than this many elements skip compilation (it costs seconds once per shape).
 COMPILE_MIN_NUMEL = 1 << 20
 _compile_enabled = os.environ.get("POSENC_COMPILE", "1") not in ("0", "false", "False", "")
@@ -177,8 +235,9 @@ def _compiled_kernel() -> Callable[..., Tensor] | None:
 def _use_compiled(x: Tensor, work: torch.dtype, interleaved: bool) -> bool:
     if not _compile_enabled or x.numel() < COMPILE_MIN_NUMEL or torch.compiler.is_compiling():
         return False
-    # fp32 interleaved is already one complex multiply; the kernel helps the rest
-    return not (interleaved and x.dtype == work)
+    # The interleaved layout is a complex multiply (blocked for half precision); inductor
+    # emits scalar code for its stride-2 pairs, so the compiled kernel helps the half layout.
+    return not interleaved
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
@@ -231,6 +290,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
                     "using the eager kernel from now on",
                     stacklevel=2,
                 )
+    if x.dtype != work and x.dim() >= max(2, cos.dim()):  # half precision in, one pass
+        return _rotate_blocked(x, cos, sin, interleaved)
     return _rotate_into(x.to(work), cos, sin, interleaved).to(x.dtype)
 
 
