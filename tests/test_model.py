@@ -83,8 +83,12 @@ def test_need_weights_equals_fused_path() -> None:
     assert weights.shape == (2, 4, 5, 5)
 
 
+@pytest.mark.parametrize("grad", [True, False])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_layer_matches_torch_transformer_encoder_layer(norm_first: bool) -> None:
+def test_layer_matches_torch_transformer_encoder_layer(norm_first: bool, grad: bool) -> None:
+    """With autograd on (out-of-place residuals) and off (residuals accumulated by the output
+    projections' GEMMs, ReLU fused into the up-projection), and torch's side on its fused
+    fast path when autograd is off."""
     dim, heads, ffn = 32, 4, 64
     ours = EncoderLayer(dim, heads, ffn_dim=ffn, norm_first=norm_first).double().eval()
     theirs = (
@@ -106,12 +110,60 @@ def test_layer_matches_torch_transformer_encoder_layer(norm_first: bool) -> None
     x = torch.randn(3, 9, dim, dtype=torch.float64)
     padding = torch.zeros(3, 9, dtype=torch.bool)
     padding[0, 6:] = True
-    assert_close(
-        ours(x, key_padding_mask=padding),
-        theirs(x, src_key_padding_mask=padding),
-        rtol=0,
-        atol=1e-12,
-    )
+    with torch.set_grad_enabled(grad):
+        got = ours(x, key_padding_mask=padding)
+        want = theirs(x, src_key_padding_mask=padding)
+    assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_feed_forward_residual_paths_agree(activation: str) -> None:
+    """``ffn(x, residual=r)`` is ``r + ffn(x)`` with autograd on and off, and its gradient
+    reaches the residual, the input and every weight."""
+    ffn = FeedForward(6, 10, activation=activation).double()  # type: ignore[arg-type]
+    x = torch.randn(2, 3, 6, dtype=torch.float64)
+    r = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    act = torch.relu if activation == "relu" else torch.nn.functional.gelu
+    expected = r + act(x @ ffn.up.weight.T + ffn.up.bias) @ ffn.down.weight.T + ffn.down.bias
+    with torch.no_grad():
+        assert_close(ffn(x, residual=r), expected.detach(), rtol=0, atol=1e-14)
+        assert_close(ffn(x), (expected - r).detach(), rtol=0, atol=1e-14)
+    got = ffn(x, residual=r)
+    assert_close(got, expected, rtol=0, atol=1e-14)
+    got.sum().backward()
+    assert_close(r.grad, torch.ones_like(r))
+    assert all(p.grad is not None for p in ffn.parameters())
+
+
+def test_attention_residual_is_added_once() -> None:
+    attn = MultiHeadAttention(16, 4).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    r = torch.randn(2, 5, 16, dtype=torch.float64)
+    plain = attn(x)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            assert_close(attn(x, residual=r), r + plain, rtol=0, atol=1e-14)
+    with pytest.raises(ValueError, match=r"residual must have the shape of x \(2, 5, 16\)"):
+        attn(x, residual=r[:, :3])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_encoder_inference_equals_autograd_path(dropout: float) -> None:
+    """Eval mode: the fused inference path equals the autograd path; train mode with dropout
+    keeps the plain one (dropout before the residual add) and is seeded-reproducible."""
+    torch.manual_seed(0)
+    enc = Encoder(32, 2, 4, pe="rope", dropout=dropout).double().eval()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    with torch.no_grad():
+        fused = enc(x)
+    assert_close(fused, enc(x), rtol=0, atol=1e-12)
+    enc.train()
+    torch.manual_seed(1)
+    first = enc(x)
+    torch.manual_seed(1)
+    assert torch.equal(first, enc(x))
+    if dropout:
+        assert not torch.allclose(first, fused)
 
 
 def test_feed_forward_formula() -> None:

@@ -91,6 +91,23 @@ def scaled_dot_product_attention(
     return (weights @ v).to(out_dtype), weights.to(out_dtype)
 
 
+def linear_residual(linear: nn.Linear, x: Tensor, residual: Tensor | None) -> Tensor:
+    """``residual + linear(x)``, or ``linear(x)`` without a residual.
+
+    With autograd off the output buffer starts as ``residual + bias`` and the GEMM accumulates
+    into it (``addmm_``): one pass over the output fewer than a linear layer (which copies
+    its bias into the output first) followed by an add. Shapes: x ``(..., Din)``, residual
+    ``(..., Dout)``; returns ``(..., Dout)`` (flattened to 2-D when fused).
+    """
+    if residual is None:
+        return linear(x)
+    if torch.is_grad_enabled():
+        return residual + linear(x)
+    out = residual + linear.bias if linear.bias is not None else residual.clone()
+    out = out.reshape(-1, out.shape[-1])  # (tokens, Dout), a fresh contiguous buffer
+    return out.addmm_(x.reshape(-1, x.shape[-1]), linear.weight.t())
+
+
 def attention_mask(
     batch: int,
     nq: int,
@@ -397,6 +414,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         pe: PositionalEncoding | None = None,
+        residual: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention over ``x``.
 
@@ -406,6 +424,8 @@ class MultiHeadAttention(nn.Module):
 
         Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, n))`` with ``need_weights``.
         ``pe`` overrides the module's own encoding (the encoder shares one across layers).
+        ``residual`` ``(b, n, D)`` is added to the output (by the output projection's GEMM
+        when autograd is off: the encoder layer's skip connection at no extra pass).
         """
         check_input(x, self.dim)
         b, n, _ = x.shape
@@ -451,7 +471,15 @@ class MultiHeadAttention(nn.Module):
             else:
                 out = self._sdpa(q, k, v, mask, bias, dropout_p)
         self.last_backend = backend
-        out = self.out(out.transpose(1, 2).reshape(b, n, self.dim))  # (b, n, D)
+        if residual is not None:
+            check_input(residual, self.dim, name="residual")
+            if residual.shape != x.shape:
+                raise ValueError(
+                    f"residual must have the shape of x {tuple(x.shape)}, "
+                    f"got {tuple(residual.shape)}"
+                )
+        heads = out.transpose(1, 2).reshape(b, n, self.dim)  # (b, n, D)
+        out = linear_residual(self.out, heads, residual).view(b, n, self.dim)
         return (out, weights) if need_weights else out
 
     def _choose_backend(

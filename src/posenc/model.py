@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Backend, MultiHeadAttention, check_attention_pe, check_key_padding_mask
+from .attention import (
+    Backend,
+    MultiHeadAttention,
+    check_attention_pe,
+    check_key_padding_mask,
+    linear_residual,
+)
 from .encodings.base import (
     AdditiveEncoding,
     NoPE,
@@ -29,6 +35,9 @@ from .encodings.base import (
 
 Activation = Literal["relu", "gelu"]
 _ACTIVATIONS = ("relu", "gelu")
+#: ``torch._addmm_activation`` (bias, GEMM and ReLU in one kernel) exists since torch 1.13;
+#: it has no autograd formula, so it is used only when autograd is off.
+_FUSED_RELU = hasattr(torch, "_addmm_activation")
 
 
 class FeedForward(nn.Module):
@@ -51,11 +60,20 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(hidden, dim)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
-    def forward(self, x: Tensor) -> Tensor:
-        hidden = self.up(x)
-        # in place: the up-projection's backward needs its input, not its output
-        hidden = F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
-        return self.down(self.dropout(hidden))
+    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
+        """Shapes: x ``(..., D)`` -> ``(..., D)``; with ``residual`` (same shape) the result
+        is ``residual + ffn(x)``, which inference computes without a separate add."""
+        if not torch.is_grad_enabled() and self.activation == "relu" and _FUSED_RELU:
+            # the ReLU applied inside the GEMM (what torch's own fast path does)
+            flat = x.reshape(-1, x.shape[-1])
+            hidden = torch._addmm_activation(self.up.bias, flat, self.up.weight.t())
+        else:
+            hidden = self.up(x)
+            # in place: the up-projection's backward needs its input, not its output
+            hidden = F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
+        if self.training and self.dropout.p > 0:
+            hidden = self.dropout(hidden)
+        return linear_residual(self.down, hidden, residual).view(x.shape)
 
 
 class EncoderLayer(nn.Module):
@@ -97,16 +115,31 @@ class EncoderLayer(nn.Module):
         pe: PositionalEncoding | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)`` -> ``(b, n, D)``."""
+        # Without dropout the residual goes into each sublayer's output projection, which
+        # then adds it for free when autograd is off (see linear_residual).
+        fuse = not (self.training and self.drop.p > 0)
 
-        def attend(h: Tensor) -> Tensor:
-            out = self.attn(h, positions=positions, key_padding_mask=key_padding_mask, pe=pe)
-            return self.drop(out)  # type: ignore[arg-type]
+        def attend(h: Tensor, residual: Tensor) -> Tensor:
+            out = self.attn(
+                h,
+                positions=positions,
+                key_padding_mask=key_padding_mask,
+                pe=pe,
+                residual=residual if fuse else None,
+            )
+            assert isinstance(out, Tensor)
+            return out if fuse else residual + self.drop(out)
+
+        def feed(h: Tensor, residual: Tensor) -> Tensor:
+            if fuse:
+                return self.ffn(h, residual=residual)
+            return residual + self.drop(self.ffn(h))
 
         if self.norm_first:
-            x = x + attend(self.norm1(x))
-            return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + attend(x))
-        return self.norm2(x + self.drop(self.ffn(x)))
+            x = attend(self.norm1(x), x)
+            return feed(self.norm2(x), x)
+        x = self.norm1(attend(x, x))
+        return self.norm2(feed(x, x))
 
 
 def resolve_pe(
