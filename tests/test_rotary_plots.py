@@ -54,4 +54,6 @@ def test_benchmark_runs_and_writes_a_table(tmp_path) -> None:  # type: ignore[no
     rope_bench.main(["--shape", "1", "2", "16", "8", "--repeats", "1", "--out", str(out)])
     text = out.read_text()
     assert "| copy floor |" in text and "posenc RotaryEmbedding" in text
+    assert "| copy into existing buffers |" in text
+    assert "| posenc RotaryEmbedding, eager | half |" in text
     assert "transformers" in text and "rotary-embedding-torch" in text

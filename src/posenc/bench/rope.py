@@ -19,6 +19,7 @@ one run: timings on a shared machine are noisy, the ratios less so. Writes the t
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ..encodings.rotary import RotaryEmbedding, apply_rotary
+from ..encodings import rotary
+from ..encodings.rotary import RotaryEmbedding, apply_rotary, set_rotary_compile
 from .harness import Case, round_robin
 from .timing import Timing, copy_floor
 
@@ -93,6 +95,10 @@ def rope_cases(
     ``(name, layout, fn)``; the first posenc call per layout is run (and timed into ``notes``)
     here, so compilation stays out of the warm-up."""
     cases: list[tuple[str, str, Callable[[], object]]] = [("copy floor", "-", copy_floor(q, k))]
+    # the same copy into memory that is already mapped: what the floor costs without the page
+    # faults of fresh output buffers (no function returning new tensors can get this low)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    cases.append(("copy into existing buffers", "-", lambda: (q_out.copy_(q), k_out.copy_(k))))
     for interleaved in (False, True):
         layout = "interleaved" if interleaved else "half"
         rope = RotaryEmbedding(q.shape[-1], interleaved=interleaved)
@@ -110,8 +116,17 @@ def rope_cases(
         ) -> object:
             return apply_rotary(q, c, s, interleaved=i), apply_rotary(k, c, s, interleaved=i)
 
+        def eager(rope: RotaryEmbedding = rope) -> object:
+            before = rotary._compile_enabled
+            set_rotary_compile(False)
+            try:
+                return rope(q, k)
+            finally:
+                set_rotary_compile(before)
+
         cases.append(("posenc RotaryEmbedding", layout, forward))
         cases.append(("posenc apply_rotary", layout, functional))
+        cases.append(("posenc RotaryEmbedding, eager", layout, eager))
         cases += [(name, layout, fn) for name, fn in rope_peers(q, k, interleaved)]
     return cases
 
@@ -125,7 +140,7 @@ def run(
     for dtype in (torch.float32, torch.bfloat16):
         q, k = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
         rows = _round_robin(rope_cases(q, k, notes), warmup=warmup, repeats=repeats)
-        floor = rows.pop(0)[2]
+        floor = rows.pop(0)[2]  # the clone floor; the preallocated copy stays as a row
         results.append((str(dtype).removeprefix("torch."), rows, floor))
     return _markdown(shape, results, notes), results
 
@@ -145,7 +160,20 @@ def _markdown(
         "ratios are from this one run (the machine may be shared: absolute times are noisy).",
         "",
         "`x floor` is the time over `q.clone(); k.clone()` in the same dtype; `posenc faster` "
-        "is the peer's time over posenc `RotaryEmbedding.forward` in the same layout.",
+        "is the peer's time over posenc `RotaryEmbedding.forward` in the same layout. "
+        "`eager` is the same forward with compilation switched off "
+        "(`posenc.set_rotary_compile(False)`, as where no compiler is available).",
+        "",
+        "Allocator: "
+        + (
+            "`THP_MEM_ALLOC_ENABLE=1` (torch backs large tensors with transparent huge pages)."
+            if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+            else "torch's default. Every new output is fresh memory whose pages the kernel "
+            "faults in and zeroes on first write; `copy into existing buffers` shows how much of "
+            "the floor that is. An implementation that makes m full-size temporaries pays it "
+            "m times, so its ratio to the floor is about m, and no implementation that returns "
+            "new tensors can beat the clone floor."
+        ),
     ]
     for dtype, rows, floor in results:
         ours = {layout: t for name, layout, t in rows if name == "posenc RotaryEmbedding"}
@@ -158,7 +186,7 @@ def _markdown(
             f"| copy floor | - | {floor.median * 1e3:.1f} | 1.00 | - |",
         ]
         for name, layout, t in rows:
-            faster = "-" if name.startswith("posenc") else f"{t.ratio(ours[layout]):.1f}x"
+            faster = "-" if name.startswith(("posenc", "copy")) else f"{t.ratio(ours[layout]):.1f}x"
             lines.append(
                 f"| {name} | {layout} | {t.median * 1e3:.1f} | {t.ratio(floor):.2f} | {faster} |"
             )

@@ -247,8 +247,9 @@ def suite_rope(s: Settings) -> Section:
         "`apply_rotary` and the peers get precomputed tables, so only the rotation is timed. "
         "Each peer runs in its native layout: transformers' `apply_rotary_pos_emb` in the "
         "half (GPT-NeoX/Llama) layout, rotary-embedding-torch and x-transformers in the "
-        "interleaved (GPT-J) one. The copy floor is `q.clone(); k.clone()` in the same dtype. "
-        + _timing_line(s),
+        "interleaved (GPT-J) one. The copy floor is `q.clone(); k.clone()` in the same dtype; "
+        "`copy into existing buffers` is the same copy without the page faults of fresh "
+        "outputs. `eager` is posenc with compilation switched off. " + _timing_line(s),
     ]
     table = Table(
         ["dtype", "implementation", "layout", "median ms", "range ms", "x floor",
