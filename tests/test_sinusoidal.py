@@ -186,6 +186,26 @@ def test_output_dtype_follows_input(dtype: torch.dtype) -> None:
     assert_close(out.double(), exact, rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "name", ["sinusoidal", "scaled-sinusoidal", "learned", "sinusoidal-2d", "sinusoidal-3d"]
+)
+def test_half_precision_add_rounds_once(name: str, dtype: torch.dtype) -> None:
+    """The one-pass add (no autograd) and the autograd path both equal x + pe computed in
+    float32 and rounded once, bit for bit (1-D encodings at an offset; N-D ones on a grid)."""
+    pe = posenc.build(name, dim=12)
+    shape = {1: (3, 7, 12), 2: (3, 4, 5, 12), 3: (3, 2, 3, 4, 12)}[pe.axes]
+    x = torch.randn(shape).to(dtype)
+    positions = torch.arange(5, 12) if pe.axes == 1 else None
+    table = pe(torch.zeros(shape[1:]).unsqueeze(0), positions)  # the encoding alone, float32
+    with torch.no_grad():
+        fast = pe(x, positions)
+    slow = pe(x, positions)
+    assert fast.dtype == dtype and slow.dtype == dtype
+    assert torch.equal(fast, (x.float() + table).to(dtype))
+    assert torch.equal(slow, fast)
+
+
 def test_meta_device_then_materialise() -> None:
     meta = SinusoidalPositionalEncoding(8, max_len=16, device="meta")
     assert meta.table.device.type == "meta"

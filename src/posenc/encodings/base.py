@@ -125,6 +125,20 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def add_encoding(x: Tensor, pe: Tensor, dropout: nn.Module) -> Tensor:
+    """``dropout(x + pe)`` computed in ``pe``'s dtype (the work dtype) and cast to ``x``'s once.
+
+    For a half-precision ``x`` outside autograd and without active dropout this is a single
+    pass: ``torch.add`` computes in the promoted float32 and rounds into an output of ``x``'s
+    dtype, bit-identical to ``(x.float() + pe).to(x.dtype)`` without its two temporaries.
+    """
+    dropping = dropout.training and getattr(dropout, "p", 0.0) > 0
+    if x.dtype != pe.dtype and not dropping and not torch.is_grad_enabled():
+        out = torch.empty(torch.broadcast_shapes(x.shape, pe.shape), dtype=x.dtype, device=x.device)
+        return torch.add(x, pe, out=out)
+    return dropout(x.to(pe.dtype) + pe).to(x.dtype)
+
+
 # --------------------------------------------------------------------------- families
 
 
@@ -198,7 +212,7 @@ class AdditiveEncoding(PositionalEncoding):
         )
         work = compute_dtype(x.dtype)
         pe = self.encode(positions, work)  # (n, d) or (b, n, d)
-        return self.dropout(x.to(work) + pe).to(x.dtype)
+        return add_encoding(x, pe, self.dropout)
 
 
 class RotaryEncoding(PositionalEncoding):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .base import (
     AdditiveEncoding,
+    add_encoding,
     check_input,
     check_positive_float,
     check_positive_int,
@@ -198,7 +199,7 @@ class SinusoidalPositionalEncoding(AdditiveEncoding, _TableCache):
         else:
             positions = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
             pe = self.encode(positions, work)
-        return self.dropout(x.to(work) + pe).to(x.dtype)
+        return add_encoding(x, pe, self.dropout)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, max_len={self.max_len}, base={self.base:g}"
@@ -310,7 +311,7 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
                     f"got {tuple(positions.shape)}"
                 )
             pe = sinusoidal_nd_encode(positions, self.dim, base=self.base, dtype=work)
-        return self.dropout(x.to(work) + pe).to(x.dtype)
+        return add_encoding(x, pe, self.dropout)
 
 
 @register("sinusoidal-2d", "per-axis sinusoidal encoding of 2-D coordinates (images)")
