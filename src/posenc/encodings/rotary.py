@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from . import base
 from .base import (
     RotaryEncoding,
     check_positive_float,
@@ -147,11 +148,6 @@ def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tens
     return out
 
 
-#: Work-dtype elements per block of :func:`_rotate_blocked`: 2**18 float32 values are 1 MiB,
-#: so a block and its table rows stay in a core's L2 cache while they are rotated.
-BLOCK_ELEMENTS = 1 << 18
-
-
 def _rotate_blocked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """Eager, no autograd, for half-precision ``x`` and float32 tables: one pass over memory.
 
@@ -171,36 +167,25 @@ def _rotate_blocked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> T
     if as_complex:
         table = torch.complex(cos, sin).expand(*lead, n, half)  # (..., n, r/2), a view
     cos, sin = cos.expand(*lead, n, half), sin.expand(*lead, n, half)  # views, no copies
-    rows = max(1, min(n, BLOCK_ELEMENTS // d))
+    rows = max(1, min(n, base.BLOCK_ELEMENTS // d))
     buf = torch.empty(rows, d, dtype=cos.dtype, device=x.device)  # (rows, d)
     spare = torch.empty(rows, half, dtype=cos.dtype, device=x.device)
-    for index in _indices(lead):
-        xi, oi = x[index], out[index]  # (n, d)
-        for start in range(0, n, rows):
-            stop = min(start + rows, n)
-            block = buf[: stop - start]
-            block.copy_(xi[start:stop])  # converts to float32
-            if as_complex:  # (x1 + i x2)(cos + i sin)
-                pairs = torch.view_as_complex(block[:, :r].unflatten(-1, (half, 2)))
-                pairs.mul_(table[index][start:stop])
+    for index, span in base.row_blocks(x.shape, base.BLOCK_ELEMENTS):
+        block = buf[: span.stop - span.start]
+        block.copy_(x[index][span])  # converts to float32
+        if as_complex:  # (x1 + i x2)(cos + i sin)
+            pairs = torch.view_as_complex(block[:, :r].unflatten(-1, (half, 2)))
+            pairs.mul_(table[index][span])
+        else:
+            c, s = cos[index][span], sin[index][span]  # (rows, r/2)
+            if interleaved:
+                x1, x2 = block[:, 0:r:2], block[:, 1:r:2]
             else:
-                c, s = cos[index][start:stop], sin[index][start:stop]  # (rows, r/2)
-                if interleaved:
-                    x1, x2 = block[:, 0:r:2], block[:, 1:r:2]
-                else:
-                    x1, x2 = block[:, :half], block[:, half:r]
-                keep = spare[: stop - start].copy_(x1)
-                x1.mul_(c).addcmul_(x2, s, value=-1)
-                x2.mul_(c).addcmul_(keep, s)
-            oi[start:stop].copy_(block)  # rounds once
-    return out
-
-
-def _indices(shape: torch.Size) -> list[tuple[int, ...]]:
-    """Every index tuple into ``shape`` (``[()]`` for an empty shape)."""
-    out: list[tuple[int, ...]] = [()]
-    for size in shape:
-        out = [(*prefix, i) for prefix in out for i in range(size)]
+                x1, x2 = block[:, :half], block[:, half:r]
+            keep = spare[: span.stop - span.start].copy_(x1)
+            x1.mul_(c).addcmul_(x2, s, value=-1)
+            x2.mul_(c).addcmul_(keep, s)
+        out[index][span].copy_(block)  # rounds once
     return out
 
 
