@@ -24,7 +24,9 @@ from posenc.lengthgen.data import (
     Vocab,
     checked_sample,
     collate,
+    coupled_positions,
     encode,
+    example_positions,
     model_length,
     random_positions,
     sample_batch,
@@ -383,6 +385,55 @@ def test_randomized_positions_reach_the_model_in_evaluation() -> None:
     # a prefix of the same sorted draw at every step, and the same draw in one-pass scoring
     assert torch.equal(greedy.seen_positions[0], last[:, :7])
     assert torch.equal(one_pass.seen_positions[0], last)
+
+
+@pytest.mark.parametrize("name", ["copy-v1", "copy-v2", "copy-v3", "reverse-v1"])
+@pytest.mark.parametrize("length", [1, 2, 7, 40])
+def test_coupled_positions_make_every_answer_step_the_same(name: str, length: int) -> None:
+    """Position coupling (Cho et al. 2024): the token that predicts answer token j sits one
+    step before that token's source, and the last answer token one step before BOS, so every
+    prediction sees the same offsets whatever the length."""
+    task = get_task(name)
+    x, y = task.sample(length, np.random.default_rng(length))
+    sources = task.answer_sources(length)  # type: ignore[attr-defined]
+    assert len(sources) == len(y)
+    if name != "copy-v2":  # copy-v2 maps each token to its partner; the others copy it
+        assert [x[s] for s in sources] == y
+    pos = coupled_positions(sources, length)
+    assert pos.shape == (model_length("decoder", length, len(y)),) and pos.min() == 0
+    bos, inputs, sep, answer = pos[0], pos[1 : length + 1], pos[length + 1], pos[length + 2 :]
+    step = -1 if name.startswith("reverse") and length > 1 else 1  # one token: forwards
+    assert list(inputs) == [inputs[0] + i for i in range(length)]
+    predictors = [sep, *answer[:-1]]  # the token read when answer token j is predicted
+    assert [int(inputs[s] - p) for s, p in zip(sources, predictors, strict=True)] == [step] * length
+    assert bos - answer[-1] == step  # after the last answer token comes EOS
+    assert list(answer) == [inputs[s] for s in sources]
+
+
+def test_coupled_positions_are_refused_where_they_cannot_apply() -> None:
+    rng = np.random.default_rng(0)
+    sort = get_task("bucket-sort")
+    with pytest.raises(ValueError, match="need a decoder task with answer_sources"):
+        example_positions(sort, sort.sample(3, rng), rng, random_max=None, coupled=True)
+    with pytest.raises(ValueError, match=r"answer_sources must index the input \(0..2\)"):
+        coupled_positions([0, 3], 3)
+    with pytest.raises(ValueError, match="at least one token"):
+        coupled_positions([], 3)
+
+
+def test_coupled_positions_reach_the_model_in_evaluation() -> None:
+    task = get_task("reverse-v1")
+    greedy, one_pass = (
+        OracleDecoder(Vocab(16), reverse=True),
+        OracleDecoder(Vocab(16), reverse=True),
+    )
+    a = evaluate_length(greedy, task, 5, 3, np.random.default_rng(0), coupled=True, greedy=True)
+    b = evaluate_length(one_pass, task, 5, 3, np.random.default_rng(0), coupled=True)
+    assert a == b == {"length": 5, "exact": 1.0, "token": 1.0, "n": 3}
+    want = torch.from_numpy(coupled_positions([4, 3, 2, 1, 0], 5)).expand(3, -1)
+    assert torch.equal(one_pass.seen_positions[0], want)
+    assert torch.equal(greedy.seen_positions[-1], want)
+    assert torch.equal(greedy.seen_positions[0], want[:, :7])
 
 
 def test_greedy_decoding_and_one_pass_scoring_agree_on_exact_match(tmp_path: Path) -> None:

@@ -20,6 +20,11 @@ Randomized positions (Ruoss et al. 2023, §3): instead of ``0 .. n-1`` a sequenc
 tokens gets ``n`` positions drawn without replacement from ``[0, L)`` and sorted, resampled
 for every sequence, in training and in testing alike.
 
+Coupled positions (Cho et al. 2024, "Position Coupling"): each answer token gets the position
+of the input token it comes from, so that with a relative encoding every step of the answer
+looks the same at every length (see :func:`coupled_positions`). It uses the task's structure
+(``answer_sources``), so it is a task-aware baseline, not a general-purpose encoding.
+
 Dimension legend: ``b`` batch, ``n`` sequence.
 """
 
@@ -99,6 +104,55 @@ def model_length(kind: str, input_length: int, answer_length: int) -> int:
     if kind == "decoder":
         return input_length + answer_length + 2
     return input_length + answer_length
+
+
+def coupled_positions(sources: list[int], input_length: int) -> np.ndarray:
+    """Positions of the decoder tokens ``BOS x SEP y`` under position coupling.
+
+    Input token ``i`` sits at ``i + 1``; answer token ``j`` at the position of its source
+    input token, ``sources[j] + 1``. With ``step`` the direction of the answer through the
+    input (+1 for a copy, -1 for a reversal), SEP sits one step before the first source and
+    BOS one step after the last, so the token that predicts answer token ``j`` always sits
+    one step before its source, and the last answer token one step before BOS (predict EOS):
+    constant offsets at every length. Shifted so the smallest position is 0.
+
+    >>> coupled_positions([0, 1, 2], 3)  # copy: BOS x x x SEP y y y
+    array([4, 1, 2, 3, 0, 1, 2, 3])
+    >>> coupled_positions([2, 1, 0], 3)  # reverse
+    array([0, 1, 2, 3, 4, 3, 2, 1])
+    """
+    if not sources:
+        raise ValueError("coupled positions need an answer of at least one token")
+    if any(not 0 <= s < input_length for s in sources):
+        raise ValueError(
+            f"answer_sources must index the input (0..{input_length - 1}), got {sources}"
+        )
+    src = [s + 1 for s in sources]
+    step = src[1] - src[0] if len(src) > 1 else 1
+    positions = np.array([src[-1] + step, *range(1, input_length + 1), src[0] - step, *src])
+    return positions - positions.min()
+
+
+def example_positions(
+    task: Task, example: Example, rng: np.random.Generator, *, random_max: int | None, coupled: bool
+) -> np.ndarray | None:
+    """One example's positions: randomized (``random_max``), coupled, or ``None`` (arange)."""
+    x, y = example
+    if coupled:
+        if task.kind != "decoder" or not hasattr(task, "answer_sources"):
+            raise ValueError(
+                f"coupled positions need a decoder task with answer_sources(); {task.name} has none"
+            )
+        sources = [int(s) for s in task.answer_sources(len(x))]  # type: ignore[attr-defined]
+        if len(sources) != len(y):
+            raise ValueError(
+                f"{task.name}.answer_sources({len(x)}) gave {len(sources)} sources for an "
+                f"answer of {len(y)} tokens"
+            )
+        return coupled_positions(sources, len(x))
+    if random_max is not None:
+        return random_positions(model_length(task.kind, len(x), len(y)), random_max, rng)
+    return None
 
 
 def random_positions(length: int, max_positions: int, rng: np.random.Generator) -> np.ndarray:
@@ -191,22 +245,22 @@ def sample_batch(
     rng: np.random.Generator,
     *,
     random_max: int | None = None,
+    coupled: bool = False,
 ) -> tuple[list[Example], list[np.ndarray] | None]:
     """``batch_size`` examples with input lengths uniform in ``[min_length, max_length]``, and
-    their randomized positions when ``random_max`` (``L``) is given.
+    their randomized positions when ``random_max`` (``L``) is given, or their coupled ones.
 
     The draw order is fixed (all lengths, then the examples in order, then the positions), so
     one seed always yields the same global batch, however it is later sharded.
     """
     lengths = rng.integers(min_length, max_length + 1, size=batch_size)
     examples = [checked_sample(task, int(n), rng) for n in lengths]
-    if random_max is None:
+    if random_max is None and not coupled:
         return examples, None
     positions = [
-        random_positions(model_length(task.kind, len(x), len(y)), random_max, rng)
-        for x, y in examples
+        example_positions(task, ex, rng, random_max=random_max, coupled=coupled) for ex in examples
     ]
-    return examples, positions
+    return examples, positions  # type: ignore[return-value]
 
 
 def longest_model_length(

@@ -34,7 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import Vocab, checked_sample, collate, model_length, random_positions
+from .data import (
+    Vocab,
+    checked_sample,
+    collate,
+    example_positions,
+    model_length,
+    random_positions,
+)
 from .tasks import Task
 
 #: A run is valid when its in-distribution exact match reaches this fraction.
@@ -59,6 +66,7 @@ def evaluate_length(
     rng: np.random.Generator,
     *,
     random_max: int | None = None,
+    coupled: bool = False,
     greedy: bool = False,
     batch_size: int = 256,
 ) -> dict[str, float | int]:
@@ -79,7 +87,14 @@ def evaluate_length(
             examples = [checked_sample(task, length, rng) for _ in range(chunk)]
             longest = max(model_length(task.kind, len(x), len(y)) for x, y in examples)
             positions = None
-            if random_max is not None:
+            if coupled:
+                positions = [
+                    _pad_to(
+                        example_positions(task, ex, rng, random_max=None, coupled=True), longest
+                    )
+                    for ex in examples
+                ]
+            elif random_max is not None:
                 positions = [random_positions(longest, random_max, rng) for _ in examples]
             if task.kind == "decoder" and greedy:
                 hits, right, count = _greedy_decoder(model, examples, vocab, positions)
@@ -89,6 +104,12 @@ def evaluate_length(
     finally:
         model.train(was_training)
     return {"length": length, "exact": exact / samples, "token": correct / total, "n": samples}
+
+
+def _pad_to(positions: np.ndarray | None, length: int) -> np.ndarray:
+    """Extend ``positions`` to ``length`` by repeating the last one (pads are never scored)."""
+    assert positions is not None
+    return np.pad(positions, (0, length - len(positions)), mode="edge")
 
 
 def _greedy_decoder(
@@ -145,12 +166,20 @@ def evaluate_lengths(
     seed: int,
     salt: int = FINAL_SALT,
     random_max: int | None = None,
+    coupled: bool = False,
     greedy: bool = False,
 ) -> list[dict[str, float | int]]:
     """:func:`evaluate_length` at every length, each with its own :func:`eval_rng`."""
     return [
         evaluate_length(
-            model, task, n, samples, eval_rng(seed, salt, n), random_max=random_max, greedy=greedy
+            model,
+            task,
+            n,
+            samples,
+            eval_rng(seed, salt, n),
+            random_max=random_max,
+            coupled=coupled,
+            greedy=greedy,
         )
         for n in lengths
     ]

@@ -26,6 +26,11 @@ even-pairs         encoder  parity of the number of ``01``/``10`` pairs (Even Pa
 
 A user task lives in any Python file and is named ``path/to/file.py:ClassName``; the class
 is instantiated without arguments and checked against the protocol.
+
+A decoder task whose answer tokens each come from one input token may also define
+``answer_sources(length) -> list[int]`` (the input index behind each answer token) to allow
+coupled positions (``NAME+coupled``; see :func:`posenc.lengthgen.data.coupled_positions`).
+The copy tasks and Reverse V1 define it.
 """
 
 from __future__ import annotations
@@ -188,6 +193,10 @@ class CopyV1:
         symbol = int(rng.integers(0, self.vocab_size))
         return [symbol] * length, [symbol] * length
 
+    def answer_sources(self, length: int) -> list[int]:
+        """Answer token ``j`` is (derived from) input token ``j``."""
+        return list(range(length))
+
 
 @register_task("copy-v2", "map each token to its partner token (Kazemnejad 2023, Copy V2)")
 class CopyV2:
@@ -215,6 +224,10 @@ class CopyV2:
         tokens = _random_tokens(rng, length, half)
         return tokens, [t + half for t in tokens]
 
+    def answer_sources(self, length: int) -> list[int]:
+        """Answer token ``j`` is (derived from) input token ``j``."""
+        return list(range(length))
+
 
 @register_task("copy-v3", "copy random tokens (Kazemnejad 2023, Copy V3)")
 class CopyV3:
@@ -230,6 +243,10 @@ class CopyV3:
         _check_length(length)
         tokens = _random_tokens(rng, length, self.vocab_size)
         return tokens, list(tokens)
+
+    def answer_sources(self, length: int) -> list[int]:
+        """Answer token ``j`` is (derived from) input token ``j``."""
+        return list(range(length))
 
 
 @register_task("reverse-v1", "reverse random tokens (Kazemnejad 2023, Reverse V1)")
@@ -250,6 +267,10 @@ class ReverseV1:
         _check_length(length)
         tokens = _random_tokens(rng, length, self.vocab_size)
         return tokens, tokens[::-1]
+
+    def answer_sources(self, length: int) -> list[int]:
+        """Answer token ``j`` is input token ``length - 1 - j``."""
+        return list(range(length - 1, -1, -1))
 
 
 # --------------------------------------------------------------------------- Ruoss 2023
