@@ -626,6 +626,16 @@ def test_every_registered_sequence_encoding_trains() -> None:
         assert len(train(cfg, threads=1)["losses"]) == 2
 
 
+def test_coupled_positions_train_and_are_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert (
+        run_cli(["--task", "reverse-v1", "--pe", "rope+coupled", "--out", str(out), *TINY_CLI]) == 0
+    )
+    (record,) = read_jsonl(out / "results.jsonl")
+    assert record["label"] == "rope+coupled" and record["coupled_positions"] is True
+    assert record["random_positions"] is False and np.isfinite(record["losses"]).all()
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -747,7 +757,7 @@ def test_preset_kazemnejad() -> None:
     [
         (["--task", "nope"], ValueError, "unknown task 'nope'"),
         (["--pe", "nope"], ValueError, "unknown positional encoding 'nope'"),
-        (["--pe", "none+noise"], ValueError, "only suffix is '\\+random'"),
+        (["--pe", "none+noise"], ValueError, "only suffixes are '\\+random' and '\\+coupled'"),
         (["--pe", "none,,learned"], ValueError, "empty entry"),
         (["--pe", "none,none"], ValueError, "twice"),
         (["--seeds", "0"], ValueError, "seeds must be a count >= 1"),

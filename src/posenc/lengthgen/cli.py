@@ -95,8 +95,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--pe",
-        help="encodings, comma-separated; NAME+random adds randomized "
-        "positions (default: none,t5,alibi,rope,sinusoidal,learned where registered)",
+        help="encodings, comma-separated; NAME+random adds randomized positions, "
+        "NAME+coupled coupled ones (tasks with answer_sources) "
+        "(default: none,t5,alibi,rope,sinusoidal,learned where registered)",
     )
     p.add_argument("--seeds", help="number of seeds (3 = 0,1,2) or a list (0,5,7)")
     p.add_argument(
@@ -143,9 +144,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_pe_list(text: str | list[str]) -> list[tuple[str, bool]]:
-    """``"none,rope+random"`` -> ``[("none", False), ("rope", True)]``; names are checked
-    against the registry."""
+#: What may follow ``NAME+`` in a pe list: randomized (Ruoss 2023) or coupled (Cho 2024)
+#: positions.
+POSITION_SUFFIXES = ("random", "coupled")
+
+
+def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
+    """``"none,rope+random"`` -> ``[("none", ""), ("rope", "random")]``; names are checked
+    against the registry, suffixes against :data:`POSITION_SUFFIXES`."""
     from posenc import entry
 
     items = text if isinstance(text, list) else str(text).split(",")
@@ -157,10 +163,12 @@ def parse_pe_list(text: str | list[str]) -> list[tuple[str, bool]]:
         if not item:
             raise ValueError(f"pe list {text!r} has an empty entry")
         name, plus, suffix = item.partition("+")
-        if plus and suffix != "random":
-            raise ValueError(f"pe {item!r}: the only suffix is '+random', got '+{suffix}'")
+        if plus and suffix not in POSITION_SUFFIXES:
+            raise ValueError(
+                f"pe {item!r}: the only suffixes are '+random' and '+coupled', got '+{suffix}'"
+            )
         entry(name)  # unknown names list the known ones
-        out.append((name, bool(plus)))
+        out.append((name, suffix))
     if len(set(out)) != len(out):
         raise ValueError(f"pe list {text!r} names an encoding twice")
     return out
@@ -329,9 +337,12 @@ def build_configs(settings: dict[str, Any]) -> list:
 
     sweep = {k: settings[k] for k in SWEEP_KEYS}
     fields = {k: v for k, v in settings.items() if k not in SWEEP_KEYS}
-    for key in ("random_positions", "seed"):
+    for key in ("random_positions", "coupled_positions", "seed"):
         if key in fields:
-            raise ValueError(f"{key!r} is set per run: use pe = 'NAME+random' and seeds instead")
+            raise ValueError(
+                f"{key!r} is set per run: use pe = 'NAME+random' or 'NAME+coupled' and seeds "
+                "instead"
+            )
     tasks = sweep["task"]
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",")]
@@ -347,13 +358,14 @@ def build_configs(settings: dict[str, Any]) -> list:
     base = TrainConfig.from_dict(fields)
     configs = []
     for task in tasks:
-        for name, randomized in pes:
+        for name, suffix in pes:
             for seed in seeds:
                 values = {
                     **base.to_dict(),
                     "task": task,
                     "pe": name,
-                    "random_positions": randomized,
+                    "random_positions": suffix == "random",
+                    "coupled_positions": suffix == "coupled",
                     "seed": seed,
                     "pe_options": dict(sweep["pe_options"].get(name, {})),
                 }

@@ -209,6 +209,7 @@ def run_record(
         "task": task_name,
         "pe": config["pe"],
         "random_positions": config["random_positions"],
+        "coupled_positions": config.get("coupled_positions", False),
         "label": label,
         "seed": config["seed"],
         "in_distribution": {

@@ -61,6 +61,7 @@ class TrainConfig:
     pe: str = "none"  # registry name of the positional encoding (posenc.available())
     random_positions: bool = False  # randomized positions (Ruoss et al. 2023)
     random_max: int = 256  # L: randomized positions are drawn from [0, L)
+    coupled_positions: bool = False  # position coupling (Cho et al. 2024; task-aware)
     pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
     seed: int = 0  # model init, data and evaluation all derive from it
     dim: int = 64  # model width
@@ -88,8 +89,9 @@ class TrainConfig:
 
     @property
     def label(self) -> str:
-        """How the encoding is named in tables: ``rope`` or ``rope+random``."""
-        return self.pe + ("+random" if self.random_positions else "")
+        """How the encoding is named in tables: ``rope``, ``rope+random`` or ``rope+coupled``."""
+        suffix = "+random" if self.random_positions else ""
+        return self.pe + (suffix or ("+coupled" if self.coupled_positions else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -462,6 +464,7 @@ def _train(
         seed=config.seed,
         salt=FINAL_SALT,
         random_max=random_max,
+        coupled=config.coupled_positions,
         greedy=config.greedy_eval,
     )
     test = evaluate_lengths(
@@ -472,6 +475,7 @@ def _train(
         seed=config.seed,
         salt=FINAL_SALT,
         random_max=random_max,
+        coupled=config.coupled_positions,
         greedy=config.greedy_eval,
     )
     record = run_record(
@@ -542,6 +546,7 @@ def _step(
         config.train_max_length,
         rng,
         random_max=random_max,
+        coupled=config.coupled_positions,
     )
     pad_to = max(model_length(task.kind, len(x), len(y)) for x, y in examples)
     scored_total = sum(len(y) + (task.kind == "decoder") for _, y in examples)
@@ -597,6 +602,7 @@ def _periodic_eval(
             seed=config.seed,
             salt=PERIODIC_SALT,
             random_max=random_max,
+            coupled=config.coupled_positions,
             greedy=config.greedy_eval,
         )
         out[f"{split}_exact"] = mean_of(rows, "exact")
