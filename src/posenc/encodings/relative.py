@@ -471,8 +471,14 @@ class TransformerXLRelativeBias(BiasEncoding):
         require_integral("k_positions", k_pos, "TransformerXLRelativeBias")
         work = work_dtype(q, self)
         q_pos, k_pos = q_pos.long(), k_pos.long()
-        lo = int(q_pos.min()) - int(k_pos.max())
-        hi = int(q_pos.max()) - int(k_pos.min())
+        if not (q_pos.numel() and k_pos.numel()):
+            lo, hi = 0, -1  # no pairs, no distances
+        elif q_pos.is_meta or k_pos.is_meta:
+            # no values to read: any distance range gives the right shapes
+            lo, hi = 1 - k_pos.shape[-1], q_pos.shape[-1] - 1
+        else:
+            lo = int(q_pos.min()) - int(k_pos.max())
+            hi = int(q_pos.max()) - int(k_pos.min())
         r = self.relative_keys(torch.arange(lo, hi + 1, device=q.device), work)  # (h, R, d)
         qv = q.to(work) + self.v.to(work).unsqueeze(1)  # (b, h, nq, d)
         bd = torch.einsum("bhid,hrd->bhir", qv, r)  # (b, h, nq, R): terms (b) + (d)

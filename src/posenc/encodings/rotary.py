@@ -480,7 +480,9 @@ class RotaryEmbedding(RotaryEncoding):
         ``dynamic_rope_update``); change the frequencies, and drop the tables, when it moves."""
         if self.rope_type not in ("dynamic", "longrope") or torch.compiler.is_compiling():
             return
-        seq_len = float(n if positions is None or not positions.numel() else positions.max() + 1)
+        if positions is not None and (positions.is_meta or not positions.numel()):
+            positions = None  # meta positions have no largest value to read: use the length
+        seq_len = float(n if positions is None else positions.max() + 1)
         new = self._seq_len
         if self.rope_type == "dynamic":
             original = self.max_position_embeddings
@@ -509,10 +511,13 @@ class RotaryEmbedding(RotaryEncoding):
             angles = pos.to(torch.float64)[..., None] * self.freq.to(torch.float64)
             return self._finish(angles, dtype)
         # dynamic NTK changes its frequencies as the length grows: no table to rebuild then
+        # (a meta module has no table to read, and meta positions no largest value)
+        on_meta = self.cos_cached.is_meta or (positions is not None and positions.is_meta)
         table_ok = (
             dtype != torch.float64
             and self.rope_type != "dynamic"
             and not torch.compiler.is_compiling()
+            and not on_meta
         )
         if positions is not None and (positions.is_floating_point() or not table_ok):
             angles = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
@@ -635,6 +640,8 @@ class XPos(RotaryEmbedding):
             isinstance(center, bool) or not isinstance(center, (int, float))
         ):
             raise TypeError(f"center must be a number or None, got {center!r}")
+        if center is not None and not math.isfinite(center):
+            raise ValueError(f"center must be a finite number, got {center!r}")
         self.center = None if center is None else float(center)
 
     def zeta(self, device: Any = None) -> Tensor:
@@ -650,7 +657,8 @@ class XPos(RotaryEmbedding):
         pos = positions.to(torch.float64)
         center = self.center
         if center is None:
-            center = float(math.floor((float(pos.max()) + 1) / 2)) if pos.numel() else 0.0
+            # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
+            center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
         angles = pos[..., None] * self.inv_freq.to(torch.float64)  # (..., n, r/2)
         power = (pos[..., None] - center) / self.scale_base  # (..., n, 1)
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
