@@ -745,12 +745,21 @@ class AxialRotaryEmbedding(RotaryEncoding):
         else:
             self.register_buffer("inv_freq", freq, persistent=False)
 
+    def reset_tables(self) -> None:
+        """Rebuild the fixed buffers (the axis of each pair and, unless learned, the float64
+        frequencies) on the module's device; used after ``to_empty``/``.to()``."""
+        device = self.axis_of_pair.device
+        if device.type == "meta":
+            return
+        per_axis = self.rotary_dim // self.ndim
+        axis = torch.arange(self.ndim, device=device).repeat_interleave(per_axis // 2)
+        self.axis_of_pair = axis
+        if not self.learned_freq:
+            self.inv_freq = default_inv_freq(per_axis, self.base, device=device).repeat(self.ndim)
+
     def _apply(self, fn: Any, recurse: bool = True) -> AxialRotaryEmbedding:
         super()._apply(fn, recurse)
-        device = self.axis_of_pair.device
-        if not self.learned_freq and device.type != "meta":
-            per_axis = self.rotary_dim // self.ndim
-            self.inv_freq = default_inv_freq(per_axis, self.base, device=device).repeat(self.ndim)
+        self.reset_tables()
         return self
 
     def coordinates(self, positions: Tensor | None, n: int, batch: int, device: Any) -> Tensor:
