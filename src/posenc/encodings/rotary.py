@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from .base import (
     RotaryEncoding,
+    check_finite,
     check_positive_float,
     check_positive_int,
     compute_dtype,
@@ -780,7 +781,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
             )
         if positions.dim() == 3 and shape[0] not in (1, batch):
             raise ValueError(f"positions has batch size {shape[0]} but the input has {batch}")
-        return positions
+        return check_finite("positions", positions)
 
     @staticmethod
     def grid(*shape: int, device: Any = None) -> Tensor:

@@ -121,14 +121,18 @@ class TrainConfig:
         for name in ("ffn_dim", "eval_every", "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed >= 2**32:  # numpy's legacy seeding takes 32 bits
+            raise ValueError(f"seed must be < 2**32, got {self.seed}")
         if self.dim % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("weight_decay and grad_clip must be >= 0")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):  # NaN fails both comparisons
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.warmup < 1.0:
             raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.decay not in DECAYS:
@@ -151,6 +155,7 @@ class TrainConfig:
                 f"pe {self.pe!r} encodes {axes}-D coordinates; lengthgen needs an encoding "
                 "of sequence positions"
             )
+        check_encoding(self.pe, self.dim, self.heads, self.pe_options)
         task = get_task(self.task)
         if self.random_positions:
             probe = np.random.default_rng([self.seed, 99])
@@ -165,6 +170,18 @@ class TrainConfig:
                     f"use random_max >= {longest}"
                 )
         return task
+
+
+def check_encoding(pe: str, dim: int, heads: int, options: dict[str, Any]) -> None:
+    """Build the encoding alone (cheap: no model) so that bad ``pe_options`` or a size it
+    cannot take fail before any run starts, naming the encoding and its options."""
+    from posenc import build_for_model
+
+    try:
+        build_for_model(pe, dim, heads, **options)
+    except (TypeError, ValueError) as exc:
+        detail = f" with options {options}" if options else f" at dim={dim}, heads={heads}"
+        raise type(exc)(f"pe {pe!r}{detail}: {exc}") from None
 
 
 def _check_type(name: str, value: object, expected: type) -> None:
