@@ -174,7 +174,9 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
         seeds = value
     elif isinstance(value, int) and not isinstance(value, bool):
         if not 1 <= value <= MAX_SEEDS:
-            raise ValueError(f"seeds must be a count in [1, {MAX_SEEDS}] or a list, got {value}")
+            raise ValueError(
+                f"seeds must be a count >= 1 (at most {MAX_SEEDS}) or a list, got {value}"
+            )
         seeds = list(range(value))
     elif isinstance(value, str):
         text = value.strip()
