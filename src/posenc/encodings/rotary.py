@@ -512,13 +512,13 @@ class RotaryEmbedding(RotaryEncoding):
             angles = pos.to(torch.float64)[..., None] * self.freq.to(torch.float64)
             return self._finish(angles, dtype)
         # dynamic NTK changes its frequencies as the length grows: no table to rebuild then
-        # (a meta module has no table to read, and meta positions no largest value)
-        on_meta = self.cos_cached.is_meta or (positions is not None and positions.is_meta)
         table_ok = (
             dtype != torch.float64
             and self.rope_type != "dynamic"
-            and not torch.compiler.is_compiling()
-            and not on_meta
+            and not torch.compiler.is_compiling()  # first: dynamo must not touch the cache
+            # a meta module has no table to read, and meta positions no largest value
+            and not self.cos_cached.is_meta
+            and not (positions is not None and positions.is_meta)
         )
         if positions is not None and (positions.is_floating_point() or not table_ok):
             angles = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
