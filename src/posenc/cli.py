@@ -96,13 +96,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
-    from .plots import plot_encoding
+    from .plots import plot_encoding, save_figure
 
     fig = plot_encoding(
         args.names, kind=args.kind, positions=args.positions, dim=args.dim, num_heads=args.heads
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.output, dpi=args.dpi)
+    save_figure(fig, args.output, dpi=args.dpi)
     plt.close(fig)
     print(f"wrote {args.output}")
     return 0
