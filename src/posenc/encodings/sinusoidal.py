@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from . import base
+from . import base as family_base
 from .base import (
     AdditiveEncoding,
     check_input,
@@ -81,7 +81,7 @@ def sinusoidal_table(
             [ 0.9093, -0.4161,  0.0200,  0.9998]])
     """
     base = _check_table_args(num_positions, dim, base)
-    base.check_float_dtype("dtype", dtype)
+    family_base.check_float_dtype("dtype", dtype)
     positions = torch.arange(num_positions, dtype=torch.float64, device=device)
     return sinusoidal_encode(positions, dim, base=base, dtype=dtype)
 
@@ -93,7 +93,7 @@ def sinusoidal_encode(
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
     base = _check_table_args(0, dim, base)
-    base.check_float_dtype("dtype", dtype)
+    family_base.check_float_dtype("dtype", dtype)
     inv_freq = inverse_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
     return sinusoidal_angles_to_table(angles, dim, dtype)
@@ -320,7 +320,7 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
                     f"positions must have shape {expected} (optionally with a batch dimension), "
                     f"got {tuple(positions.shape)}"
                 )
-            base.check_finite("positions", positions)
+            family_base.check_finite("positions", positions)
             pe = sinusoidal_nd_encode(positions, self.dim, base=self.base, dtype=work)
         return self.dropout(x.to(work) + pe).to(x.dtype)
 
