@@ -49,6 +49,7 @@ def test_analyze_json_is_identical_across_runs(tmp_path: Path) -> None:
     assert any(by_name[row["name"]] != row for row in rows if row["name"] in ("t5", "fire"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["png", "svg", "pdf"])
 def test_plot_is_byte_identical_across_runs(suffix: str, tmp_path: Path) -> None:
     """PNG, SVG and PDF: the same bytes (SVG and PDF used to embed the date, and SVG a random
