@@ -49,6 +49,7 @@ def test_torch_export_dynamic_sequence_length(name: str, causal: bool) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 @pytest.mark.parametrize("name", NAMES)
 def test_onnx_export_runs_in_onnxruntime_at_other_lengths(name: str, tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
