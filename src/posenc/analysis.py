@@ -398,8 +398,12 @@ def analyze(
     if pe.axes == 1:
         torch.manual_seed(seed)
         enc = Encoder(dim, 2, num_heads, pe=_build_for_analysis(name, dim, num_heads, length))
-        x = torch.randn(1, 16, dim, generator=torch.Generator().manual_seed(seed))
-        order = torch.randperm(16, generator=torch.Generator().manual_seed(seed + 1)).tolist()
+        # 16 tokens, or fewer at a shorter training length (a learned table has only L rows)
+        n = min(16, length)
+        x = torch.randn(1, n, dim, generator=torch.Generator().manual_seed(seed))
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1)).tolist()
+        if order == sorted(order):  # a short draw can leave the order as it was: reverse it
+            order.reverse()
         gap = encoder_permutation_gap(enc.double().eval(), x.double(), order)
     return Analysis(
         name=name,

@@ -31,6 +31,7 @@ from .encodings.base import (
     PositionalEncoding,
     RotaryEncoding,
     ScoreMod,
+    check_bool,
     check_input,
     check_positive_int,
     check_probability,
@@ -77,6 +78,15 @@ def scaled_dot_product_attention(
     Returns:
         ``(output (..., nq, dv), weights (..., nq, nk))``.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 2:
+            raise TypeError(f"{name} must be a floating-point tensor (..., n, d), got {t!r:.80}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"q (..., nq, d), k (..., nk, d) and v (..., nk, dv) disagree: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    dropout_p = check_probability("dropout_p", dropout_p)
     out_dtype = q.dtype
     work = compute_dtype(q.dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
@@ -149,8 +159,11 @@ def check_key_padding_mask(mask: object, batch: int, seq: int) -> Tensor | None:
     return mask
 
 
-def check_attention_pe(pe: object, num_heads: int) -> PositionalEncoding | None:
-    """Accept a rotary, bias or none encoding for attention; reject additive ones."""
+def check_attention_pe(
+    pe: object, num_heads: int, head_dim: int | None = None
+) -> PositionalEncoding | None:
+    """Accept a rotary, bias or none encoding for attention; reject additive ones, and ones
+    sized for another head count or (when ``head_dim`` is given) another head dim."""
     if pe is None:
         return None
     if not isinstance(pe, PositionalEncoding):
@@ -164,6 +177,12 @@ def check_attention_pe(pe: object, num_heads: int) -> PositionalEncoding | None:
         raise ValueError(
             f"pe={type(pe).__name__} has num_heads={pe.num_heads} but attention has "
             f"num_heads={num_heads}"
+        )
+    pe_head_dim = getattr(pe, "head_dim", None)
+    if head_dim is not None and isinstance(pe_head_dim, int) and pe_head_dim != head_dim:
+        raise ValueError(
+            f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
+            f"head_dim={head_dim} (dim // num_heads)"
         )
     return pe
 
@@ -396,11 +415,12 @@ class MultiHeadAttention(nn.Module):
         if backend == "flex" and not flex_available():
             raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
-        self.causal = bool(causal)
+        self.causal = check_bool("causal", causal)
+        check_bool("bias", bias)
         self.dropout = check_probability("dropout", dropout)
         self.backend = backend
-        self.compile_flex = bool(compile_flex)
-        self.pe = check_attention_pe(pe, num_heads)
+        self.compile_flex = check_bool("compile_flex", compile_flex)
+        self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.out = nn.Linear(dim, dim, bias=bias)
         #: The backend the last forward actually used (for inspection and benchmarks).
@@ -430,7 +450,7 @@ class MultiHeadAttention(nn.Module):
         check_input(x, self.dim)
         b, n, _ = x.shape
         key_padding_mask = check_key_padding_mask(key_padding_mask, b, n)
-        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads)
+        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
 
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)

@@ -31,14 +31,41 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, *, limit: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if limit is not None and value > limit:
+        raise argparse.ArgumentTypeError(f"expected at most {limit}, got {value}")
     return value
+
+
+def _bounded(limit: int) -> Callable[[str], int]:
+    """A positive-integer argument type with an upper bound (a size past it would only
+    exhaust memory: ``--positions`` draws n x n matrices, ``--dpi`` scales the canvas)."""
+
+    def parse(text: str) -> int:
+        return _positive_int(text, limit=limit)
+
+    parse.__name__ = "positive integer"
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not -(2**63) <= value < 2**63 - 1:  # torch seeds are 64-bit; analyze also uses seed + 1
+        raise argparse.ArgumentTypeError(f"expected a seed in [-2**63, 2**63 - 1), got {value}")
+    return value
+
+
+#: Upper bounds of the size arguments.
+MAX_POSITIONS, MAX_DIM, MAX_HEADS, MAX_DPI, MAX_LENGTH = 4096, 4096, 256, 1200, 2048
 
 
 def _figure_path(text: str) -> Path:
@@ -69,13 +96,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
 
-    from .plots import plot_encoding
+    from .plots import plot_encoding, save_figure
 
     fig = plot_encoding(
         args.names, kind=args.kind, positions=args.positions, dim=args.dim, num_heads=args.heads
     )
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.output, dpi=args.dpi)
+    save_figure(fig, args.output, dpi=args.dpi)
     plt.close(fig)
     print(f"wrote {args.output}")
     return 0
@@ -149,17 +176,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="plot encodings to a PNG/SVG/PDF file")
     p.add_argument("names", nargs="+", metavar="NAME", help="registry names (see `posenc list`)")
     p.add_argument("--kind", default=None, help="what to draw (default: by family)")
-    p.add_argument("--positions", type=_positive_int, default=100, help="positions shown")
-    p.add_argument("--dim", type=_positive_int, default=None, help="model width")
-    p.add_argument("--heads", type=_positive_int, default=4, help="attention heads")
-    p.add_argument("--dpi", type=_positive_int, default=120)
+    p.add_argument(
+        "--positions",
+        type=_bounded(MAX_POSITIONS),
+        default=100,
+        help=f"positions shown (at most {MAX_POSITIONS})",
+    )
+    p.add_argument("--dim", type=_bounded(MAX_DIM), default=None, help="model width")
+    p.add_argument("--heads", type=_bounded(MAX_HEADS), default=4, help="attention heads")
+    p.add_argument("--dpi", type=_bounded(MAX_DPI), default=120, help=f"at most {MAX_DPI}")
     p.add_argument("-o", "--output", type=_figure_path, required=True, help="file to write")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("analyze", help="measure the properties of encodings, as a table")
     p.add_argument("names", nargs="*", metavar="NAME", help="registry names (default: all)")
-    p.add_argument("--length", type=_positive_int, default=64, help="training length L")
-    p.add_argument("--seed", type=int, default=0, help="seed for random weights and probes")
+    p.add_argument(
+        "--length",
+        type=_bounded(MAX_LENGTH),
+        default=64,
+        help=f"training length L (at most {MAX_LENGTH})",
+    )
+    p.add_argument("--seed", type=_seed, default=0, help="seed for random weights and probes")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_analyze)
 
@@ -180,13 +217,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
+    except SystemExit as exc:  # --help and --version: a status, not an exception, in-process
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
+        # OSError: an output path that cannot be written (a missing parent that cannot be
+        # made, no permission, a read-only file system) is a bad argument too
         if os.environ.get("POSENC_DEBUG"):
             raise
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip()
+        first_line = text.splitlines()[0] if text else type(exc).__name__
         print(f"posenc: error: {first_line}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabula
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -28,6 +29,7 @@ from .encodings.base import (
     NoPE,
     PositionalEncoding,
     build_for_model,
+    check_bool,
     check_input,
     check_positive_int,
     check_probability,
@@ -98,7 +100,7 @@ class EncoderLayer(nn.Module):
         backend: Backend = "auto",
     ) -> None:
         super().__init__()
-        self.norm_first = bool(norm_first)
+        self.norm_first = check_bool("norm_first", norm_first)
         self.attn = MultiHeadAttention(
             dim, num_heads, pe=pe, causal=causal, dropout=dropout, backend=backend
         )
@@ -199,8 +201,11 @@ class Encoder(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
         if ffn_dim is not None:
             check_positive_int("ffn_dim", ffn_dim)
+        if pe_kwargs is not None and not isinstance(pe_kwargs, Mapping):
+            raise TypeError(f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}")
+        check_bool("norm_first", norm_first)
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
-        self.causal = bool(causal)
+        self.causal = check_bool("causal", causal)
         self.pe = resolve_pe(pe, dim, num_heads, **(pe_kwargs or {}))
         self.layers = nn.ModuleList(
             EncoderLayer(
@@ -219,7 +224,7 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
         # Validate the pairing now rather than at the first forward.
         if self.pe.family != "additive":
-            check_attention_pe(self.pe, num_heads)
+            check_attention_pe(self.pe, num_heads, dim // num_heads)
 
     def forward(
         self,
@@ -265,6 +270,16 @@ class TransformerModel(nn.Module):
     ) -> None:
         super().__init__()
         check_positive_int("vocab_size", vocab_size)
+        check_positive_int("dim", dim)
+        if num_outputs is not None:
+            check_positive_int("num_outputs", num_outputs)
+        if padding_idx is not None:
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+                raise TypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
+            if not -vocab_size <= padding_idx < vocab_size:
+                raise ValueError(
+                    f"padding_idx must be in [-{vocab_size}, {vocab_size}), got {padding_idx}"
+                )
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
         # N(0, 1/dim) so that the sqrt(dim) scale gives unit-variance inputs (fairseq's

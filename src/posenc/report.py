@@ -208,9 +208,11 @@ def build_report(names: Sequence[str] | None = None, *, results: Path | None = N
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    page = build_report(args.names, results=Path(args.results))
+    for name in args.names:
+        entry(name)  # an unknown name fails before any work
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)  # an unusable folder too (OSError: exit 2)
+    page = build_report(args.names, results=Path(args.results))
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out} ({len(page) / 1e6:.1f} MB)")
     return 0

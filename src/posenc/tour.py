@@ -70,7 +70,7 @@ def run_tour(out: Path, *, image_format: str = "png", console: Console | None = 
         ("dimensions", plots.dimension_waves(table, (0, 1, 30, 31))),
     ):
         path = out / f"{name}.{image_format}"
-        fig.savefig(path, dpi=110)
+        plots.save_figure(fig, path, dpi=110)
         plt.close(fig)
         saved.append(path)
     console.print(
@@ -109,7 +109,7 @@ def run_tour(out: Path, *, image_format: str = "png", console: Console | None = 
     console.print(gaps)
     fig = plots.permutation_weights(perm)
     path = out / f"attention.{image_format}"
-    fig.savefig(path, dpi=110)
+    plots.save_figure(fig, path, dpi=110)
     plt.close(fig)
     saved.append(path)
     summary["permutation"] = {"attention_gap": perm.gap_plain, "positions_gap": perm.gap_pos}

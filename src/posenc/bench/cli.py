@@ -51,7 +51,7 @@ def _positive(name: str, text: str | None, kind: type) -> Any:
         value = kind(text)
     except ValueError:
         raise ValueError(f"{name} must be a positive number, got {text!r}") from None
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise ValueError(f"{name} must be a positive number, got {text!r}")
     return value
 

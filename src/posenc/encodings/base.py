@@ -62,6 +62,33 @@ def check_probability(name: str, value: object) -> float:
     return float(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``; raise naming ``name`` otherwise (``bool("no")`` is
+    True, so strings and numbers are refused rather than converted)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_float_dtype(name: str, value: object) -> torch.dtype:
+    """Return ``value`` if it is a floating-point ``torch.dtype``; raise naming ``name``."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})")
+    if not value.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point dtype, got {value}")
+    return value
+
+
+def check_finite(name: str, values: Tensor) -> Tensor:
+    """Raise naming ``name`` if a floating ``values`` holds NaN or ±inf (skipped where values
+    cannot be read: meta tensors, inside ``torch.compile``/export)."""
+    readable = _eager() and values.device.type != "meta"
+    if readable and values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        bad = values[~torch.isfinite(values)].flatten()[0].item()
+        raise ValueError(f"{name} must be finite, got {bad}")
+    return values
+
+
 def _eager() -> bool:
     """True outside ``torch.compile`` / export tracing, where data-dependent checks are free."""
     return not torch.compiler.is_compiling()
@@ -96,6 +123,7 @@ def resolve_positions(
         raise ValueError(
             f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
         )
+    check_finite(name, positions)
     checkable = _eager() and positions.device.type != "meta"
     needs_whole_check = integer and checkable and positions.is_floating_point()
     if needs_whole_check and not torch.equal(positions, positions.round()):
@@ -400,8 +428,15 @@ def build(name: str, **kwargs: Any) -> PositionalEncoding:
 
 def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> PositionalEncoding:
     """Construct ``name`` sized for a model: additive gets ``dim``, rotary ``dim // num_heads``,
-    bias ``num_heads``."""
-    return entry(name).cls.for_model(dim, num_heads, **kwargs)
+    bias ``num_heads``. Rotary and bias encodings need ``num_heads`` to divide ``dim``."""
+    cls = entry(name).cls
+    check_positive_int("dim", dim)
+    check_positive_int("num_heads", num_heads)
+    if cls.family in ("rotary", "bias") and dim % num_heads:
+        raise ValueError(
+            f"num_heads ({num_heads}) must divide dim ({dim}) for {cls.family} encoding {name!r}"
+        )
+    return cls.for_model(dim, num_heads, **kwargs)
 
 
 register("none", "no positional information (NoPE)")(NoPE)

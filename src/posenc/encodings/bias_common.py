@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from .base import BiasEncoding, ScoreMod, compute_dtype
+from .base import BiasEncoding, ScoreMod, check_finite, compute_dtype
 
 #: ``at(b, idx) -> position`` inside a score_mod.
 _Gather = Callable[[Tensor, Tensor], Tensor]
@@ -37,6 +37,7 @@ def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tens
             raise ValueError(
                 f"{name} must have shape (seq,) or (batch, seq), got {tuple(pos.shape)}"
             )
+        check_finite(name, pos)
     assert isinstance(q_positions, Tensor) and isinstance(k_positions, Tensor)
     if q_positions.dim() == 2 and k_positions.dim() == 2:
         bq, bk = q_positions.shape[0], k_positions.shape[0]
@@ -66,7 +67,10 @@ def is_integral(positions: Tensor) -> bool:
 
 
 def require_integral(name: str, positions: Tensor, scheme: str) -> None:
-    if not is_integral(positions):
+    """Raise unless ``positions`` hold whole numbers. Where the values cannot be read (meta
+    tensors, inside ``torch.compile``/export) nothing is checked."""
+    unreadable = torch.compiler.is_compiling() or positions.device.type == "meta"
+    if positions.is_floating_point() and not unreadable and not is_integral(positions):
         raise ValueError(
             f"{name} must hold whole numbers for {scheme} (its table is indexed by distance)"
         )

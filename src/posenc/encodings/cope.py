@@ -90,6 +90,11 @@ class CoPE(BiasEncoding):
         if q is None or k is None:
             raise ValueError("CoPE.bias needs q= and k= (the (b, h, n, d) queries and keys)")
         for name, t in (("q", q), ("k", k)):
+            if not isinstance(t, Tensor) or not t.is_floating_point():
+                raise TypeError(
+                    f"CoPE needs {name} as a floating-point torch.Tensor, "
+                    f"got {getattr(t, 'dtype', type(t).__name__)}"
+                )
             if t.dim() != 4 or t.shape[1] != self.num_heads or t.shape[-1] != self.head_dim:
                 raise ValueError(
                     f"CoPE expects {name} of shape (b, h={self.num_heads}, n, "

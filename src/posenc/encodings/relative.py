@@ -41,7 +41,23 @@ def _need(name: str, value: Tensor | None, scheme: str) -> Tensor:
     return value
 
 
-def _check_qk(q: Tensor, num_heads: int, head_dim: int, scheme: str, name: str = "q") -> None:
+def _check_qk(
+    q: Tensor,
+    num_heads: int,
+    head_dim: int,
+    scheme: str,
+    name: str = "q",
+    seq: int | None = None,
+) -> None:
+    """``q`` (or ``k``): a floating ``(b, num_heads, seq, head_dim)`` tensor."""
+    if not isinstance(q, Tensor):
+        raise TypeError(f"{scheme} needs {name} as a torch.Tensor, got {type(q).__name__}")
+    if not q.is_floating_point():
+        raise TypeError(f"{scheme} needs a floating-point {name}, got dtype {q.dtype}")
+    if seq is not None and q.dim() == 4 and q.shape[2] != seq:
+        raise ValueError(
+            f"{scheme}: {name} has {q.shape[2]} positions but its positions hold {seq}"
+        )
     if q.dim() != 4 or q.shape[1] != num_heads or q.shape[-1] != head_dim:
         raise ValueError(
             f"{scheme} expects {name} of shape (b, h={num_heads}, n, d={head_dim}), "
@@ -346,6 +362,7 @@ class ShawRelativeBias(BiasEncoding):
         """``(b, h, nq, nk)``; needs ``q``."""
         q = _need("q", q, "ShawRelativeBias")
         index = self.clipped_index(q_positions, k_positions)  # (nq, nk) | (b, nq, nk)
+        _check_qk(q, self.num_heads, self.head_dim, "ShawRelativeBias", seq=index.shape[-2])
         terms = self._query_terms(q)  # (b, h, nq, 2K+1)
         b, h, nq, _ = terms.shape
         index = index.unsqueeze(-3) if index.dim() == 3 else index  # (b|1, 1, nq, nk) | (nq, nk)
@@ -380,7 +397,7 @@ class ShawRelativeBias(BiasEncoding):
         Weights are summed per clipped distance first, ``(b, h, nq, 2K + 1)``, then multiplied
         by the ``2K + 1`` value embeddings."""
         if self.value_embeddings is None:
-            raise RuntimeError("value_term needs ShawRelativeBias(..., values=True)")
+            raise ValueError("value_term needs ShawRelativeBias(..., values=True)")
         index = self.clipped_index(q_positions, k_positions)
         b, h, nq, nk = weights.shape
         index = index.unsqueeze(-3) if index.dim() == 3 else index  # (b|1, 1, nq, nk) | (nq, nk)
@@ -435,8 +452,12 @@ class TransformerXLRelativeBias(BiasEncoding):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.rel_dim = check_positive_int("rel_dim", rel_dim or num_heads * head_dim)
+        self.rel_dim = check_positive_int(
+            "rel_dim", num_heads * head_dim if rel_dim is None else rel_dim
+        )
         self.base = check_positive_float("base", base)
+        if self.base == 1.0:
+            raise ValueError("base must not be 1.0 (every frequency would be equal)")
         self.pos_proj = nn.Linear(self.rel_dim, num_heads * head_dim, bias=False)  # W_R
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
@@ -464,15 +485,22 @@ class TransformerXLRelativeBias(BiasEncoding):
             _need("q", q, "TransformerXLRelativeBias"),
             _need("k", k, "TransformerXLRelativeBias"),
         )
-        _check_qk(q, self.num_heads, self.head_dim, "TransformerXLRelativeBias")
-        _check_qk(k, self.num_heads, self.head_dim, "TransformerXLRelativeBias", "k")
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        scheme = "TransformerXLRelativeBias"
+        _check_qk(q, self.num_heads, self.head_dim, scheme, seq=q_pos.shape[-1])
+        _check_qk(k, self.num_heads, self.head_dim, scheme, "k", seq=k_pos.shape[-1])
         require_integral("q_positions", q_pos, "TransformerXLRelativeBias")
         require_integral("k_positions", k_pos, "TransformerXLRelativeBias")
         work = work_dtype(q, self)
         q_pos, k_pos = q_pos.long(), k_pos.long()
-        lo = int(q_pos.min()) - int(k_pos.max())
-        hi = int(q_pos.max()) - int(k_pos.min())
+        if not (q_pos.numel() and k_pos.numel()):
+            lo, hi = 0, -1  # no pairs, no distances
+        elif q_pos.is_meta or k_pos.is_meta:
+            # no values to read: any distance range gives the right shapes
+            lo, hi = 1 - k_pos.shape[-1], q_pos.shape[-1] - 1
+        else:
+            lo = int(q_pos.min()) - int(k_pos.max())
+            hi = int(q_pos.max()) - int(k_pos.min())
         r = self.relative_keys(torch.arange(lo, hi + 1, device=q.device), work)  # (h, R, d)
         qv = q.to(work) + self.v.to(work).unsqueeze(1)  # (b, h, nq, d)
         bd = torch.einsum("bhid,hrd->bhir", qv, r)  # (b, h, nq, R): terms (b) + (d)

@@ -45,6 +45,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from .base import check_positive_float, check_positive_int
+
 __all__ = [
     "ROPE_TYPES",
     "RopeInitFunction",
@@ -385,6 +387,10 @@ def rope_parameters(
     >>> inv_freq.tolist(), factor
     ([0.25, 0.025, 0.0025, 0.00025], 1.0)
     """
+    if check_positive_int("dim", dim) % 2:
+        raise ValueError(f"dim ({dim}) must be even for rotary embeddings")
+    if check_positive_float("base", base) == 1.0:
+        raise ValueError("base must not be 1.0 (every frequency would be equal)")
     params = validate_rope_scaling(
         scaling, rotary_dim=dim, max_position_embeddings=max_position_embeddings
     )

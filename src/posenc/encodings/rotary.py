@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from . import base
 from .base import (
     RotaryEncoding,
+    check_finite,
     check_positive_float,
     check_positive_int,
     compute_dtype,
@@ -526,7 +527,9 @@ class RotaryEmbedding(RotaryEncoding):
         ``dynamic_rope_update``); change the frequencies, and drop the tables, when it moves."""
         if self.rope_type not in ("dynamic", "longrope") or torch.compiler.is_compiling():
             return
-        seq_len = float(n if positions is None or not positions.numel() else positions.max() + 1)
+        if positions is not None and (positions.is_meta or not positions.numel()):
+            positions = None  # meta positions have no largest value to read: use the length
+        seq_len = float(n if positions is None else positions.max() + 1)
         new = self._seq_len
         if self.rope_type == "dynamic":
             original = self.max_position_embeddings
@@ -558,7 +561,10 @@ class RotaryEmbedding(RotaryEncoding):
         table_ok = (
             dtype != torch.float64
             and self.rope_type != "dynamic"
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling()  # first: dynamo must not touch the cache
+            # a meta module has no table to read, and meta positions no largest value
+            and not self.cos_cached.is_meta
+            and not (positions is not None and positions.is_meta)
         )
         if positions is not None and (positions.is_floating_point() or not table_ok):
             angles = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
@@ -681,6 +687,8 @@ class XPos(RotaryEmbedding):
             isinstance(center, bool) or not isinstance(center, (int, float))
         ):
             raise TypeError(f"center must be a number or None, got {center!r}")
+        if center is not None and not math.isfinite(center):
+            raise ValueError(f"center must be a finite number, got {center!r}")
         self.center = None if center is None else float(center)
 
     def zeta(self, device: Any = None) -> Tensor:
@@ -696,7 +704,8 @@ class XPos(RotaryEmbedding):
         pos = positions.to(torch.float64)
         center = self.center
         if center is None:
-            center = float(math.floor((float(pos.max()) + 1) / 2)) if pos.numel() else 0.0
+            # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
+            center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
         angles = pos[..., None] * self.inv_freq.to(torch.float64)  # (..., n, r/2)
         power = (pos[..., None] - center) / self.scale_base  # (..., n, 1)
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
@@ -783,12 +792,21 @@ class AxialRotaryEmbedding(RotaryEncoding):
         else:
             self.register_buffer("inv_freq", freq, persistent=False)
 
+    def reset_tables(self) -> None:
+        """Rebuild the fixed buffers (the axis of each pair and, unless learned, the float64
+        frequencies) on the module's device; used after ``to_empty``/``.to()``."""
+        device = self.axis_of_pair.device
+        if device.type == "meta":
+            return
+        per_axis = self.rotary_dim // self.ndim
+        axis = torch.arange(self.ndim, device=device).repeat_interleave(per_axis // 2)
+        self.axis_of_pair = axis
+        if not self.learned_freq:
+            self.inv_freq = default_inv_freq(per_axis, self.base, device=device).repeat(self.ndim)
+
     def _apply(self, fn: Any, recurse: bool = True) -> AxialRotaryEmbedding:
         super()._apply(fn, recurse)
-        device = self.axis_of_pair.device
-        if not self.learned_freq and device.type != "meta":
-            per_axis = self.rotary_dim // self.ndim
-            self.inv_freq = default_inv_freq(per_axis, self.base, device=device).repeat(self.ndim)
+        self.reset_tables()
         return self
 
     def coordinates(self, positions: Tensor | None, n: int, batch: int, device: Any) -> Tensor:
@@ -809,7 +827,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
             )
         if positions.dim() == 3 and shape[0] not in (1, batch):
             raise ValueError(f"positions has batch size {shape[0]} but the input has {batch}")
-        return positions
+        return check_finite("positions", positions)
 
     @staticmethod
     def grid(*shape: int, device: Any = None) -> Tensor:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from . import base as family_base
 from .base import (
     AdditiveEncoding,
     add_encoding,
@@ -38,7 +39,9 @@ PAPER = "Vaswani et al. 2017, Attention Is All You Need, §3.5"
 
 def _check_table_args(num_positions: object, dim: object, base: object) -> float:
     if isinstance(num_positions, bool) or not isinstance(num_positions, int):
-        raise TypeError(f"num_positions must be an int, got {type(num_positions).__name__}")
+        raise TypeError(
+            f"num_positions must be an int, got {type(num_positions).__name__} ({num_positions!r})"
+        )
     if num_positions < 0:
         raise ValueError(f"num_positions must be >= 0, got {num_positions}")
     check_positive_int("dim", dim)
@@ -79,6 +82,7 @@ def sinusoidal_table(
             [ 0.9093, -0.4161,  0.0200,  0.9998]])
     """
     base = _check_table_args(num_positions, dim, base)
+    family_base.check_float_dtype("dtype", dtype)
     positions = torch.arange(num_positions, dtype=torch.float64, device=device)
     return sinusoidal_encode(positions, dim, base=base, dtype=dtype)
 
@@ -87,6 +91,10 @@ def sinusoidal_encode(
     positions: Tensor, dim: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> Tensor:
     """The sinusoidal encoding of arbitrary (integer or float) ``positions``: ``(..., dim)``."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    base = _check_table_args(0, dim, base)
+    family_base.check_float_dtype("dtype", dtype)
     inv_freq = inverse_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
     return sinusoidal_angles_to_table(angles, dim, dtype)
@@ -243,8 +251,8 @@ def sinusoidal_nd_table(
     table of that axis's coordinate; blocks are concatenated in axis order and the result is
     cut to ``dim`` channels (the ``positional-encodings`` layout).
     """
-    if not shape:
-        raise ValueError("shape must name at least one axis")
+    if not isinstance(shape, (tuple, list)) or not shape:
+        raise ValueError(f"shape must be a non-empty tuple of axis sizes, got {shape!r}")
     for axis, size in enumerate(shape):
         check_positive_int(f"shape[{axis}]", size)
     grids = torch.meshgrid(
@@ -259,6 +267,9 @@ def sinusoidal_nd_encode(
 ) -> Tensor:
     """Encode coordinates ``(..., ndim)`` as ``(..., dim)`` in the layout of
     :func:`sinusoidal_nd_table`."""
+    if not isinstance(coords, Tensor) or coords.dim() < 1 or coords.shape[-1] < 1:
+        raise ValueError("coords must be a tensor of shape (..., ndim) with ndim >= 1")
+    _check_table_args(0, dim, base)
     ndim = coords.shape[-1]
     channels = 2 * math.ceil(dim / (2 * ndim))
     blocks = [
@@ -310,6 +321,7 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
                     f"positions must have shape {expected} (optionally with a batch dimension), "
                     f"got {tuple(positions.shape)}"
                 )
+            family_base.check_finite("positions", positions)
             pe = sinusoidal_nd_encode(positions, self.dim, base=self.base, dtype=work)
         return add_encoding(x, pe, self.dropout)
 

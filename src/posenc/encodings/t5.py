@@ -59,6 +59,10 @@ def t5_relative_position_bucket(
     tensor([15,  8,  1,  0, 17, 24, 31])
     """
     check_bucket_args(num_buckets, max_distance, bidirectional)
+    if not isinstance(relative_position, Tensor):
+        raise TypeError(
+            f"relative_position must be a torch.Tensor, got {type(relative_position).__name__}"
+        )
     if relative_position.is_floating_point() or relative_position.dtype == torch.bool:
         raise TypeError(
             f"relative_position must be an integer tensor, got {relative_position.dtype}"

@@ -4,7 +4,6 @@ posenc.lengthgen ...``). Errors end as one line and exit status 2, as in ``posen
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -13,16 +12,25 @@ from .cli import add_subcommand
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posenc.lengthgen")
-    sub = parser.add_subparsers(dest="command")
+    from posenc.cli import UsageError, _Parser
+
+    parser = _Parser(prog="python -m posenc.lengthgen")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     add_subcommand(sub)
-    args = parser.parse_args(["lengthgen", *(sys.argv[1:] if argv is None else argv)])
     try:
+        args = parser.parse_args(["lengthgen", *(sys.argv[1:] if argv is None else argv)])
         return int(args.func(args) or 0)
-    except (ValueError, TypeError) as exc:
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 2
+    except UsageError as exc:  # a bad argument: one line, as in `posenc`
+        print(str(exc), file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OSError) as exc:
         if os.environ.get("POSENC_DEBUG"):
             raise
-        print(f"posenc lengthgen: error: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        text = str(exc).strip()
+        first_line = text.splitlines()[0] if text else type(exc).__name__
+        print(f"posenc lengthgen: error: {first_line}", file=sys.stderr)
         return 2
 
 

@@ -34,6 +34,8 @@ from typing import Any
 DEFAULT_PES = ("none", "t5", "alibi", "rope", "sinusoidal", "learned")
 SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options")
 DEFAULT_OUT = "lengthgen-results"
+#: More seeds than this is a typo, not a sweep (every seed is a full training run).
+MAX_SEEDS = 1000
 
 #: Named settings; ``kazemnejad`` is the reproduction of Kazemnejad et al. 2023, appendix F
 #: (decoder-only, trained on lengths <= 20, tested on 21-40) at 0.1M parameters, with the
@@ -179,8 +181,10 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
     if isinstance(value, list):
         seeds = value
     elif isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError(f"seeds must be a count >= 1 or a list, got {value}")
+        if not 1 <= value <= MAX_SEEDS:
+            raise ValueError(
+                f"seeds must be a count >= 1 (at most {MAX_SEEDS}) or a list, got {value}"
+            )
         seeds = list(range(value))
     elif isinstance(value, str):
         text = value.strip()
@@ -204,6 +208,8 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
         raise TypeError(f"seeds must be a count or a list of ints, got {value!r}")
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be non-negative ints, got {value!r}")
+    if len(seeds) > MAX_SEEDS or max(seeds) >= 2**32:
+        raise ValueError(f"seeds must be at most {MAX_SEEDS} ints below 2**32, got {value!r}")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {value!r} repeat a seed")
     return seeds

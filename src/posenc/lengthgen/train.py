@@ -51,6 +51,8 @@ CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
 CHECKPOINT_VERSION = 1
 DECAYS = ("cosine", "linear", "constant")
+#: Longest input length a sweep may train or test on.
+MAX_INPUT_LENGTH = 4096
 
 
 @dataclass
@@ -123,14 +125,18 @@ class TrainConfig:
         for name in ("ffn_dim", "eval_every", "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed >= 2**32:  # numpy's legacy seeding takes 32 bits
+            raise ValueError(f"seed must be < 2**32, got {self.seed}")
         if self.dim % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("weight_decay and grad_clip must be >= 0")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):  # NaN fails both comparisons
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.warmup < 1.0:
             raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.decay not in DECAYS:
@@ -145,6 +151,12 @@ class TrainConfig:
                 f"test_max_length ({self.test_max_length}) < test_min_length "
                 f"({self.test_min_length})"
             )
+        for name in ("train_max_length", "test_max_length"):
+            if getattr(self, name) > MAX_INPUT_LENGTH:
+                raise ValueError(
+                    f"{name} must be <= {MAX_INPUT_LENGTH} (attention over a longer sequence "
+                    f"would not fit a tiny-model sweep), got {getattr(self, name)}"
+                )
         from posenc import entry
 
         axes = getattr(entry(self.pe).cls, "axes", 1)  # unknown names list the known ones
@@ -153,20 +165,44 @@ class TrainConfig:
                 f"pe {self.pe!r} encodes {axes}-D coordinates; lengthgen needs an encoding "
                 "of sequence positions"
             )
+        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options)
         task = get_task(self.task)
-        if self.random_positions:
-            probe = np.random.default_rng([self.seed, 99])
-            longest = longest_model_length(
-                task, [self.train_max_length, self.test_max_length], probe
+        probe = np.random.default_rng([self.seed, 99])
+        longest = longest_model_length(task, [self.train_max_length, self.test_max_length], probe)
+        if table is not None:  # a learned table knows nothing past its rows
+            needed, why = (
+                (self.random_max, "random_max")
+                if self.random_positions
+                else (longest, "the longest sequence")
             )
-            if self.random_max < longest:
+            if needed > table:
                 raise ValueError(
-                    f"randomized positions need L (random_max={self.random_max}) at least as "
-                    f"large as the longest sequence the model sees: {longest} tokens for "
-                    f"{task.name} at input length {self.test_max_length}; "
-                    f"use random_max >= {longest}"
+                    f"encoding {self.label!r} cannot handle the test sequences: its table holds "
+                    f"max_len={table} positions, the runs need {needed} ({why}); raise "
+                    f"pe_options.{self.pe}.max_len"
                 )
+        if self.random_positions and self.random_max < longest:
+            raise ValueError(
+                f"randomized positions need L (random_max={self.random_max}) at least as "
+                f"large as the longest sequence the model sees: {longest} tokens for "
+                f"{task.name} at input length {self.test_max_length}; "
+                f"use random_max >= {longest}"
+            )
         return task
+
+
+def check_encoding(pe: str, dim: int, heads: int, options: dict[str, Any]) -> int | None:
+    """Build the encoding alone (cheap: no model) so that bad ``pe_options`` or a size it
+    cannot take fail before any run starts, naming the encoding and its options. Returns the
+    number of rows of a learned table (positions past it have no embedding), else ``None``."""
+    from posenc import LearnedPositionalEncoding, build_for_model
+
+    try:
+        module = build_for_model(pe, dim, heads, **options)
+    except (TypeError, ValueError) as exc:
+        detail = f" with options {options}" if options else f" at dim={dim}, heads={heads}"
+        raise type(exc)(f"pe {pe!r}{detail}: {exc}") from None
+    return module.max_len if isinstance(module, LearnedPositionalEncoding) else None
 
 
 def _check_type(name: str, value: object, expected: type) -> None:

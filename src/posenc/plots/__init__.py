@@ -1,5 +1,6 @@
 """Matplotlib figures for every encoding. Each function returns a ``Figure``; nothing here
-shows a window or writes a file (the CLI saves PNG, SVG or PDF).
+shows a window, and only :func:`save_figure` writes a file (PNG, SVG or PDF, byte for byte
+the same on every run).
 
 :func:`plot_encoding` draws any registered encoding by name with a kind that suits it
 (:data:`KINDS`); several names give a side-by-side figure.
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import matplotlib
 import torch
 from matplotlib.figure import Figure
 
@@ -18,6 +21,17 @@ from . import diagnostics
 from .absolute import dimension_waves, heatmap, permutation_weights
 
 Draw = Callable[[PositionalEncoding, str, int], Figure]
+
+#: Per format, the metadata that would make two saves of one figure differ (dates).
+_NO_DATES = {".svg": {"Date": None}, ".pdf": {"CreationDate": None}}
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: int) -> None:
+    """Save ``fig`` so that the same figure always gives the same bytes: no creation date in
+    SVG or PDF, and a fixed salt for the ids matplotlib hashes into SVG (random otherwise)."""
+    path = Path(path)
+    with matplotlib.rc_context({"svg.hashsalt": "posenc"}):
+        fig.savefig(path, dpi=dpi, metadata=_NO_DATES.get(path.suffix.lower()))
 
 
 @dataclass(frozen=True)
