@@ -626,6 +626,20 @@ def test_every_registered_sequence_encoding_trains() -> None:
         assert len(train(cfg, threads=1)["losses"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"task": "bucket-sort", "pe": "rope"}, r"coupled positions need a decoder task with "
+         r"answer_sources\(\); task 'bucket-sort' \(encoder\) has none"),
+        ({"task": "copy-v1", "pe": "rope", "random_positions": True},
+         "random_positions and coupled_positions exclude each other"),
+    ],
+)  # fmt: skip
+def test_coupled_positions_are_refused_before_any_work(values: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{**TINY, **values}, coupled_positions=True).validate()
+
+
 def test_coupled_positions_train_and_are_recorded(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert (

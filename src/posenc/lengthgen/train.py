@@ -188,6 +188,14 @@ class TrainConfig:
                 f"{task.name} at input length {self.test_max_length}; "
                 f"use random_max >= {longest}"
             )
+        if self.coupled_positions:
+            if self.random_positions:
+                raise ValueError("random_positions and coupled_positions exclude each other")
+            if task.kind != "decoder" or not callable(getattr(task, "answer_sources", None)):
+                raise ValueError(
+                    f"coupled positions need a decoder task with answer_sources(); task "
+                    f"{task.name!r} ({task.kind}) has none"
+                )
         return task
 
 
