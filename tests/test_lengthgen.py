@@ -766,6 +766,21 @@ def test_preset_kazemnejad() -> None:
         build_model(c, get_task(c.task))
 
 
+def test_preset_options_follow_the_pe_list() -> None:
+    """A preset's options for encodings the pe list leaves out are dropped; the user's own
+    options for such encodings are still an error (a typo)."""
+    parser = argparse.ArgumentParser()
+    lg_cli.add_subcommand(parser.add_subparsers())
+    argv = ["lengthgen", "--preset", "kazemnejad", "--pe", "rope+coupled"]
+    settings = lg_cli.resolve_settings(parser.parse_args([*argv, "--pe-option", "rope.base=500"]))
+    configs = lg_cli.build_configs(settings)
+    assert {c.label for c in configs} == {"rope+coupled"} and len(configs) == 12
+    assert configs[0].pe_options == {"rotary_dim": 4, "base": 500}
+    settings = lg_cli.resolve_settings(parser.parse_args([*argv, "--pe-option", "alibi.x=1"]))
+    with pytest.raises(ValueError, match="pe_options for alibi, which is not in the pe list"):
+        lg_cli.build_configs(settings)
+
+
 @pytest.mark.parametrize(
     ("argv", "error", "match"),
     [

@@ -334,6 +334,16 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
                 settings["pe_options"] = merged
             else:
                 settings[key] = value
+    if args.preset:
+        # a preset's options fit the preset's encodings: drop those for encodings the pe list
+        # no longer names (options the user gave are kept, and checked in build_configs)
+        named = {name for name, _ in parse_pe_list(settings["pe"])}
+        given = {name for layer in layers[1:] for name in layer.get("pe_options", {})}
+        settings["pe_options"] = {
+            name: kw
+            for name, kw in settings["pe_options"].items()
+            if name in named or name in given
+        }
     return settings
 
 
