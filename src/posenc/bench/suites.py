@@ -57,7 +57,7 @@ class Settings:
     bias_sizes: tuple[int, ...] = (512, 1024, 2048)
     # encoder: width, depth, heads, ffn width, batch, n
     encoder: tuple[int, int, int, int, int, int] = (256, 2, 4, 1024, 4, 128)
-    encoder_repeats: int = 5
+    encoder_repeats: int = 21
     scaling_sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
     rope_scaling_heads: int = 16  # RoPE scaling: q, k of shape (1, heads, n, 64)
     max_call_s: float = 3.0  # scaling/bias: skip a size predicted slower than this per call
