@@ -159,15 +159,20 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 BLOCK_ELEMENTS = 1 << 20
 
 
-def row_blocks(shape: torch.Size, block_elements: int) -> list[tuple[tuple[int, ...], slice]]:
-    """Cover a ``(..., n, d)`` tensor with blocks of whole rows: ``(index, rows)`` pairs, where
-    ``t[index][rows]`` is an ``(m, d)`` block of at most ``max(d, block_elements)`` elements.
+def block_rows(n: int, d: int) -> int:
+    """Rows of ``d`` elements per block: as many as fit in :data:`BLOCK_ELEMENTS`, at least
+    one, at most ``n``."""
+    return max(1, min(n, BLOCK_ELEMENTS // max(d, 1)))
 
-    >>> [(index, rows.start, rows.stop) for index, rows in row_blocks(torch.Size([2, 5, 4]), 12)]
+
+def row_blocks(shape: torch.Size, rows: int) -> list[tuple[tuple[int, ...], slice]]:
+    """Cover a ``(..., n, d)`` tensor with blocks of ``rows`` whole rows (the last one shorter):
+    ``(index, span)`` pairs, where ``t[index][span]`` is an ``(m, d)`` block, ``m <= rows``.
+
+    >>> [(index, span.start, span.stop) for index, span in row_blocks(torch.Size([2, 5, 4]), 3)]
     [((0,), 0, 3), ((0,), 3, 5), ((1,), 0, 3), ((1,), 3, 5)]
     """
-    n, d = shape[-2], shape[-1]
-    rows = max(1, min(n, block_elements // max(d, 1)))
+    n = shape[-2]
     indices: list[tuple[int, ...]] = [()]
     for size in shape[:-2]:
         indices = [(*prefix, i) for prefix in indices for i in range(size)]
@@ -194,13 +199,13 @@ def add_encoding(x: Tensor, pe: Tensor, dropout: nn.Module) -> Tensor:
     shape = torch.broadcast_shapes(x.shape, pe.shape)
     x, pe = x.expand(shape), pe.expand(shape)  # views
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    buf = torch.empty(min(shape[-2], max(1, BLOCK_ELEMENTS // shape[-1])), shape[-1],
-                      dtype=pe.dtype, device=x.device)  # fmt: skip
-    for index, rows in row_blocks(shape, BLOCK_ELEMENTS):
-        block = buf[: rows.stop - rows.start]
-        block.copy_(x[index][rows])  # converts to float32
-        block.add_(pe[index][rows])
-        out[index][rows].copy_(block)  # rounds once
+    rows = block_rows(shape[-2], shape[-1])
+    buf = torch.empty(rows, shape[-1], dtype=pe.dtype, device=x.device)  # (rows, d)
+    for index, span in row_blocks(shape, rows):
+        block = buf[: span.stop - span.start]
+        block.copy_(x[index][span])  # converts to float32
+        block.add_(pe[index][span])
+        out[index][span].copy_(block)  # rounds once
     return out
 
 

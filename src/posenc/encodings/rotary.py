@@ -168,10 +168,10 @@ def _rotate_blocked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> T
     if as_complex:
         table = torch.complex(cos, sin).expand(*lead, n, half)  # (..., n, r/2), a view
     cos, sin = cos.expand(*lead, n, half), sin.expand(*lead, n, half)  # views, no copies
-    rows = max(1, min(n, base.BLOCK_ELEMENTS // d))
+    rows = base.block_rows(n, d)
     buf = torch.empty(rows, d, dtype=cos.dtype, device=x.device)  # (rows, d)
     spare = torch.empty(rows, half, dtype=cos.dtype, device=x.device)
-    for index, span in base.row_blocks(x.shape, base.BLOCK_ELEMENTS):
+    for index, span in base.row_blocks(x.shape, rows):
         block = buf[: span.stop - span.start]
         block.copy_(x[index][span])  # converts to float32
         if as_complex:  # (x1 + i x2)(cos + i sin)
