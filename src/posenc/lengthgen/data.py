@@ -133,16 +133,23 @@ def coupled_positions(sources: list[int], input_length: int) -> np.ndarray:
     return positions - positions.min()
 
 
+def check_coupling(task: Task) -> None:
+    """Raise unless ``task`` can take coupled positions: a decoder task with
+    ``answer_sources()``."""
+    if task.kind != "decoder" or not callable(getattr(task, "answer_sources", None)):
+        raise ValueError(
+            f"coupled positions need a decoder task with answer_sources(); task "
+            f"{task.name!r} ({task.kind}) has none"
+        )
+
+
 def example_positions(
     task: Task, example: Example, rng: np.random.Generator, *, random_max: int | None, coupled: bool
 ) -> np.ndarray | None:
     """One example's positions: randomized (``random_max``), coupled, or ``None`` (arange)."""
     x, y = example
     if coupled:
-        if task.kind != "decoder" or not hasattr(task, "answer_sources"):
-            raise ValueError(
-                f"coupled positions need a decoder task with answer_sources(); {task.name} has none"
-            )
+        check_coupling(task)
         sources = [int(s) for s in task.answer_sources(len(x))]  # type: ignore[attr-defined]
         if len(sources) != len(y):
             raise ValueError(

@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import Vocab, collate, longest_model_length, model_length, sample_batch
+from .data import (
+    Vocab,
+    check_coupling,
+    collate,
+    longest_model_length,
+    model_length,
+    sample_batch,
+)
 from .evaluate import (
     FINAL_SALT,
     PERIODIC_SALT,
@@ -191,11 +198,7 @@ class TrainConfig:
         if self.coupled_positions:
             if self.random_positions:
                 raise ValueError("random_positions and coupled_positions exclude each other")
-            if task.kind != "decoder" or not callable(getattr(task, "answer_sources", None)):
-                raise ValueError(
-                    f"coupled positions need a decoder task with answer_sources(); task "
-                    f"{task.name!r} ({task.kind}) has none"
-                )
+            check_coupling(task)
         return task
 
 
