@@ -586,7 +586,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["lengthgen", "--pe", "nosuch"], r"unknown positional encoding 'nosuch'"),
     (
         ["lengthgen", "--pe", "rope+foo"],
-        r"pe 'rope\+foo': the only suffixes are '\+random' and '\+coupled', got '\+foo'",
+        r"pe 'rope\+foo': the only suffixes are '\+random', '\+coupled' and "
+        r"'\+random\+coupled', got '\+foo'",
     ),
     (["lengthgen", "--pe", "rope2d"], r"pe 'rope2d' encodes 2-D coordinates"),
     (["lengthgen", "--task", "nosuch"], r"unknown task 'nosuch'"),

@@ -631,13 +631,33 @@ def test_every_registered_sequence_encoding_trains() -> None:
     [
         ({"task": "bucket-sort", "pe": "rope"}, r"coupled positions need a decoder task with "
          r"answer_sources\(\); task 'bucket-sort' \(encoder\) has none"),
-        ({"task": "copy-v1", "pe": "rope", "random_positions": True},
-         "random_positions and coupled_positions exclude each other"),
+        ({"task": "copy-v1", "pe": "rope", "random_positions": True, "random_max": 3},
+         r"random_max=3\) at least as large as the longest sequence"),
     ],
 )  # fmt: skip
 def test_coupled_positions_are_refused_before_any_work(values: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         TrainConfig(**{**TINY, **values}, coupled_positions=True).validate()
+
+
+@pytest.mark.parametrize("name", ["copy-v1", "reverse-v1"])
+def test_random_and_coupled_positions_combine(name: str) -> None:
+    """``+random+coupled``: the coupled positions mapped through sorted random draws, so
+    answer tokens keep their source's position and the order is kept, with varied gaps."""
+    task = get_task(name)
+    gaps = set()
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        x, y = task.sample(12, rng)
+        got = example_positions(task, (x, y), rng, random_max=64, coupled=True)
+        coupled = coupled_positions(task.answer_sources(12), 12)  # type: ignore[attr-defined]
+        assert got is not None and got.shape == coupled.shape and got.max() < 64
+        # the same ties and the same order as the coupled positions
+        assert (
+            np.sign(got[:, None] - got[None, :]) == np.sign(coupled[:, None] - coupled[None, :])
+        ).all()
+        gaps |= set(np.diff(np.unique(got)).tolist())
+    assert len(gaps) > 5  # distances vary, as under randomized positions
 
 
 def test_coupled_positions_train_and_are_recorded(tmp_path: Path) -> None:
@@ -779,6 +799,12 @@ def test_preset_options_follow_the_pe_list() -> None:
     settings = lg_cli.resolve_settings(parser.parse_args([*argv, "--pe-option", "alibi.x=1"]))
     with pytest.raises(ValueError, match="pe_options for alibi, which is not in the pe list"):
         lg_cli.build_configs(settings)
+    argv = ["lengthgen", "--task", "copy-v1", "--pe", "rope+random+coupled,rope+random"]
+    configs = lg_cli.build_configs(lg_cli.resolve_settings(parser.parse_args(argv)))
+    assert [(c.label, c.random_positions, c.coupled_positions) for c in configs] == [
+        ("rope+random+coupled", True, True),
+        ("rope+random", True, False),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -786,7 +812,7 @@ def test_preset_options_follow_the_pe_list() -> None:
     [
         (["--task", "nope"], ValueError, "unknown task 'nope'"),
         (["--pe", "nope"], ValueError, "unknown positional encoding 'nope'"),
-        (["--pe", "none+noise"], ValueError, "only suffixes are '\\+random' and '\\+coupled'"),
+        (["--pe", "none+noise"], ValueError, "only suffixes are '\\+random', '\\+coupled'"),
         (["--pe", "none,,learned"], ValueError, "empty entry"),
         (["--pe", "none,none"], ValueError, "twice"),
         (["--seeds", "0"], ValueError, "seeds must be a count >= 1"),

@@ -27,13 +27,15 @@ within float32 rounding at any position; the cached tables stay float32 after
 ``module.to(torch.bfloat16)`` (``_apply`` rebuilds them); bf16/fp16 queries and keys are
 rotated in float32 and cast back once.
 
-Speed (CPU): the interleaved layout is one complex multiply per tensor
-(``view_as_complex(x) * (cos + i sin)``, written straight into the output); half-precision
-interleaved inputs are converted, rotated and rounded back block by block in a cache-sized
-float32 buffer (one pass over memory). The half layout uses one ``torch.compile``-d fused
-kernel (compiled per shape and dtype by dynamo), falling back to the same eager kernels when
-compilation is unavailable. When autograd is recording, a plain differentiable formula is
-used. See ``benchmarks/rope.md``.
+Speed (CPU): without autograd, both layouts and float32/bfloat16/float16 go through one
+native kernel (``native.py``, C built with the system compiler on first use) that reads the
+input once and writes the output once. Where it cannot be built, torch kernels take over: the
+interleaved layout is one complex multiply per tensor (``view_as_complex(x) * (cos + i sin)``,
+written straight into the output; half-precision inputs converted, rotated and rounded back
+block by block in a cache-sized float32 buffer), and the half layout one ``torch.compile``-d
+fused kernel (compiled per shape and dtype by dynamo), falling back to eager kernels when
+compilation is unavailable. All of these give bit-identical results. When autograd is
+recording, a plain differentiable formula is used. See ``benchmarks/rope.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
@@ -50,7 +52,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from . import base
+from . import base, native
 from .base import (
     RotaryEncoding,
     check_finite,
@@ -197,10 +199,12 @@ _compiled: Callable[..., Tensor] | None = None
 
 
 def set_rotary_compile(enabled: bool) -> None:
-    """Allow (default) or forbid the ``torch.compile``-d rotary kernel for large inputs.
+    """Allow (default) or forbid compiled rotary kernels: the native C kernel
+    (``posenc.encodings.native``) and the ``torch.compile``-d one for large inputs.
 
-    The environment variable ``POSENC_COMPILE=0`` forbids it from the start. Results are the
-    same either way (``tests/test_rotary.py`` checks compiled against eager).
+    Forbidden, rotary uses torch's eager kernels only, as on a machine with no compiler. The
+    environment variable ``POSENC_COMPILE=0`` forbids them from the start. Results are the
+    same either way (``tests/test_rotary.py`` and ``tests/test_native.py`` check).
     """
     global _compile_enabled
     _compile_enabled = bool(enabled)
@@ -262,8 +266,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     cos, sin = cos.to(work), sin.to(work)
     if torch.compiler.is_compiling():  # inside the caller's graph: let inductor fuse it
         return _fused(x, cos, sin, interleaved)
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+    if (
+        torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    ) or not native.opaque_call_ok(x, cos, sin):  # autograd, vmap, jit.trace, modes
         return _rotate_eager(x.to(work), cos, sin, interleaved).to(x.dtype)
+    fast = native.rotate(x, cos, sin, interleaved) if _compile_enabled else None
+    if fast is not None:
+        return fast
     if _use_compiled(x, work, interleaved):
         kernel = _compiled_kernel()
         if kernel is not None:

@@ -148,7 +148,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
 
 #: What may follow ``NAME+`` in a pe list: randomized (Ruoss 2023) or coupled (Cho 2024)
 #: positions.
-POSITION_SUFFIXES = ("random", "coupled")
+POSITION_SUFFIXES = ("random", "coupled", "random+coupled")
 
 
 def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
@@ -167,7 +167,8 @@ def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
         name, plus, suffix = item.partition("+")
         if plus and suffix not in POSITION_SUFFIXES:
             raise ValueError(
-                f"pe {item!r}: the only suffixes are '+random' and '+coupled', got '+{suffix}'"
+                f"pe {item!r}: the only suffixes are '+random', '+coupled' and "
+                f"'+random+coupled', got '+{suffix}'"
             )
         entry(name)  # unknown names list the known ones
         out.append((name, suffix))
@@ -380,8 +381,8 @@ def build_configs(settings: dict[str, Any]) -> list:
                     **base.to_dict(),
                     "task": task,
                     "pe": name,
-                    "random_positions": suffix == "random",
-                    "coupled_positions": suffix == "coupled",
+                    "random_positions": "random" in suffix.split("+"),
+                    "coupled_positions": "coupled" in suffix.split("+"),
                     "seed": seed,
                     "pe_options": dict(sweep["pe_options"].get(name, {})),
                 }

@@ -146,7 +146,10 @@ def check_coupling(task: Task) -> None:
 def example_positions(
     task: Task, example: Example, rng: np.random.Generator, *, random_max: int | None, coupled: bool
 ) -> np.ndarray | None:
-    """One example's positions: randomized (``random_max``), coupled, or ``None`` (arange)."""
+    """One example's positions: randomized (``random_max``), coupled, both, or ``None``
+    (arange). Both: the coupled positions ``0..m`` are mapped through ``m + 1`` sorted random
+    positions from ``[0, random_max)``, so answer tokens still share their source's position
+    and the order is kept, while distances are as varied as under randomized positions."""
     x, y = example
     if coupled:
         check_coupling(task)
@@ -156,7 +159,10 @@ def example_positions(
                 f"{task.name}.answer_sources({len(x)}) gave {len(sources)} sources for an "
                 f"answer of {len(y)} tokens"
             )
-        return coupled_positions(sources, len(x))
+        positions = coupled_positions(sources, len(x))
+        if random_max is not None:
+            positions = random_positions(int(positions.max()) + 1, random_max, rng)[positions]
+        return positions
     if random_max is not None:
         return random_positions(model_length(task.kind, len(x), len(y)), random_max, rng)
     return None

@@ -98,9 +98,13 @@ class TrainConfig:
 
     @property
     def label(self) -> str:
-        """How the encoding is named in tables: ``rope``, ``rope+random`` or ``rope+coupled``."""
-        suffix = "+random" if self.random_positions else ""
-        return self.pe + (suffix or ("+coupled" if self.coupled_positions else ""))
+        """How the encoding is named in tables: ``rope``, ``rope+random``, ``rope+coupled``
+        or ``rope+random+coupled``."""
+        return (
+            self.pe
+            + ("+random" if self.random_positions else "")
+            + ("+coupled" if self.coupled_positions else "")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -196,8 +200,6 @@ class TrainConfig:
                 f"use random_max >= {longest}"
             )
         if self.coupled_positions:
-            if self.random_positions:
-                raise ValueError("random_positions and coupled_positions exclude each other")
             check_coupling(task)
         return task
 
