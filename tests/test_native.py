@@ -97,13 +97,17 @@ def test_native_takes_fewer_dims(ndim: int) -> None:
     assert torch.equal(got, formula32(x, cos, sin, True))
 
 
-def test_thread_split_equals_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    x, cos, sin = case_inputs((2, 3, 301, 64), 64, True, True, torch.bfloat16)
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 3, 301, 64), (5, 7, 2, 64)],  # split by positions (prefill), by batch x heads (decode)
+)
+def test_thread_split_equals_one_thread(shape, monkeypatch: pytest.MonkeyPatch) -> None:
+    x, cos, sin = case_inputs(shape, 64, True, True, torch.bfloat16)
     monkeypatch.setattr(native, "PARALLEL_MIN_NUMEL", 1 << 40)
     one = native.rotate(x, cos, sin, True)
     monkeypatch.setattr(native, "PARALLEL_MIN_NUMEL", 1)
     before = torch.get_num_threads()
-    torch.set_num_threads(3)  # 3 shares of 1806 rows: uneven bounds
+    torch.set_num_threads(3)  # 3 uneven shares
     try:
         split = native.rotate(x, cos, sin, True)
     finally:

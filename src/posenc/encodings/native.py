@@ -14,7 +14,8 @@ compiler command and the CPU's instruction-set flags, so an upgrade or another m
 sharing the home directory builds its own. It is written to a temporary name and renamed, so
 processes building it at the same time never load a half-written file.
 
-Rows are split among ``torch.get_num_threads()`` threads; ctypes releases the GIL for the
+Positions (or, for a few positions, batches x heads) are split among
+``torch.get_num_threads()`` threads; ctypes releases the GIL for the
 call, so they run in parallel.
 """
 
@@ -113,7 +114,7 @@ def _build() -> ctypes.CDLL:
     i64 = ctypes.c_int64
     for name in _FUNCTIONS.values():
         function = getattr(library, name)
-        function.argtypes = [ctypes.c_void_p] * 4 + [i64] * 12 + [ctypes.c_int]
+        function.argtypes = [ctypes.c_void_p] * 4 + [i64] * 14 + [ctypes.c_int]
         function.restype = None
     return library
 
@@ -204,17 +205,21 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor | N
     function = getattr(lib, _FUNCTIONS[x.dtype])
     head = (view.data_ptr(), out.data_ptr(), tables[0].data_ptr(), tables[1].data_ptr())
     tail = (s1, s2, *view.stride()[:3], *tables[0].stride()[:3], d, half, int(interleaved))
-    rows = s0 * s1 * s2
-    workers = _threads(rows, x.numel())
+    groups = s0 * s1
+    workers = _threads(max(groups, s2), x.numel())
     if workers == 1:
-        function(*head, 0, rows, *tail)
+        function(*head, 0, groups, 0, s2, *tail)
+        return out.view(x.shape)
+    # split the longer of the two ranges (positions for prefill, groups for one-token decode)
+    if s2 >= groups:
+        bounds = [s2 * i // workers for i in range(workers + 1)]
+        shares = [(0, groups, bounds[i], bounds[i + 1]) for i in range(workers)]
     else:
-        bounds = [rows * i // workers for i in range(workers + 1)]
-        pool = _executor(workers - 1)
-        futures = [
-            pool.submit(function, *head, bounds[i], bounds[i + 1], *tail) for i in range(1, workers)
-        ]
-        function(*head, bounds[0], bounds[1], *tail)  # this thread takes the first share
-        for future in futures:
-            future.result()
+        bounds = [groups * i // workers for i in range(workers + 1)]
+        shares = [(bounds[i], bounds[i + 1], 0, s2) for i in range(workers)]
+    pool = _executor(workers - 1)
+    futures = [pool.submit(function, *head, *share, *tail) for share in shares[1:]]
+    function(*head, *shares[0], *tail)  # this thread takes the first share
+    for future in futures:
+        future.result()
     return out.view(x.shape)

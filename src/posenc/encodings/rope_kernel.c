@@ -12,7 +12,7 @@
  * Pairs: the half layout pairs (x[j], x[j + r/2]); the interleaved layout (x[2j], x[2j+1]).
  * With AVX-512 (-march=native on such a CPU) 16 channels go per instruction and a scalar loop
  * finishes the rest; elsewhere the scalar loop does everything (the compiler may vectorise it).
- * A caller splits the rows [row_begin, row_end) among threads; the functions hold no state.
+ * A caller splits the groups (batch x head) or the positions among threads; no state is kept.
  */
 #include <stdint.h>
 #include <string.h>
@@ -63,19 +63,25 @@ static inline float f32_store(float f) { return f; }
         if (2 * half < d) memcpy(o + 2 * half, xr + 2 * half, (size_t)(d - 2 * half) * sizeof(T)); \
     }
 
+/* Rows (i0, i1, p) for groups g = i0 * s1 + i1 in [group_begin, group_end) and positions p in
+ * [pos_begin, pos_end). Positions go in chunks of POS_CHUNK through every group, so the chunk's
+ * cos/sin rows stay in L1 while all batches and heads use them (the tables are as large as the
+ * input they rotate: read per row, they would double the memory traffic). */
+#define POS_CHUNK 16
 #define ROPE_KERNEL(NAME, T)                                                                   \
-    void NAME(const T *x, T *out, const float *cos_t, const float *sin_t, int64_t row_begin,   \
-              int64_t row_end, int64_t s1, int64_t s2, int64_t xs0, int64_t xs1, int64_t xs2,  \
-              int64_t ts0, int64_t ts1, int64_t ts2, int64_t d, int64_t half,                  \
-              int interleaved) {                                                               \
-        int64_t i2 = row_begin % s2, i1 = (row_begin / s2) % s1, i0 = row_begin / (s1 * s2);  \
-        for (int64_t row = row_begin; row < row_end; ++row) {                                  \
-            const int64_t t = i0 * ts0 + i1 * ts1 + i2 * ts2;                                  \
-            rope_row_##T(x + i0 * xs0 + i1 * xs1 + i2 * xs2, out + row * d, cos_t + t,         \
-                         sin_t + t, d, half, interleaved);                                     \
-            if (++i2 == s2) {                                                                  \
-                i2 = 0;                                                                        \
-                if (++i1 == s1) i1 = 0, ++i0;                                                  \
+    void NAME(const T *x, T *out, const float *cos_t, const float *sin_t, int64_t group_begin, \
+              int64_t group_end, int64_t pos_begin, int64_t pos_end, int64_t s1, int64_t s2,   \
+              int64_t xs0, int64_t xs1, int64_t xs2, int64_t ts0, int64_t ts1, int64_t ts2,    \
+              int64_t d, int64_t half, int interleaved) {                                      \
+        for (int64_t p0 = pos_begin; p0 < pos_end; p0 += POS_CHUNK) {                          \
+            const int64_t p1 = p0 + POS_CHUNK < pos_end ? p0 + POS_CHUNK : pos_end;            \
+            for (int64_t g = group_begin; g < group_end; ++g) {                                \
+                const int64_t i0 = g / s1, i1 = g % s1;                                        \
+                for (int64_t p = p0; p < p1; ++p) {                                            \
+                    const int64_t t = i0 * ts0 + i1 * ts1 + p * ts2;                           \
+                    rope_row_##T(x + i0 * xs0 + i1 * xs1 + p * xs2, out + (g * s2 + p) * d,    \
+                                 cos_t + t, sin_t + t, d, half, interleaved);                  \
+                }                                                                              \
             }                                                                                  \
         }                                                                                      \
     }
@@ -139,6 +145,17 @@ static inline void rope_pairs16(__m512 v0, __m512 v1, const float *c, const floa
                 T##_store32(o + 2 * j, o0, o1);                                                \
             }                                                                                  \
         } else {                                                                               \
+            for (; j + 32 <= half; j += 32) { /* 32 pairs: whole 64-byte half-precision stores */ \
+                __m512 a0 = T##_load16(xr + j), b0 = T##_load16(xr + j + half);                \
+                __m512 a1 = T##_load16(xr + j + 16), b1 = T##_load16(xr + j + half + 16);      \
+                __m512 c0 = _mm512_loadu_ps(c + j), s0 = _mm512_loadu_ps(s + j);               \
+                __m512 c1 = _mm512_loadu_ps(c + j + 16), s1 = _mm512_loadu_ps(s + j + 16);     \
+                T##_store32(o + j, _mm512_sub_ps(_mm512_mul_ps(a0, c0), _mm512_mul_ps(b0, s0)), \
+                            _mm512_sub_ps(_mm512_mul_ps(a1, c1), _mm512_mul_ps(b1, s1)));      \
+                T##_store32(o + j + half,                                                      \
+                            _mm512_add_ps(_mm512_mul_ps(b0, c0), _mm512_mul_ps(a0, s0)),       \
+                            _mm512_add_ps(_mm512_mul_ps(b1, c1), _mm512_mul_ps(a1, s1)));      \
+            }                                                                                  \
             for (; j + 16 <= half; j += 16) {                                                  \
                 __m512 a = T##_load16(xr + j), b = T##_load16(xr + j + half);                  \
                 __m512 cc = _mm512_loadu_ps(c + j), ss = _mm512_loadu_ps(s + j);               \
