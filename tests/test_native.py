@@ -85,6 +85,14 @@ def test_native_is_the_float32_formula_rounded_once(
     assert ((got.double() - exact).abs() <= bound).all()
 
 
+def test_strided_tables_are_read_as_given() -> None:
+    x, cos, sin = case_inputs((2, 3, 20, 16), 16, False, False, torch.bfloat16)
+    cos_strided = torch.empty(20, 16)[:, ::2].copy_(cos)  # channel stride 2
+    sin_transposed = sin.t().contiguous().t()  # column-major
+    got = native.rotate(x, cos_strided, sin_transposed, True)
+    assert got is not None and torch.equal(got, formula32(x, cos, sin, True))
+
+
 @pytest.mark.parametrize("ndim", [1, 2, 3])
 def test_native_takes_fewer_dims(ndim: int) -> None:
     shape = (5, 7, 12)[-ndim:] if ndim > 1 else (12,)

@@ -161,8 +161,10 @@ def _markdown(
         "",
         "`x floor` is the time over `q.clone(); k.clone()` in the same dtype; `posenc faster` "
         "is the peer's time over posenc `RotaryEmbedding.forward` in the same layout. "
-        "`eager` is the same forward with compilation switched off "
-        "(`posenc.set_rotary_compile(False)`, as where no compiler is available).",
+        "posenc runs its native C kernel (`posenc/encodings/rope_kernel.c`, built with the "
+        "system compiler on first use); `eager` is the same forward with compiled kernels "
+        "switched off (`posenc.set_rotary_compile(False)`, as where no compiler is "
+        "available: torch's own kernels only).",
         "",
         "Allocator: "
         + (
@@ -192,7 +194,8 @@ def _markdown(
             )
     lines += [
         "",
-        "First posenc call per dtype and layout (tables, and compilation where used):",
+        "First posenc call per dtype and layout (tables, and building the native kernel "
+        "where it is not cached yet):",
         "",
     ]
     lines += [f"- {d} {layout}: {s:.2f} s" for d, layout, s in compile_notes]

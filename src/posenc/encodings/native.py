@@ -195,12 +195,12 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor | N
     half, d = cos.shape[-1], x.shape[-1]
     view = x.reshape((1,) * (4 - x.dim()) + tuple(x.shape)) if x.dim() < 4 else x
     s0, s1, s2 = view.shape[:3]
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:  # same shape (apply_rotary checks)
+        cos, sin = cos.contiguous(), sin.contiguous()  # the small tables, before broadcasting
     try:
-        tables = [t.expand(s0, s1, s2, half) for t in (cos, sin)]
+        tables = [t.expand(s0, s1, s2, half) for t in (cos, sin)]  # views: stride 0 on repeats
     except RuntimeError:
         return None
-    if any(t.stride(-1) != 1 for t in tables) or tables[0].stride() != tables[1].stride():
-        tables = [t.contiguous() for t in tables]
     out = torch.empty(view.shape, dtype=x.dtype, device=x.device)
     function = getattr(lib, _FUNCTIONS[x.dtype])
     head = (view.data_ptr(), out.data_ptr(), tables[0].data_ptr(), tables[1].data_ptr())
