@@ -174,7 +174,9 @@ def test_vmap_and_jit_trace_of_apply_rotary_use_torch_kernels() -> None:
     assert_close(traced(y), formula32(y, cos, sin, True), rtol=1e-6, atol=1e-6)
 
 
-def test_apply_rotary_goes_native_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_apply_rotary_goes_native_for_half_precision_interleaved_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[torch.dtype] = []
     real = native.rotate
 
@@ -193,6 +195,10 @@ def test_apply_rotary_goes_native_unless_switched_off(monkeypatch: pytest.Monkey
             posenc.set_rotary_compile(True)
     assert calls == [torch.bfloat16]  # the switched-off call never asked the native kernel
     assert torch.equal(fast, eager)
+    with torch.no_grad():  # float32, and the half layout, stay with torch's kernels
+        apply_rotary(x.float(), cos, sin, interleaved=True)
+        apply_rotary(x, cos, sin, interleaved=False)
+    assert calls == [torch.bfloat16]
     x.requires_grad_(True)
     apply_rotary(x, cos, sin, interleaved=True).float().sum().backward()  # autograd: torch
     assert calls == [torch.bfloat16] and x.grad is not None

@@ -27,15 +27,15 @@ within float32 rounding at any position; the cached tables stay float32 after
 ``module.to(torch.bfloat16)`` (``_apply`` rebuilds them); bf16/fp16 queries and keys are
 rotated in float32 and cast back once.
 
-Speed (CPU): without autograd, both layouts and float32/bfloat16/float16 go through one
-native kernel (``native.py``, C built with the system compiler on first use) that reads the
-input once and writes the output once. Where it cannot be built, torch kernels take over: the
-interleaved layout is one complex multiply per tensor (``view_as_complex(x) * (cos + i sin)``,
-written straight into the output; half-precision inputs converted, rotated and rounded back
-block by block in a cache-sized float32 buffer), and the half layout one ``torch.compile``-d
-fused kernel (compiled per shape and dtype by dynamo), falling back to eager kernels when
-compilation is unavailable. All of these give bit-identical results. When autograd is
-recording, a plain differentiable formula is used. See ``benchmarks/rope.md``.
+Speed (CPU), without autograd: the interleaved layout is one complex multiply per tensor
+(``view_as_complex(x) * (cos + i sin)``, written straight into the output); for bfloat16 and
+float16 it is one pass of a native kernel (``native.py``: C built with the system compiler on
+first use, with AVX-512 where the CPU has it), or, where that cannot be built, a torch path
+that converts, rotates and rounds back block by block in a cache-sized float32 buffer. The
+half layout is one ``torch.compile``-d fused kernel (compiled per shape and dtype by dynamo),
+falling back to eager kernels when compilation is unavailable. All of these give
+bit-identical results. When autograd is recording, a plain differentiable formula is used.
+See ``benchmarks/rope.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
@@ -270,9 +270,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
         torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
     ) or not native.opaque_call_ok(x, cos, sin):  # autograd, vmap, jit.trace, modes
         return _rotate_eager(x.to(work), cos, sin, interleaved).to(x.dtype)
-    fast = native.rotate(x, cos, sin, interleaved) if _compile_enabled else None
-    if fast is not None:
-        return fast
+    if _compile_enabled and interleaved and x.dtype in (torch.bfloat16, torch.float16):
+        # The native kernel's one pass beats the blocked torch path for half precision; for
+        # float32 (one complex multiply) and the half layout (one compiled kernel) torch's own
+        # OpenMP threads do as well or better (benchmarks/rope.md).
+        fast = native.rotate(x, cos, sin, interleaved)
+        if fast is not None:
+            return fast
     if _use_compiled(x, work, interleaved):
         kernel = _compiled_kernel()
         if kernel is not None:
