@@ -161,10 +161,12 @@ def _markdown(
         "",
         "`x floor` is the time over `q.clone(); k.clone()` in the same dtype; `posenc faster` "
         "is the peer's time over posenc `RotaryEmbedding.forward` in the same layout. "
-        "posenc runs its native C kernel (`posenc/encodings/rope_kernel.c`, built with the "
-        "system compiler on first use); `eager` is the same forward with compiled kernels "
-        "switched off (`posenc.set_rotary_compile(False)`, as where no compiler is "
-        "available: torch's own kernels only).",
+        "posenc's half layout is one `torch.compile`-d kernel, its interleaved layout one "
+        "complex multiply (float32) or its native C kernel (bfloat16; "
+        "`posenc/encodings/rope_kernel.c`, built with the system compiler on first use); "
+        "`eager` is the same forward with compiled kernels switched off "
+        "(`posenc.set_rotary_compile(False)`, as where no compiler is available: torch's own "
+        "kernels only).",
         "",
         "Allocator: "
         + (
