@@ -98,7 +98,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--pe",
         help="encodings, comma-separated; NAME+random adds randomized positions, "
-        "NAME+coupled coupled ones (tasks with answer_sources) "
+        "NAME+coupled coupled ones (tasks with answer_sources), NAME+random+coupled both "
         "(default: none,t5,alibi,rope,sinusoidal,learned where registered)",
     )
     p.add_argument("--seeds", help="number of seeds (3 = 0,1,2) or a list (0,5,7)")
