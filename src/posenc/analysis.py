@@ -27,6 +27,7 @@ from .encodings.base import (
 )
 from .encodings.learned import LearnedPositionalEncoding
 from .encodings.sinusoidal import inverse_frequencies, sinusoidal_table
+from .errors import PosencValueError
 from .model import Encoder
 
 #: The seed tutorial's toy embeddings: three words, four dimensions.
@@ -92,10 +93,12 @@ def permutation_test(
     """
     table = embeddings if embeddings is not None else TOY_EMBEDDINGS
     if sorted(order) != list(range(len(words))):
-        raise ValueError(f"order must be a permutation of 0..{len(words) - 1}, got {list(order)}")
+        raise PosencValueError(
+            f"order must be a permutation of 0..{len(words) - 1}, got {list(order)}"
+        )
     unknown = [w for w in words if w not in table]
     if unknown:
-        raise ValueError(f"no embedding for {unknown}; known words: {sorted(table)}")
+        raise PosencValueError(f"no embedding for {unknown}; known words: {sorted(table)}")
     x = torch.tensor([list(table[w]) for w in words], dtype=torch.float64).unsqueeze(0)
     x_shuffled = x[:, list(order)]
     if encoding is None:
@@ -176,7 +179,7 @@ def relative_shift(
     """
     check_positive_int("num_positions", num_positions)
     if dim % 2:
-        raise ValueError(f"dim must be even for an exact shift map, got {dim}")
+        raise PosencValueError(f"dim must be even for an exact shift map, got {dim}")
     table = sinusoidal_table(num_positions + offset, dim, base=base, dtype=torch.float64)
     m = shift_matrix(offset, dim, base=base)
     predicted = table[:num_positions] @ m.T  # (p, d)
@@ -192,7 +195,7 @@ def uniqueness(table: Tensor) -> tuple[float, int, int]:
     A positive value means every position has its own encoding.
     """
     if table.dim() != 2 or table.shape[0] < 2:
-        raise ValueError(f"table must be (positions >= 2, dim), got {tuple(table.shape)}")
+        raise PosencValueError(f"table must be (positions >= 2, dim), got {tuple(table.shape)}")
     t = table.to(torch.float64)
     dist = torch.cdist(t, t)
     dist.fill_diagonal_(float("inf"))
@@ -375,7 +378,7 @@ def analyze(
     rotary included."""
     check_positive_int("length", length)
     if length < 2:
-        raise ValueError(f"length must be >= 2, got {length}")
+        raise PosencValueError(f"length must be >= 2, got {length}")
     torch.manual_seed(seed)
     pe = _build_for_analysis(name, dim, num_heads, length).double()
     m = contribution_matrix(pe, length, dim=dim, seed=seed)

@@ -38,6 +38,7 @@ from .encodings.base import (
     compute_dtype,
     resolve_positions,
 )
+from .errors import PosencTypeError, PosencValueError
 
 Backend = Literal["auto", "flex", "sdpa", "math"]
 BACKENDS: tuple[str, ...] = ("auto", "flex", "sdpa", "math")
@@ -80,9 +81,11 @@ def scaled_dot_product_attention(
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 2:
-            raise TypeError(f"{name} must be a floating-point tensor (..., n, d), got {t!r:.80}")
+            raise PosencTypeError(
+                f"{name} must be a floating-point tensor (..., n, d), got {t!r:.80}"
+            )
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(
+        raise PosencValueError(
             f"q (..., nq, d), k (..., nk, d) and v (..., nk, dv) disagree: q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
@@ -146,13 +149,13 @@ def check_key_padding_mask(mask: object, batch: int, seq: int) -> Tensor | None:
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
-        raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
+        raise PosencTypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
-        raise TypeError(
+        raise PosencTypeError(
             f"key_padding_mask must be a bool tensor (True = padding), got {mask.dtype}"
         )
     if tuple(mask.shape) != (batch, seq):
-        raise ValueError(
+        raise PosencValueError(
             f"key_padding_mask must have shape (batch, seq) = {(batch, seq)}, "
             f"got {tuple(mask.shape)}"
         )
@@ -167,20 +170,20 @@ def check_attention_pe(
     if pe is None:
         return None
     if not isinstance(pe, PositionalEncoding):
-        raise TypeError(f"pe must be a posenc PositionalEncoding, got {type(pe).__name__}")
+        raise PosencTypeError(f"pe must be a posenc PositionalEncoding, got {type(pe).__name__}")
     if pe.family == "additive":
-        raise TypeError(
+        raise PosencTypeError(
             f"pe={type(pe).__name__} is additive: it acts on the input embeddings, not inside "
             "attention (Encoder adds it before the first layer)"
         )
     if isinstance(pe, BiasEncoding) and pe.num_heads != num_heads:
-        raise ValueError(
+        raise PosencValueError(
             f"pe={type(pe).__name__} has num_heads={pe.num_heads} but attention has "
             f"num_heads={num_heads}"
         )
     pe_head_dim = getattr(pe, "head_dim", None)
     if head_dim is not None and isinstance(pe_head_dim, int) and pe_head_dim != head_dim:
-        raise ValueError(
+        raise PosencValueError(
             f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
             f"head_dim={head_dim} (dim // num_heads)"
         )
@@ -409,11 +412,13 @@ class MultiHeadAttention(nn.Module):
         check_positive_int("dim", dim)
         check_positive_int("num_heads", num_heads)
         if dim % num_heads:
-            raise ValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
+            raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+            raise PosencValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         if backend == "flex" and not flex_available():
-            raise ValueError("backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)")
+            raise PosencValueError(
+                "backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)"
+            )
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.causal = check_bool("causal", causal)
         check_bool("bias", bias)
@@ -494,7 +499,7 @@ class MultiHeadAttention(nn.Module):
         if residual is not None:
             check_input(residual, self.dim, name="residual")
             if residual.shape != x.shape:
-                raise ValueError(
+                raise PosencValueError(
                     f"residual must have the shape of x {tuple(x.shape)}, "
                     f"got {tuple(residual.shape)}"
                 )

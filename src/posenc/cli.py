@@ -1,7 +1,8 @@
 """The ``posenc`` command. Thin: it parses arguments and calls the library.
 
 Every error a user can cause (a bad argument, an unknown encoding, a bad value deep in the
-library) ends as one line on stderr and exit status 2, never a traceback.
+library, an unusable path) ends as one line on stderr and exit status 2; anything else is a
+bug and keeps its traceback (exit status 1).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
+
+from .errors import PosencError
 
 EXIT_USAGE = 2
 
@@ -212,28 +215,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``posenc`` console script; returns the exit status."""
+def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
+    """Parse ``argv`` and run the chosen subcommand; returns the exit status.
+
+    Only a caller's mistake becomes one line on stderr and status 2: argparse's errors, posenc's
+    own validation errors (:class:`~posenc.errors.PosencError`) and a path the system refuses
+    (an :class:`OSError` naming a file). Anything else is a bug in posenc: Python prints its
+    traceback and the status is 1.
+    """
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except SystemExit as exc:  # --help and --version: a status, not an exception, in-process
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except (ValueError, TypeError, OSError) as exc:
-        # OSError: an output path that cannot be written (a missing parent that cannot be
-        # made, no permission, a read-only file system) is a bad argument too
+    except (PosencError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise  # not a path the user gave: a bug or the system, keep the traceback
         if os.environ.get("POSENC_DEBUG"):
             raise
         text = str(exc).strip()
         first_line = text.splitlines()[0] if text else type(exc).__name__
-        print(f"posenc: error: {first_line}", file=sys.stderr)
+        print(f"{prog}: error: {first_line}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("posenc: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``posenc`` console script; returns the exit status."""
+    return run(build_parser(), sys.argv[1:] if argv is None else list(argv), "posenc")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,6 +34,7 @@ from .encodings.base import (
     check_positive_int,
     check_probability,
 )
+from .errors import PosencTypeError, PosencValueError
 
 Activation = Literal["relu", "gelu"]
 _ACTIVATIONS = ("relu", "gelu")
@@ -56,7 +57,7 @@ class FeedForward(nn.Module):
         check_positive_int("dim", dim)
         check_positive_int("hidden", hidden)
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+            raise PosencValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
         self.activation = activation
         self.up = nn.Linear(dim, hidden)
         self.down = nn.Linear(hidden, dim)
@@ -154,9 +155,11 @@ def resolve_pe(
         return build_for_model(pe, dim, num_heads, **kwargs)
     if isinstance(pe, PositionalEncoding):
         if kwargs:
-            raise TypeError("pe_kwargs apply only when pe is a registry name")
+            raise PosencTypeError("pe_kwargs apply only when pe is a registry name")
         return pe
-    raise TypeError(f"pe must be a registry name or a PositionalEncoding, got {type(pe).__name__}")
+    raise PosencTypeError(
+        f"pe must be a registry name or a PositionalEncoding, got {type(pe).__name__}"
+    )
 
 
 class Encoder(nn.Module):
@@ -198,11 +201,13 @@ class Encoder(nn.Module):
         check_positive_int("depth", depth)
         check_positive_int("num_heads", num_heads)
         if dim % num_heads:
-            raise ValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
+            raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
         if ffn_dim is not None:
             check_positive_int("ffn_dim", ffn_dim)
         if pe_kwargs is not None and not isinstance(pe_kwargs, Mapping):
-            raise TypeError(f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}")
+            raise PosencTypeError(
+                f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}"
+            )
         check_bool("norm_first", norm_first)
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.causal = check_bool("causal", causal)
@@ -275,9 +280,9 @@ class TransformerModel(nn.Module):
             check_positive_int("num_outputs", num_outputs)
         if padding_idx is not None:
             if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
-                raise TypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
+                raise PosencTypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
             if not -vocab_size <= padding_idx < vocab_size:
-                raise ValueError(
+                raise PosencValueError(
                     f"padding_idx must be in [-{vocab_size}, {vocab_size}), got {padding_idx}"
                 )
         self.vocab_size = vocab_size
@@ -301,13 +306,15 @@ class TransformerModel(nn.Module):
     ) -> Tensor:
         """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``."""
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
-            raise TypeError("tokens must be an int64 or int32 tensor of token ids")
+            raise PosencTypeError("tokens must be an int64 or int32 tensor of token ids")
         if tokens.dim() != 2:
-            raise ValueError(f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}")
+            raise PosencValueError(
+                f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}"
+            )
         if not torch.compiler.is_compiling() and tokens.numel():
             low, high = int(tokens.min()), int(tokens.max())
             if low < 0 or high >= self.vocab_size:
-                raise ValueError(
+                raise PosencValueError(
                     f"token ids must be in [0, {self.vocab_size}), got range [{low}, {high}]"
                 )
         x = self.embed(tokens) * self.scale  # (b, n, D)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import PosencValueError
 from .suites import SUITES, run_suites, settings_for
 
 
@@ -50,9 +51,9 @@ def _positive(name: str, text: str | None, kind: type) -> Any:
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be a positive number, got {text!r}") from None
+        raise PosencValueError(f"{name} must be a positive number, got {text!r}") from None
     if not value > 0:  # NaN too
-        raise ValueError(f"{name} must be a positive number, got {text!r}")
+        raise PosencValueError(f"{name} must be a positive number, got {text!r}")
     return value
 
 
@@ -63,10 +64,12 @@ def run(args: argparse.Namespace) -> int:
     names = list(args.suites) or list(SUITES)
     for name in names:
         if name not in SUITES:
-            raise ValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
+            raise PosencValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
     output = None if args.output is None else Path(args.output)
     if output is not None and output.suffix.lower() != ".md":
-        raise ValueError(f"--output must be a markdown file ending in .md, got {args.output!r}")
+        raise PosencValueError(
+            f"--output must be a markdown file ending in .md, got {args.output!r}"
+        )
     threads = _positive("--threads", args.threads, int)
     settings = settings_for(
         args.quick,

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencValueError
 from .harness import Case, Section, Table, fit_exponent, ms, ratio, round_robin, spread
 from .timing import copy_floor
 
@@ -681,7 +682,7 @@ def run_suites(names: list[str], settings: Settings) -> list[Section]:
     """Run the named suites in order, timing each; unknown names raise ``ValueError``."""
     for name in names:
         if name not in RUNNERS:
-            raise ValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
+            raise PosencValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
     sections = []
     for name in names:
         start = time.perf_counter()

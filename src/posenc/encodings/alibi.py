@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ..errors import PosencTypeError
 from .base import ScoreMod, check_positive_int, register
 from .bias_common import DistanceBias, check_pair_positions, gather_fn, work_dtype
 
@@ -70,7 +71,7 @@ class ALiBi(DistanceBias):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+            raise PosencTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 

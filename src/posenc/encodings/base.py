@@ -27,6 +27,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
+
 Family = Literal["additive", "rotary", "bias", "none"]
 FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
 
@@ -37,28 +39,28 @@ FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
 def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` if it is a positive ``int``; raise naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+        raise PosencTypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise PosencValueError(f"{name} must be >= 1, got {value}")
     return value
 
 
 def check_positive_float(name: str, value: object) -> float:
     """Return ``value`` as a float if it is a finite number > 0; raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
     value = float(value)
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        raise PosencValueError(f"{name} must be a finite number > 0, got {value}")
     return value
 
 
 def check_probability(name: str, value: object) -> float:
     """Return ``value`` if it is a number in [0, 1); raise naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
     if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
+        raise PosencValueError(f"{name} must be in [0, 1), got {value}")
     return float(value)
 
 
@@ -66,16 +68,18 @@ def check_bool(name: str, value: object) -> bool:
     """Return ``value`` if it is a ``bool``; raise naming ``name`` otherwise (``bool("no")`` is
     True, so strings and numbers are refused rather than converted)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+        raise PosencTypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
     return value
 
 
 def check_float_dtype(name: str, value: object) -> torch.dtype:
     """Return ``value`` if it is a floating-point ``torch.dtype``; raise naming ``name``."""
     if not isinstance(value, torch.dtype):
-        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})")
+        raise PosencTypeError(
+            f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})"
+        )
     if not value.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point dtype, got {value}")
+        raise PosencTypeError(f"{name} must be a floating-point dtype, got {value}")
     return value
 
 
@@ -85,7 +89,7 @@ def check_finite(name: str, values: Tensor) -> Tensor:
     readable = _eager() and values.device.type != "meta"
     if readable and values.is_floating_point() and not bool(torch.isfinite(values).all()):
         bad = values[~torch.isfinite(values)].flatten()[0].item()
-        raise ValueError(f"{name} must be finite, got {bad}")
+        raise PosencValueError(f"{name} must be finite, got {bad}")
     return values
 
 
@@ -111,40 +115,42 @@ def resolve_positions(
     if positions is None:
         return torch.arange(seq_len, device=device)
     if not isinstance(positions, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
     if positions.dtype == torch.bool or positions.is_complex():
-        raise TypeError(f"{name} must be an integer or float tensor, got dtype {positions.dtype}")
+        raise PosencTypeError(
+            f"{name} must be an integer or float tensor, got dtype {positions.dtype}"
+        )
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
-        raise ValueError(
+        raise PosencValueError(
             f"{name} must have shape (seq,) or (batch, seq) with seq={seq_len}, "
             f"got {tuple(positions.shape)}"
         )
     if positions.dim() == 2 and batch is not None and positions.shape[0] not in (1, batch):
-        raise ValueError(
+        raise PosencValueError(
             f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
         )
     check_finite(name, positions)
     checkable = _eager() and positions.device.type != "meta"
     needs_whole_check = integer and checkable and positions.is_floating_point()
     if needs_whole_check and not torch.equal(positions, positions.round()):
-        raise ValueError(f"{name} must hold whole numbers for this encoding")
+        raise PosencValueError(f"{name} must hold whole numbers for this encoding")
     if checkable and positions.numel():
         smallest = positions.min()
         if smallest < 0:
-            raise ValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
+            raise PosencValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
     return positions
 
 
 def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tensor:
     """Check that ``x`` is a floating tensor of rank ``rank`` whose last dimension is ``dim``."""
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        raise PosencTypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() != rank:
-        raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
+        raise PosencValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
     if x.shape[-1] != dim:
-        raise ValueError(f"{name} has last dimension {x.shape[-1]}, expected dim={dim}")
+        raise PosencValueError(f"{name} has last dimension {x.shape[-1]}, expected dim={dim}")
     return x
 
 
@@ -398,7 +404,7 @@ def register(name: str, summary: str) -> Callable[[type[PositionalEncoding]], An
 
     def wrap(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
-            raise ValueError(f"encoding name {name!r} is already registered")
+            raise PosencValueError(f"encoding name {name!r} is already registered")
         _REGISTRY[name] = Entry(name, cls, summary)
         return cls
 
@@ -413,11 +419,11 @@ def available() -> list[str]:
 def entry(name: str) -> Entry:
     """The registry entry for ``name``; an unknown name lists the known ones."""
     if not isinstance(name, str):
-        raise TypeError(f"encoding name must be a str, got {type(name).__name__}")
+        raise PosencTypeError(f"encoding name must be a str, got {type(name).__name__}")
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
+        raise PosencValueError(
             f"unknown positional encoding {name!r}; known: {', '.join(available())}"
         ) from None
 
@@ -438,7 +444,7 @@ def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> Posit
     check_positive_int("dim", dim)
     check_positive_int("num_heads", num_heads)
     if cls.family in ("rotary", "bias") and dim % num_heads:
-        raise ValueError(
+        raise PosencValueError(
             f"num_heads ({num_heads}) must divide dim ({dim}) for {cls.family} encoding {name!r}"
         )
     return cls.for_model(dim, num_heads, **kwargs)

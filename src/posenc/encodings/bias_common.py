@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from .base import BiasEncoding, ScoreMod, check_finite, compute_dtype
 
 #: ``at(b, idx) -> position`` inside a score_mod.
@@ -30,11 +31,13 @@ def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tens
     float, with batch sizes that broadcast (equal, or one of them 1 or absent)."""
     for name, pos in (("q_positions", q_positions), ("k_positions", k_positions)):
         if not isinstance(pos, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(pos).__name__}")
+            raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(pos).__name__}")
         if pos.dtype == torch.bool or pos.is_complex():
-            raise TypeError(f"{name} must be an integer or float tensor, got dtype {pos.dtype}")
+            raise PosencTypeError(
+                f"{name} must be an integer or float tensor, got dtype {pos.dtype}"
+            )
         if pos.dim() not in (1, 2):
-            raise ValueError(
+            raise PosencValueError(
                 f"{name} must have shape (seq,) or (batch, seq), got {tuple(pos.shape)}"
             )
         check_finite(name, pos)
@@ -42,7 +45,7 @@ def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tens
     if q_positions.dim() == 2 and k_positions.dim() == 2:
         bq, bk = q_positions.shape[0], k_positions.shape[0]
         if bq != bk and 1 not in (bq, bk):
-            raise ValueError(
+            raise PosencValueError(
                 f"q_positions {tuple(q_positions.shape)} and k_positions "
                 f"{tuple(k_positions.shape)} have mismatched batch sizes ({bq} vs {bk})"
             )
@@ -71,7 +74,7 @@ def require_integral(name: str, positions: Tensor, scheme: str) -> None:
     tensors, inside ``torch.compile``/export) nothing is checked."""
     unreadable = torch.compiler.is_compiling() or positions.device.type == "meta"
     if positions.is_floating_point() and not unreadable and not is_integral(positions):
-        raise ValueError(
+        raise PosencValueError(
             f"{name} must hold whole numbers for {scheme} (its table is indexed by distance)"
         )
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from .base import BiasEncoding, check_positive_int, register
 from .bias_common import check_pair_positions, work_dtype
 
@@ -88,21 +89,21 @@ class CoPE(BiasEncoding):
         shapes: CoPE's positions come from the context."""
         check_pair_positions(q_positions, k_positions)
         if q is None or k is None:
-            raise ValueError("CoPE.bias needs q= and k= (the (b, h, n, d) queries and keys)")
+            raise PosencValueError("CoPE.bias needs q= and k= (the (b, h, n, d) queries and keys)")
         for name, t in (("q", q), ("k", k)):
             if not isinstance(t, Tensor) or not t.is_floating_point():
-                raise TypeError(
+                raise PosencTypeError(
                     f"CoPE needs {name} as a floating-point torch.Tensor, "
                     f"got {getattr(t, 'dtype', type(t).__name__)}"
                 )
             if t.dim() != 4 or t.shape[1] != self.num_heads or t.shape[-1] != self.head_dim:
-                raise ValueError(
+                raise PosencValueError(
                     f"CoPE expects {name} of shape (b, h={self.num_heads}, n, "
                     f"d={self.head_dim}), got {tuple(t.shape)}"
                 )
         nq, nk = q.shape[2], k.shape[2]
         if nq != nk or q_positions.shape[-1] != nq or k_positions.shape[-1] != nk:
-            raise ValueError(
+            raise PosencValueError(
                 f"CoPE counts between a query and a key of one sequence: needs nq == nk and "
                 f"positions of that length, got nq={nq}, nk={nk}, q_positions "
                 f"{tuple(q_positions.shape)}, k_positions {tuple(k_positions.shape)}"

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencValueError
 from .base import (
     AdditiveEncoding,
     check_input,
@@ -59,7 +60,7 @@ class LearnedPositionalEncoding(AdditiveEncoding):
         self.dim = check_positive_int("dim", dim)
         self.max_len = check_positive_int("max_len", max_len)
         if init not in ("xavier", "normal"):
-            raise ValueError(f"init must be 'xavier' or 'normal', got {init!r}")
+            raise PosencValueError(f"init must be 'xavier' or 'normal', got {init!r}")
         self.init = init
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
         self.weight = nn.Parameter(torch.empty(max_len, dim, device=device, dtype=dtype))
@@ -74,7 +75,7 @@ class LearnedPositionalEncoding(AdditiveEncoding):
     def encode(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
         if checkable and positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(
+            raise PosencValueError(
                 f"position {int(positions.max())} is past the learned table "
                 f"(max_len={self.max_len})"
             )
@@ -84,7 +85,7 @@ class LearnedPositionalEncoding(AdditiveEncoding):
         """Shapes: x ``(b, n, d)``, positions ``(n,)`` or ``(b, n)`` -> ``(b, n, d)``."""
         check_input(x, self.dim)
         if x.shape[1] > self.max_len:
-            raise ValueError(
+            raise PosencValueError(
                 f"input has {x.shape[1]} positions but the learned table has max_len={self.max_len}"
             )
         positions = resolve_positions(

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from .base import (
     BiasEncoding,
     ScoreMod,
@@ -37,7 +38,9 @@ from .sinusoidal import sinusoidal_encode
 
 def _need(name: str, value: Tensor | None, scheme: str) -> Tensor:
     if value is None:
-        raise ValueError(f"{scheme}.bias needs {name}= (the (b, h, n, d) {name} of attention)")
+        raise PosencValueError(
+            f"{scheme}.bias needs {name}= (the (b, h, n, d) {name} of attention)"
+        )
     return value
 
 
@@ -51,15 +54,15 @@ def _check_qk(
 ) -> None:
     """``q`` (or ``k``): a floating ``(b, num_heads, seq, head_dim)`` tensor."""
     if not isinstance(q, Tensor):
-        raise TypeError(f"{scheme} needs {name} as a torch.Tensor, got {type(q).__name__}")
+        raise PosencTypeError(f"{scheme} needs {name} as a torch.Tensor, got {type(q).__name__}")
     if not q.is_floating_point():
-        raise TypeError(f"{scheme} needs a floating-point {name}, got dtype {q.dtype}")
+        raise PosencTypeError(f"{scheme} needs a floating-point {name}, got dtype {q.dtype}")
     if seq is not None and q.dim() == 4 and q.shape[2] != seq:
-        raise ValueError(
+        raise PosencValueError(
             f"{scheme}: {name} has {q.shape[2]} positions but its positions hold {seq}"
         )
     if q.dim() != 4 or q.shape[1] != num_heads or q.shape[-1] != head_dim:
-        raise ValueError(
+        raise PosencValueError(
             f"{scheme} expects {name} of shape (b, h={num_heads}, n, d={head_dim}), "
             f"got {tuple(q.shape)}"
         )
@@ -96,7 +99,7 @@ class KERPLE(DistanceBias):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         if kernel not in ("log", "power"):
-            raise ValueError(f"kernel must be 'log' or 'power', got {kernel!r}")
+            raise PosencValueError(f"kernel must be 'log' or 'power', got {kernel!r}")
         self.kernel = kernel
         self.eps = check_positive_float("eps", eps)
         self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
@@ -397,7 +400,7 @@ class ShawRelativeBias(BiasEncoding):
         Weights are summed per clipped distance first, ``(b, h, nq, 2K + 1)``, then multiplied
         by the ``2K + 1`` value embeddings."""
         if self.value_embeddings is None:
-            raise ValueError("value_term needs ShawRelativeBias(..., values=True)")
+            raise PosencValueError("value_term needs ShawRelativeBias(..., values=True)")
         index = self.clipped_index(q_positions, k_positions)
         b, h, nq, nk = weights.shape
         index = index.unsqueeze(-3) if index.dim() == 3 else index  # (b|1, 1, nq, nk) | (nq, nk)
@@ -457,7 +460,7 @@ class TransformerXLRelativeBias(BiasEncoding):
         )
         self.base = check_positive_float("base", base)
         if self.base == 1.0:
-            raise ValueError("base must not be 1.0 (every frequency would be equal)")
+            raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
         self.pos_proj = nn.Linear(self.rel_dim, num_heads * head_dim, bias=False)  # W_R
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)

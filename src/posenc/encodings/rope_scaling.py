@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ..errors import PosencTypeError, PosencValueError
 from .base import check_positive_float, check_positive_int
 
 __all__ = [
@@ -121,7 +122,7 @@ def _dynamic(
     seq_len: float | None = None,
 ) -> tuple[Tensor, float]:
     if max_position_embeddings is None:
-        raise ValueError("rope_type 'dynamic' needs max_position_embeddings")
+        raise PosencValueError("rope_type 'dynamic' needs max_position_embeddings")
     factor = float(params["factor"])
     length = max_position_embeddings if seq_len is None else max(seq_len, max_position_embeddings)
     stretch = factor * length / max_position_embeddings - (factor - 1)
@@ -271,9 +272,9 @@ def _number(key: str, value: object, *, positive: bool = True, allow_none: bool 
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"rope scaling {key!r} must be a number, got {value!r}")
+        raise PosencTypeError(f"rope scaling {key!r} must be a number, got {value!r}")
     if not math.isfinite(value) or (positive and value <= 0):
-        raise ValueError(f"rope scaling {key!r} must be a finite number > 0, got {value!r}")
+        raise PosencValueError(f"rope scaling {key!r} must be a finite number > 0, got {value!r}")
 
 
 def validate_rope_scaling(
@@ -292,15 +293,17 @@ def validate_rope_scaling(
     if scaling is None:
         return {"rope_type": "default"}
     if not isinstance(scaling, Mapping):
-        raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
     params = dict(scaling)
     if "type" in params:
         legacy = params.pop("type")
         if params.setdefault("rope_type", legacy) != legacy:
-            raise ValueError(f"scaling has type={legacy!r} and rope_type={params['rope_type']!r}")
+            raise PosencValueError(
+                f"scaling has type={legacy!r} and rope_type={params['rope_type']!r}"
+            )
     rope_type = params.setdefault("rope_type", "default")
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+        raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
 
     required, optional = _KEYS[rope_type]
     if rope_type in ("yarn", "longrope", "llama3") and max_position_embeddings is not None:
@@ -308,12 +311,12 @@ def validate_rope_scaling(
     unknown = set(params) - required - optional - _COMMON
     if unknown:
         allowed = ", ".join(sorted(required | optional | (_COMMON - {"type"})))
-        raise ValueError(
+        raise PosencValueError(
             f"unknown key(s) {sorted(unknown)} for rope_type {rope_type!r}; allowed: {allowed}"
         )
     missing = required - set(params)
     if missing:
-        raise ValueError(f"rope_type {rope_type!r} needs the key(s) {sorted(missing)}")
+        raise PosencValueError(f"rope_type {rope_type!r} needs the key(s) {sorted(missing)}")
 
     for key in ("factor", "attention_factor", "mscale", "mscale_all_dim"):
         if key in params:
@@ -328,15 +331,19 @@ def validate_rope_scaling(
     if "original_max_position_embeddings" in params:
         value = params["original_max_position_embeddings"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"original_max_position_embeddings must be an int >= 1, got {value!r}")
+            raise PosencValueError(
+                f"original_max_position_embeddings must be an int >= 1, got {value!r}"
+            )
 
     if rope_type in ("ntk", "dynamic") and rotary_dim <= 2:
-        raise ValueError(f"rope_type {rope_type!r} needs rotary_dim > 2, got {rotary_dim}")
+        raise PosencValueError(f"rope_type {rope_type!r} needs rotary_dim > 2, got {rotary_dim}")
     if rope_type == "dynamic" and max_position_embeddings is None:
-        raise ValueError("rope_type 'dynamic' needs max_position_embeddings (the original context)")
+        raise PosencValueError(
+            "rope_type 'dynamic' needs max_position_embeddings (the original context)"
+        )
     if rope_type in ("yarn", "longrope") and params.get("factor") is None:
         if max_position_embeddings is None:
-            raise ValueError(
+            raise PosencValueError(
                 f"rope_type {rope_type!r} without a factor needs max_position_embeddings "
                 "(factor = max_position_embeddings / original_max_position_embeddings)"
             )
@@ -345,14 +352,16 @@ def validate_rope_scaling(
     if rope_type == "yarn":
         fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
         if fast < slow:
-            raise ValueError(f"beta_fast ({fast}) must be >= beta_slow ({slow})")
+            raise PosencValueError(f"beta_fast ({fast}) must be >= beta_slow ({slow})")
         if not isinstance(params.get("truncate", True), bool):
-            raise TypeError(f"rope scaling 'truncate' must be a bool, got {params['truncate']!r}")
+            raise PosencTypeError(
+                f"rope scaling 'truncate' must be a bool, got {params['truncate']!r}"
+            )
     if rope_type == "llama3":
         for key in ("low_freq_factor", "high_freq_factor"):
             _number(key, params[key])
         if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise ValueError(
+            raise PosencValueError(
                 f"high_freq_factor ({params['high_freq_factor']}) must be > low_freq_factor "
                 f"({params['low_freq_factor']})"
             )
@@ -360,7 +369,7 @@ def validate_rope_scaling(
         for key in ("short_factor", "long_factor"):
             factors = params[key]
             if not isinstance(factors, (list, tuple)) or len(factors) != rotary_dim // 2:
-                raise ValueError(
+                raise PosencValueError(
                     f"rope scaling {key!r} must be a list of rotary_dim // 2 = {rotary_dim // 2} "
                     f"numbers, got {factors!r}"
                 )
@@ -388,9 +397,9 @@ def rope_parameters(
     ([0.25, 0.025, 0.0025, 0.00025], 1.0)
     """
     if check_positive_int("dim", dim) % 2:
-        raise ValueError(f"dim ({dim}) must be even for rotary embeddings")
+        raise PosencValueError(f"dim ({dim}) must be even for rotary embeddings")
     if check_positive_float("base", base) == 1.0:
-        raise ValueError("base must not be 1.0 (every frequency would be equal)")
+        raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
     params = validate_rope_scaling(
         scaling, rotary_dim=dim, max_position_embeddings=max_position_embeddings
     )

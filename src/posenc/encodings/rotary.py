@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from . import base, native
 from .base import (
     RotaryEncoding,
@@ -250,14 +251,18 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     tensor([[0., 1., 2., 5.]])
     """
     if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+        raise PosencTypeError(
+            f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
+        )
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor")
+            raise PosencTypeError(f"{name} must be a floating-point tensor")
     if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}")
+        raise PosencValueError(
+            f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}"
+        )
     if x.dim() < 1 or 2 * cos.shape[-1] > x.shape[-1] or cos.shape[-1] < 1:
-        raise ValueError(
+        raise PosencValueError(
             f"cos/sin of shape {tuple(cos.shape)} need x with at least 2 * {cos.shape[-1]} "
             f"channels, got x of shape {tuple(x.shape)}"
         )
@@ -302,18 +307,18 @@ def _check_qk(q: object, k: object, head_dim: int) -> tuple[Tensor, Tensor]:
     (head counts may differ, as in grouped-query attention)."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+            raise PosencTypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         if t.dim() != 4:
-            raise ValueError(
+            raise PosencValueError(
                 f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}"
             )
         if t.shape[-1] != head_dim:
-            raise ValueError(f"{name} has head_dim {t.shape[-1]}, expected {head_dim}")
+            raise PosencValueError(f"{name} has head_dim {t.shape[-1]}, expected {head_dim}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor)
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(
+        raise PosencValueError(
             f"q and k must share batch and seq: q {tuple(q.shape)} vs k {tuple(k.shape)} "
             "(rotate cached keys separately with .rotate(k, positions))"
         )
@@ -324,17 +329,19 @@ def _check_rotary_dim(head_dim: int, rotary_dim: int | None, multiple: int = 2) 
     check_positive_int("head_dim", head_dim)
     r = head_dim if rotary_dim is None else check_positive_int("rotary_dim", rotary_dim)
     if r > head_dim:
-        raise ValueError(f"rotary_dim ({r}) must be <= head_dim ({head_dim})")
+        raise PosencValueError(f"rotary_dim ({r}) must be <= head_dim ({head_dim})")
     if r % multiple:
         name = "head_dim" if rotary_dim is None else "rotary_dim"
-        raise ValueError(f"{name} ({r}) must be divisible by {multiple} for rotary embeddings")
+        raise PosencValueError(
+            f"{name} ({r}) must be divisible by {multiple} for rotary embeddings"
+        )
     return r
 
 
 def _check_base(base: object) -> float:
     base = check_positive_float("base", base)
     if base == 1.0:
-        raise ValueError("base must not be 1.0 (every frequency would be equal)")
+        raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
     return base
 
 
@@ -411,21 +418,21 @@ class RotaryEmbedding(RotaryEncoding):
         if max_position_embeddings is not None:
             check_positive_int("max_position_embeddings", max_position_embeddings)
         if scaling is not None and not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+            raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
         scaling = dict(scaling or {})
         base = _check_base(base)
         theta = scaling.pop("rope_theta", None)
         if theta is not None:
             theta = _check_base(theta)
             if base not in (10000.0, theta):
-                raise ValueError(f"base={base} conflicts with scaling['rope_theta']={theta}")
+                raise PosencValueError(f"base={base} conflicts with scaling['rope_theta']={theta}")
             base = theta
         factor = scaling.pop("partial_rotary_factor", None)
         if factor is not None:
             factor = check_positive_float("scaling['partial_rotary_factor']", factor)
             implied = int(head_dim * factor)
             if rotary_dim not in (None, implied):
-                raise ValueError(
+                raise PosencValueError(
                     f"rotary_dim={rotary_dim} conflicts with partial_rotary_factor={factor} "
                     f"(head_dim * factor = {implied})"
                 )
@@ -442,7 +449,9 @@ class RotaryEmbedding(RotaryEncoding):
         )
         self.rope_type: str = self.scaling["rope_type"]
         if learned_freq and self.rope_type in ("dynamic", "longrope"):
-            raise ValueError(f"learned_freq cannot be combined with rope_type {self.rope_type!r}")
+            raise PosencValueError(
+                f"learned_freq cannot be combined with rope_type {self.rope_type!r}"
+            )
         self.learned_freq = bool(learned_freq)
         # The length the frequencies were made for: grows with dynamic NTK, picks longrope's
         # long factors; None means "the initial state".
@@ -472,10 +481,12 @@ class RotaryEmbedding(RotaryEncoding):
         params = dict(params or {})
         if layer_type is not None:
             if not isinstance(params.get(layer_type), Mapping):
-                raise ValueError(f"config has no RoPE parameters for layer_type={layer_type!r}")
+                raise PosencValueError(
+                    f"config has no RoPE parameters for layer_type={layer_type!r}"
+                )
             params = dict(params[layer_type])
         elif params and all(isinstance(v, Mapping) for v in params.values()):
-            raise ValueError(
+            raise PosencValueError(
                 f"config has per-layer RoPE parameters {sorted(params)}; pass layer_type="
             )
         theta = params.pop("rope_theta", None) or getattr(config, "rope_theta", None) or 10000.0
@@ -699,9 +710,9 @@ class XPos(RotaryEmbedding):
         if center is not None and (
             isinstance(center, bool) or not isinstance(center, (int, float))
         ):
-            raise TypeError(f"center must be a number or None, got {center!r}")
+            raise PosencTypeError(f"center must be a number or None, got {center!r}")
         if center is not None and not math.isfinite(center):
-            raise ValueError(f"center must be a finite number, got {center!r}")
+            raise PosencValueError(f"center must be a finite number, got {center!r}")
         self.center = None if center is None else float(center)
 
     def zeta(self, device: Any = None) -> Tensor:
@@ -829,17 +840,21 @@ class AxialRotaryEmbedding(RotaryEncoding):
             coords[:, 0] = torch.arange(n, device=device)
             return coords
         if not isinstance(positions, Tensor):
-            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+            raise PosencTypeError(
+                f"positions must be a torch.Tensor, got {type(positions).__name__}"
+            )
         if positions.dtype == torch.bool or positions.is_complex():
-            raise TypeError(f"positions must be an integer or float tensor, got {positions.dtype}")
+            raise PosencTypeError(
+                f"positions must be an integer or float tensor, got {positions.dtype}"
+            )
         shape = tuple(positions.shape)
         if positions.dim() not in (2, 3) or shape[-2:] != (n, self.ndim):
-            raise ValueError(
+            raise PosencValueError(
                 f"positions must be coordinates of shape (seq, {self.ndim}) or "
                 f"(batch, seq, {self.ndim}) with seq={n}, got {shape}"
             )
         if positions.dim() == 3 and shape[0] not in (1, batch):
-            raise ValueError(f"positions has batch size {shape[0]} but the input has {batch}")
+            raise PosencValueError(f"positions has batch size {shape[0]} but the input has {batch}")
         return check_finite("positions", positions)
 
     @staticmethod

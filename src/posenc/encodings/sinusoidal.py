@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from . import base as family_base
 from .base import (
     AdditiveEncoding,
@@ -39,15 +40,15 @@ PAPER = "Vaswani et al. 2017, Attention Is All You Need, §3.5"
 
 def _check_table_args(num_positions: object, dim: object, base: object) -> float:
     if isinstance(num_positions, bool) or not isinstance(num_positions, int):
-        raise TypeError(
+        raise PosencTypeError(
             f"num_positions must be an int, got {type(num_positions).__name__} ({num_positions!r})"
         )
     if num_positions < 0:
-        raise ValueError(f"num_positions must be >= 0, got {num_positions}")
+        raise PosencValueError(f"num_positions must be >= 0, got {num_positions}")
     check_positive_int("dim", dim)
     base = check_positive_float("base", base)
     if base == 1.0:
-        raise ValueError("base must not be 1.0 (every frequency would be equal)")
+        raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
     return base
 
 
@@ -92,7 +93,7 @@ def sinusoidal_encode(
 ) -> Tensor:
     """The sinusoidal encoding of arbitrary (integer or float) ``positions``: ``(..., dim)``."""
     if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        raise PosencTypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
     base = _check_table_args(0, dim, base)
     family_base.check_float_dtype("dtype", dtype)
     inv_freq = inverse_frequencies(dim, base, device=positions.device)
@@ -252,7 +253,7 @@ def sinusoidal_nd_table(
     cut to ``dim`` channels (the ``positional-encodings`` layout).
     """
     if not isinstance(shape, (tuple, list)) or not shape:
-        raise ValueError(f"shape must be a non-empty tuple of axis sizes, got {shape!r}")
+        raise PosencValueError(f"shape must be a non-empty tuple of axis sizes, got {shape!r}")
     for axis, size in enumerate(shape):
         check_positive_int(f"shape[{axis}]", size)
     grids = torch.meshgrid(
@@ -268,7 +269,7 @@ def sinusoidal_nd_encode(
     """Encode coordinates ``(..., ndim)`` as ``(..., dim)`` in the layout of
     :func:`sinusoidal_nd_table`."""
     if not isinstance(coords, Tensor) or coords.dim() < 1 or coords.shape[-1] < 1:
-        raise ValueError("coords must be a tensor of shape (..., ndim) with ndim >= 1")
+        raise PosencValueError("coords must be a tensor of shape (..., ndim) with ndim >= 1")
     _check_table_args(0, dim, base)
     ndim = coords.shape[-1]
     channels = 2 * math.ceil(dim / (2 * ndim))
@@ -302,7 +303,7 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
         work = compute_dtype(x.dtype)
         if positions is None:
             if not grid:
-                raise ValueError(
+                raise PosencValueError(
                     f"a flattened input needs positions of shape (seq, {self.ndim}); "
                     f"or pass a grid of rank {self.ndim + 2}"
                 )
@@ -312,12 +313,14 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
         else:
             expected = (*x.shape[1:-1], self.ndim)
             if not isinstance(positions, Tensor):
-                raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+                raise PosencTypeError(
+                    f"positions must be a torch.Tensor, got {type(positions).__name__}"
+                )
             if (
                 tuple(positions.shape[-len(expected) :]) != expected
                 or positions.dim() > len(expected) + 1
             ):
-                raise ValueError(
+                raise PosencValueError(
                     f"positions must have shape {expected} (optionally with a batch dimension), "
                     f"got {tuple(positions.shape)}"
                 )

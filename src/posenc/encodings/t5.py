@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencTypeError, PosencValueError
 from .base import check_positive_int, register
 from .bias_common import DistanceBias
 
@@ -33,17 +34,19 @@ def check_bucket_args(num_buckets: object, max_distance: object, bidirectional: 
     check_positive_int("num_buckets", num_buckets)
     check_positive_int("max_distance", max_distance)
     if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
+        raise PosencTypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
     assert isinstance(num_buckets, int) and isinstance(max_distance, int)
     if num_buckets < 2:
-        raise ValueError(f"num_buckets must be >= 2, got {num_buckets}")
+        raise PosencValueError(f"num_buckets must be >= 2, got {num_buckets}")
     if bidirectional and num_buckets % 2:
-        raise ValueError(
+        raise PosencValueError(
             f"num_buckets must be even with bidirectional=True (half per direction), "
             f"got {num_buckets}"
         )
     if max_distance < num_buckets:
-        raise ValueError(f"max_distance ({max_distance}) must be >= num_buckets ({num_buckets})")
+        raise PosencValueError(
+            f"max_distance ({max_distance}) must be >= num_buckets ({num_buckets})"
+        )
 
 
 def t5_relative_position_bucket(
@@ -60,11 +63,11 @@ def t5_relative_position_bucket(
     """
     check_bucket_args(num_buckets, max_distance, bidirectional)
     if not isinstance(relative_position, Tensor):
-        raise TypeError(
+        raise PosencTypeError(
             f"relative_position must be a torch.Tensor, got {type(relative_position).__name__}"
         )
     if relative_position.is_floating_point() or relative_position.dtype == torch.bool:
-        raise TypeError(
+        raise PosencTypeError(
             f"relative_position must be an integer tensor, got {relative_position.dtype}"
         )
     rel = relative_position.long()

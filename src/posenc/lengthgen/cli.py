@@ -30,6 +30,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import PosencTypeError, PosencValueError
+
 #: What ``--pe`` defaults to: these, where registered (the table of Kazemnejad et al. 2023).
 DEFAULT_PES = ("none", "t5", "alibi", "rope", "sinusoidal", "learned")
 SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options")
@@ -160,20 +162,20 @@ def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
     out = []
     for raw in items:
         if not isinstance(raw, str):
-            raise TypeError(f"pe entries must be strings, got {raw!r}")
+            raise PosencTypeError(f"pe entries must be strings, got {raw!r}")
         item = raw.strip()
         if not item:
-            raise ValueError(f"pe list {text!r} has an empty entry")
+            raise PosencValueError(f"pe list {text!r} has an empty entry")
         name, plus, suffix = item.partition("+")
         if plus and suffix not in POSITION_SUFFIXES:
-            raise ValueError(
+            raise PosencValueError(
                 f"pe {item!r}: the only suffixes are '+random', '+coupled' and "
                 f"'+random+coupled', got '+{suffix}'"
             )
         entry(name)  # unknown names list the known ones
         out.append((name, suffix))
     if len(set(out)) != len(out):
-        raise ValueError(f"pe list {text!r} names an encoding twice")
+        raise PosencValueError(f"pe list {text!r} names an encoding twice")
     return out
 
 
@@ -183,7 +185,7 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
         seeds = value
     elif isinstance(value, int) and not isinstance(value, bool):
         if not 1 <= value <= MAX_SEEDS:
-            raise ValueError(
+            raise PosencValueError(
                 f"seeds must be a count >= 1 (at most {MAX_SEEDS}) or a list, got {value}"
             )
         seeds = list(range(value))
@@ -193,7 +195,7 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
             try:
                 seeds = [int(s) for s in text.split(",") if s.strip()]
             except ValueError:
-                raise ValueError(
+                raise PosencValueError(
                     f"seeds must be a count or a comma list of ints, got {value!r}"
                 ) from None
         else:
@@ -202,17 +204,17 @@ def parse_seeds(value: str | int | list[int]) -> list[int]:
             except ValueError as exc:
                 if "seeds must" in str(exc):
                     raise
-                raise ValueError(
+                raise PosencValueError(
                     f"seeds must be a count or a comma list of ints, got {value!r}"
                 ) from None
     else:
-        raise TypeError(f"seeds must be a count or a list of ints, got {value!r}")
+        raise PosencTypeError(f"seeds must be a count or a list of ints, got {value!r}")
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
-        raise ValueError(f"seeds must be non-negative ints, got {value!r}")
+        raise PosencValueError(f"seeds must be non-negative ints, got {value!r}")
     if len(seeds) > MAX_SEEDS or max(seeds) >= 2**32:
-        raise ValueError(f"seeds must be at most {MAX_SEEDS} ints below 2**32, got {value!r}")
+        raise PosencValueError(f"seeds must be at most {MAX_SEEDS} ints below 2**32, got {value!r}")
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds {value!r} repeat a seed")
+        raise PosencValueError(f"seeds {value!r} repeat a seed")
     return seeds
 
 
@@ -222,9 +224,9 @@ def parse_range(name: str, text: str) -> tuple[int, int]:
     try:
         lo, hi = int(low), int(high)
     except ValueError:
-        raise ValueError(f"{name} must look like A-B (e.g. 1-20), got {text!r}") from None
+        raise PosencValueError(f"{name} must look like A-B (e.g. 1-20), got {text!r}") from None
     if not dash or lo < 1 or hi < lo:
-        raise ValueError(f"{name} must be A-B with 1 <= A <= B, got {text!r}")
+        raise PosencValueError(f"{name} must be A-B with 1 <= A <= B, got {text!r}")
     return lo, hi
 
 
@@ -234,9 +236,9 @@ def parse_jobs(value: str | int) -> int:
     try:
         jobs = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}") from None
+        raise PosencValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}") from None
     if isinstance(value, bool) or jobs < 1:
-        raise ValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}")
+        raise PosencValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}")
     return jobs
 
 
@@ -257,7 +259,7 @@ def parse_pe_option(text: str) -> tuple[str, str, Any]:
     target, eq, value = text.partition("=")
     name, dot, key = target.partition(".")
     if not (eq and dot and name and key.isidentifier()):
-        raise ValueError(f"--pe-option must look like NAME.KEY=VALUE, got {text!r}")
+        raise PosencValueError(f"--pe-option must look like NAME.KEY=VALUE, got {text!r}")
     return name, key, _scalar(value)
 
 
@@ -270,12 +272,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--config: {str(path)!r} is not a file")
+        raise PosencValueError(f"--config: {str(path)!r} is not a file")
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--config {str(path)!r}: invalid TOML: {exc}") from None
+        raise PosencValueError(f"--config {str(path)!r}: invalid TOML: {exc}") from None
 
 
 def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -328,7 +330,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
                 if not isinstance(value, dict) or not all(
                     isinstance(v, dict) for v in value.values()
                 ):
-                    raise TypeError(f"pe_options must be a table of tables, got {value!r}")
+                    raise PosencTypeError(f"pe_options must be a table of tables, got {value!r}")
                 merged = {k: dict(v) for k, v in settings["pe_options"].items()}
                 for name, kw in value.items():
                     merged.setdefault(name, {}).update(kw)
@@ -356,7 +358,7 @@ def build_configs(settings: dict[str, Any]) -> list:
     fields = {k: v for k, v in settings.items() if k not in SWEEP_KEYS}
     for key in ("random_positions", "coupled_positions", "seed"):
         if key in fields:
-            raise ValueError(
+            raise PosencValueError(
                 f"{key!r} is set per run: use pe = 'NAME+random' or 'NAME+coupled' and seeds "
                 "instead"
             )
@@ -364,14 +366,16 @@ def build_configs(settings: dict[str, Any]) -> list:
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",")]
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
-        raise ValueError(f"task must be a name, a comma list or a list of names, got {tasks!r}")
+        raise PosencValueError(
+            f"task must be a name, a comma list or a list of names, got {tasks!r}"
+        )
     pes = parse_pe_list(sweep["pe"])
     if not pes:
-        raise ValueError("no encodings to train: give --pe")
+        raise PosencValueError("no encodings to train: give --pe")
     seeds = parse_seeds(sweep["seeds"])
     unknown = sorted(set(sweep["pe_options"]) - {name for name, _ in pes})
     if unknown:
-        raise ValueError(f"pe_options for {', '.join(unknown)}, which is not in the pe list")
+        raise PosencValueError(f"pe_options for {', '.join(unknown)}, which is not in the pe list")
     base = TrainConfig.from_dict(fields)
     configs = []
     for task in tasks:
@@ -417,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<18} {get_task(name).kind:<8} {task_summary(name)}")
         return 0
     if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+        raise PosencValueError(f"--threads must be >= 0, got {args.threads}")
     settings = resolve_settings(args)
     configs = build_configs(settings)
     for config in configs:  # every mistake surfaces before any training

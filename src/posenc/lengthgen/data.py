@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import PosencTypeError, PosencValueError
 from .tasks import Task
 
 NUM_SPECIAL = 5
@@ -82,17 +83,17 @@ def checked_sample(task: Task, length: int, rng: np.random.Generator) -> Example
     inp, ans = task.sample(length, rng)
     inp, ans = list(inp), list(ans)
     if len(inp) != length:
-        raise ValueError(
+        raise PosencValueError(
             f"task {task.name!r}: sample({length}) returned an input of {len(inp)} tokens"
         )
     if not ans:
-        raise ValueError(f"task {task.name!r}: sample({length}) returned an empty answer")
+        raise PosencValueError(f"task {task.name!r}: sample({length}) returned an empty answer")
     for part, tokens in (("input", inp), ("answer", ans)):
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"task {task.name!r}: {part} token {t!r} is not an int")
+                raise PosencTypeError(f"task {task.name!r}: {part} token {t!r} is not an int")
             if not 0 <= t < task.vocab_size:
-                raise ValueError(
+                raise PosencValueError(
                     f"task {task.name!r}: {part} token {int(t)} is outside "
                     f"[0, vocab_size={task.vocab_size})"
                 )
@@ -122,9 +123,9 @@ def coupled_positions(sources: list[int], input_length: int) -> np.ndarray:
     array([0, 1, 2, 3, 4, 3, 2, 1])
     """
     if not sources:
-        raise ValueError("coupled positions need an answer of at least one token")
+        raise PosencValueError("coupled positions need an answer of at least one token")
     if any(not 0 <= s < input_length for s in sources):
-        raise ValueError(
+        raise PosencValueError(
             f"answer_sources must index the input (0..{input_length - 1}), got {sources}"
         )
     src = [s + 1 for s in sources]
@@ -137,7 +138,7 @@ def check_coupling(task: Task) -> None:
     """Raise unless ``task`` can take coupled positions: a decoder task with
     ``answer_sources()``."""
     if task.kind != "decoder" or not callable(getattr(task, "answer_sources", None)):
-        raise ValueError(
+        raise PosencValueError(
             f"coupled positions need a decoder task with answer_sources(); task "
             f"{task.name!r} ({task.kind}) has none"
         )
@@ -155,7 +156,7 @@ def example_positions(
         check_coupling(task)
         sources = [int(s) for s in task.answer_sources(len(x))]  # type: ignore[attr-defined]
         if len(sources) != len(y):
-            raise ValueError(
+            raise PosencValueError(
                 f"{task.name}.answer_sources({len(x)}) gave {len(sources)} sources for an "
                 f"answer of {len(y)} tokens"
             )
@@ -175,7 +176,7 @@ def random_positions(length: int, max_positions: int, rng: np.random.Generator) 
     array([2, 4, 5, 7])
     """
     if length > max_positions:
-        raise ValueError(
+        raise PosencValueError(
             f"randomized positions: a sequence of {length} tokens needs max_positions >= "
             f"{length}, got {max_positions}"
         )
@@ -227,7 +228,7 @@ def collate(
     longest = max(len(t) for t, _, _ in encoded)
     n = longest if pad_to is None else pad_to
     if n < longest:
-        raise ValueError(f"pad_to={pad_to} is shorter than the longest example ({longest})")
+        raise PosencValueError(f"pad_to={pad_to} is shorter than the longest example ({longest})")
     b = len(encoded)
     tokens = torch.full((b, n), vocab.pad, dtype=torch.long)
     targets = torch.full((b, n), vocab.pad, dtype=torch.long)

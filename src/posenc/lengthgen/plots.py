@@ -10,6 +10,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ..errors import PosencValueError
 from .evaluate import aggregate
 
 
@@ -25,9 +26,9 @@ def plot_accuracy_vs_length(records: list[dict[str, Any]], *, metric: str = "exa
         metric: ``"exact"`` (exact match) or ``"token"`` (per-token accuracy).
     """
     if metric not in ("exact", "token"):
-        raise ValueError(f"metric must be 'exact' or 'token', got {metric!r}")
+        raise PosencValueError(f"metric must be 'exact' or 'token', got {metric!r}")
     if not records:
-        raise ValueError("records is empty: nothing to plot")
+        raise PosencValueError("records is empty: nothing to plot")
     groups = aggregate(records)
     tasks = list(dict.fromkeys(g["task"] for g in groups))
     fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")

@@ -45,6 +45,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import PosencTypeError, PosencValueError
+
 TaskKind = Literal["decoder", "encoder"]
 KINDS: tuple[str, ...] = ("decoder", "encoder")
 
@@ -73,7 +75,7 @@ def register_task(name: str, summary: str) -> Callable[[type], type]:
 
     def wrap(cls: type) -> type:
         if name in _TASKS and _TASKS[name][0] is not cls:
-            raise ValueError(f"task name {name!r} is already registered")
+            raise PosencValueError(f"task name {name!r} is already registered")
         _TASKS[name] = (cls, summary)
         return cls
 
@@ -97,12 +99,14 @@ def get_task(spec: str) -> Task:
     ([13, 10, 8], [13, 10, 8])
     """
     if not isinstance(spec, str):
-        raise TypeError(f"task must be a str (a name or path.py:Class), got {type(spec).__name__}")
+        raise PosencTypeError(
+            f"task must be a str (a name or path.py:Class), got {type(spec).__name__}"
+        )
     if spec in _TASKS:
         return check_task(_TASKS[spec][0](), spec)
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
         return load_task_from_file(spec)
-    raise ValueError(
+    raise PosencValueError(
         f"unknown task {spec!r}; known: {', '.join(available_tasks())} "
         "(or give path/to/file.py:ClassName)"
     )
@@ -113,16 +117,16 @@ def load_task_from_file(spec: str) -> Task:
     path_text, _, class_name = spec.rpartition(":")
     path = Path(path_text)
     if not class_name.isidentifier():
-        raise ValueError(f"task {spec!r}: {class_name!r} is not a class name")
+        raise PosencValueError(f"task {spec!r}: {class_name!r} is not a class name")
     if not path.is_file():
-        raise ValueError(f"task {spec!r}: file {str(path)!r} does not exist")
+        raise PosencValueError(f"task {spec!r}: file {str(path)!r} does not exist")
     # One module per file, under a name that cannot clash with a real package.
     module_name = "posenc_user_task_" + re.sub(r"\W", "_", str(path.resolve()))
     module = sys.modules.get(module_name)
     if module is None:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"task {spec!r}: cannot import {str(path)!r}")
+            raise PosencValueError(f"task {spec!r}: cannot import {str(path)!r}")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
         try:
@@ -132,9 +136,9 @@ def load_task_from_file(spec: str) -> Task:
             raise
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise ValueError(f"task {spec!r}: {str(path)!r} defines no {class_name!r}")
+        raise PosencValueError(f"task {spec!r}: {str(path)!r} defines no {class_name!r}")
     if not callable(cls):
-        raise TypeError(f"task {spec!r}: {class_name!r} is not a class")
+        raise PosencTypeError(f"task {spec!r}: {class_name!r} is not a class")
     return check_task(cls(), spec)
 
 
@@ -142,19 +146,19 @@ def check_task(task: object, spec: str = "task") -> Task:
     """Check that ``task`` has the attributes of the :class:`Task` protocol with sane values."""
     missing = [a for a in ("name", "vocab_size", "kind", "sample") if not hasattr(task, a)]
     if missing:
-        raise TypeError(
+        raise PosencTypeError(
             f"task {spec!r} ({type(task).__name__}) lacks {', '.join(missing)}: a task needs "
             "name, vocab_size, kind and sample(length, rng)"
         )
     name, vocab, kind = task.name, task.vocab_size, task.kind  # type: ignore[attr-defined]
     if not isinstance(name, str) or not name:
-        raise TypeError(f"task {spec!r}: name must be a non-empty str, got {name!r}")
+        raise PosencTypeError(f"task {spec!r}: name must be a non-empty str, got {name!r}")
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-        raise TypeError(f"task {spec!r}: vocab_size must be an int >= 1, got {vocab!r}")
+        raise PosencTypeError(f"task {spec!r}: vocab_size must be an int >= 1, got {vocab!r}")
     if kind not in KINDS:
-        raise ValueError(f"task {spec!r}: kind must be 'decoder' or 'encoder', got {kind!r}")
+        raise PosencValueError(f"task {spec!r}: kind must be 'decoder' or 'encoder', got {kind!r}")
     if not callable(task.sample):  # type: ignore[attr-defined]
-        raise TypeError(f"task {spec!r}: sample must be a method")
+        raise PosencTypeError(f"task {spec!r}: sample must be a method")
     return task  # type: ignore[return-value]
 
 
@@ -163,7 +167,7 @@ def check_task(task: object, spec: str = "task") -> Task:
 
 def _check_length(length: int) -> None:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
-        raise ValueError(f"length must be an int >= 1, got {length!r}")
+        raise PosencValueError(f"length must be an int >= 1, got {length!r}")
 
 
 def _random_tokens(rng: np.random.Generator, length: int, vocab: int) -> list[int]:
@@ -215,7 +219,7 @@ class CopyV2:
 
     def __init__(self, vocab_size: int = 16) -> None:
         if vocab_size < 2 or vocab_size % 2:
-            raise ValueError(f"vocab_size must be an even int >= 2, got {vocab_size}")
+            raise PosencValueError(f"vocab_size must be an even int >= 2, got {vocab_size}")
         self.vocab_size = vocab_size
 
     def sample(self, length: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:

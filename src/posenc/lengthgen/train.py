@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import PosencError, PosencTypeError, PosencValueError
 from .data import (
     Vocab,
     check_coupling,
@@ -115,7 +116,7 @@ class TrainConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ValueError(
+            raise PosencValueError(
                 f"unknown training option(s) {', '.join(unknown)}; known: {', '.join(known)}"
             )
         defaults = cls()
@@ -132,39 +133,43 @@ class TrainConfig:
         positive += ("train_min_length", "test_min_length", "eval_samples", "test_samples")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise PosencValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("ffn_dim", "eval_every", "checkpoint_every", "seed"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise PosencValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.seed >= 2**32:  # numpy's legacy seeding takes 32 bits
-            raise ValueError(f"seed must be < 2**32, got {self.seed}")
+            raise PosencValueError(f"seed must be < 2**32, got {self.seed}")
         if self.dim % self.heads:
-            raise ValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
+            raise PosencValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise PosencValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+            raise PosencValueError(f"lr must be a finite number > 0, got {self.lr}")
         for name in ("weight_decay", "grad_clip"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):  # NaN fails both comparisons
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+                raise PosencValueError(f"{name} must be a finite number >= 0, got {value}")
         if not 0.0 <= self.warmup < 1.0:
-            raise ValueError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+            raise PosencValueError(
+                f"warmup is a fraction of the steps in [0, 1), got {self.warmup}"
+            )
         if self.decay not in DECAYS:
-            raise ValueError(f"decay must be one of {', '.join(DECAYS)}, got {self.decay!r}")
+            raise PosencValueError(f"decay must be one of {', '.join(DECAYS)}, got {self.decay!r}")
         if not 0.0 < self.valid_threshold <= 1.0:
-            raise ValueError(f"valid_threshold must be in (0, 1], got {self.valid_threshold}")
+            raise PosencValueError(f"valid_threshold must be in (0, 1], got {self.valid_threshold}")
         for low, high in (("train_min_length", "train_max_length"),):
             if getattr(self, high) < getattr(self, low):
-                raise ValueError(f"{high} ({getattr(self, high)}) < {low} ({getattr(self, low)})")
+                raise PosencValueError(
+                    f"{high} ({getattr(self, high)}) < {low} ({getattr(self, low)})"
+                )
         if self.test_max_length < self.test_min_length:
-            raise ValueError(
+            raise PosencValueError(
                 f"test_max_length ({self.test_max_length}) < test_min_length "
                 f"({self.test_min_length})"
             )
         for name in ("train_max_length", "test_max_length"):
             if getattr(self, name) > MAX_INPUT_LENGTH:
-                raise ValueError(
+                raise PosencValueError(
                     f"{name} must be <= {MAX_INPUT_LENGTH} (attention over a longer sequence "
                     f"would not fit a tiny-model sweep), got {getattr(self, name)}"
                 )
@@ -172,7 +177,7 @@ class TrainConfig:
 
         axes = getattr(entry(self.pe).cls, "axes", 1)  # unknown names list the known ones
         if axes != 1:
-            raise ValueError(
+            raise PosencValueError(
                 f"pe {self.pe!r} encodes {axes}-D coordinates; lengthgen needs an encoding "
                 "of sequence positions"
             )
@@ -187,13 +192,13 @@ class TrainConfig:
                 else (longest, "the longest sequence")
             )
             if needed > table:
-                raise ValueError(
+                raise PosencValueError(
                     f"encoding {self.label!r} cannot handle the test sequences: its table holds "
                     f"max_len={table} positions, the runs need {needed} ({why}); raise "
                     f"pe_options.{self.pe}.max_len"
                 )
         if self.random_positions and self.random_max < longest:
-            raise ValueError(
+            raise PosencValueError(
                 f"randomized positions need L (random_max={self.random_max}) at least as "
                 f"large as the longest sequence the model sees: {longest} tokens for "
                 f"{task.name} at input length {self.test_max_length}; "
@@ -213,8 +218,11 @@ def check_encoding(pe: str, dim: int, heads: int, options: dict[str, Any]) -> in
     try:
         module = build_for_model(pe, dim, heads, **options)
     except (TypeError, ValueError) as exc:
+        if not isinstance(exc, PosencError) and not options:
+            raise  # not the settings' fault: a bug, keep its traceback
         detail = f" with options {options}" if options else f" at dim={dim}, heads={heads}"
-        raise type(exc)(f"pe {pe!r}{detail}: {exc}") from None
+        kind = PosencTypeError if isinstance(exc, TypeError) else PosencValueError
+        raise kind(f"pe {pe!r}{detail}: {exc}") from None
     return module.max_len if isinstance(module, LearnedPositionalEncoding) else None
 
 
@@ -223,10 +231,12 @@ def _check_type(name: str, value: object, expected: type) -> None:
         return  # ints are fine where floats are expected
     if expected is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise TypeError(f"{name} must be a table of options, got {value!r}")
+            raise PosencTypeError(f"{name} must be a table of options, got {value!r}")
         return
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise TypeError(f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+        raise PosencTypeError(
+            f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
 
 
 # --------------------------------------------------------------------------- pieces
@@ -251,7 +261,9 @@ def build_model(config: TrainConfig, task: Task) -> nn.Module:
         )
     except TypeError as exc:
         if config.pe_options:
-            raise TypeError(f"pe {config.pe!r} with options {config.pe_options}: {exc}") from exc
+            raise PosencTypeError(
+                f"pe {config.pe!r} with options {config.pe_options}: {exc}"
+            ) from exc
         raise
 
 
@@ -350,7 +362,7 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig, path: Path) -> 
     differ = [k for k in now if k not in _RESUME_FREE and saved.get(k) != now[k]]
     if differ:
         detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in differ)
-        raise ValueError(f"cannot resume {path}: the configuration changed ({detail})")
+        raise PosencValueError(f"cannot resume {path}: the configuration changed ({detail})")
 
 
 # --------------------------------------------------------------------------- training
@@ -382,13 +394,13 @@ def train(
     task = config.validate()
     rank, world = _world()
     if config.batch_size % world:
-        raise ValueError(
+        raise PosencValueError(
             f"batch_size ({config.batch_size}) must be divisible by the number of processes "
             f"({world})"
         )
     path = None if run_dir is None else Path(run_dir) / CHECKPOINT
     if path is not None and path.exists() and not resume:
-        raise ValueError(f"{path} exists: pass resume=True (--resume) to continue that run")
+        raise PosencValueError(f"{path} exists: pass resume=True (--resume) to continue that run")
     if path is not None and rank == 0 and path.parent.is_dir():
         for stale in path.parent.glob(f".{CHECKPOINT}.*.tmp"):  # left by a kill mid-write
             stale.unlink(missing_ok=True)
@@ -565,7 +577,7 @@ def _probe(model: nn.Module, task: Task, config: TrainConfig, random_max: int | 
         with torch.no_grad():
             model(tokens, positions=positions)
     except (ValueError, IndexError, RuntimeError) as exc:
-        raise ValueError(
+        raise PosencValueError(
             f"encoding {config.label!r} cannot handle the test sequences ({longest} tokens"
             + (f", positions up to {random_max - 1}" if random_max else "")
             + f"): {exc}"
@@ -776,18 +788,18 @@ def run_sweep(
     seen: dict[Path, int] = {}
     for i, d in enumerate(dirs):
         if d in seen:
-            raise ValueError(f"runs {seen[d]} and {i} would share the folder {d}")
+            raise PosencValueError(f"runs {seen[d]} and {i} would share the folder {d}")
         seen[d] = i
     if not resume:
         existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
         if existing:
-            raise ValueError(
+            raise PosencValueError(
                 f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
                 "pass --resume to continue them, or choose another --out"
             )
     _, world = _world()
     if jobs > 1 and world > 1:
-        raise ValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
     if jobs <= 1 or len(configs) == 1:
         records = []
         for c, d in zip(configs, dirs, strict=True):

@@ -17,6 +17,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..encodings.base import PositionalEncoding, build_for_model, check_positive_int, entry
+from ..errors import PosencValueError
 from . import diagnostics
 from .absolute import dimension_waves, heatmap, permutation_weights
 
@@ -188,7 +189,7 @@ def plot_encoding(
     if isinstance(names, str):
         names = [names]
     if not names:
-        raise ValueError("names must hold at least one encoding name")
+        raise PosencValueError("names must hold at least one encoding name")
     encodings = [(name, build_for_plot(name, dim, num_heads)) for name in names]
     if len(encodings) > 1:
         return diagnostics.compare(encodings, kind=kind or "similarity", positions=positions)
@@ -197,7 +198,7 @@ def plot_encoding(
         kind = "grid" if pe.axes != 1 else DEFAULT_KIND[pe.family]
     offered = kinds_for(pe)
     if kind not in offered:
-        raise ValueError(
+        raise PosencValueError(
             f"kind {kind!r} does not apply to {name} ({pe.family}); kinds: {', '.join(offered)}"
         )
     return KINDS[kind].draw(pe, name, positions)

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import matplotlib
 
+from ..errors import PosencValueError
+
 matplotlib.use("Agg")  # no window, ever: figures are returned or saved
 
 import matplotlib.pyplot as plt
@@ -45,7 +47,7 @@ def dimension_waves(
     data = _array(table)
     bad = [d for d in dims if not 0 <= d < data.shape[1]]
     if bad:
-        raise ValueError(f"dims {bad} are outside the table's {data.shape[1]} dimensions")
+        raise PosencValueError(f"dims {bad} are outside the table's {data.shape[1]} dimensions")
     fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
     for d in dims:
         kind = "sin" if d % 2 == 0 else "cos"

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import matplotlib
 
+from ..errors import PosencTypeError, PosencValueError
+
 matplotlib.use("Agg")  # no window, ever: figures are returned or saved
 
 import matplotlib.pyplot as plt
@@ -28,7 +30,7 @@ BIAS_SCHEMES: tuple[str, ...] = ("alibi", "t5", "kerple", "fire", "dpb", "shaw",
 
 def _check(pe: object) -> BiasEncoding:
     if not isinstance(pe, BiasEncoding):
-        raise TypeError(f"pe must be a bias encoding, got {type(pe).__name__}")
+        raise PosencTypeError(f"pe must be a bias encoding, got {type(pe).__name__}")
     return pe
 
 
@@ -123,7 +125,7 @@ def bias_gallery(
     check_positive_int("positions", positions)
     check_positive_int("max_distance", max_distance)
     if not names:
-        raise ValueError("names must hold at least one bias scheme")
+        raise PosencValueError("names must hold at least one bias scheme")
     fig, axes = plt.subplots(
         len(names), 2, figsize=(10, 3.0 * len(names)), squeeze=False, layout="constrained"
     )

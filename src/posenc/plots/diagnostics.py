@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import matplotlib
 
+from ..errors import PosencValueError
+
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
@@ -110,7 +112,9 @@ def compare(
 ) -> Figure:
     """Several encodings side by side: one panel each, ``kind`` ``similarity`` or ``distance``."""
     if kind not in ("similarity", "distance"):
-        raise ValueError(f"a side-by-side plot takes kind 'similarity' or 'distance', got {kind!r}")
+        raise PosencValueError(
+            f"a side-by-side plot takes kind 'similarity' or 'distance', got {kind!r}"
+        )
     count = len(encodings)
     fig, axes = plt.subplots(
         1, count, figsize=(4.2 * count, 4.0), layout="constrained", squeeze=False
