@@ -243,11 +243,27 @@ def test_tables_grow_on_demand_without_stale_rows() -> None:
     q, k = qk(n=4)
     rope(q, k)
     assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size
-    far = torch.tensor([10, 5000, 9000, 20000])
-    got = rope(q, k, far)
-    assert rope.cos_cached.shape[0] >= 20001
-    fresh = RotaryEmbedding(16)(q.double(), k.double(), far)  # float64: no table at all
+    near = torch.tensor([10, 5000, 7000, 8000])  # within twice the table: it doubles
+    got = rope(q, k, near)
+    assert rope.cos_cached.shape[0] == 2 * RotaryEmbedding.initial_table_size
+    fresh = RotaryEmbedding(16)(q.double(), k.double(), near)  # float64: no table at all
     assert_close(got[0].double(), fresh[0], rtol=0, atol=3e-6)
+
+
+def test_far_position_does_not_build_a_table_up_to_it() -> None:
+    """One new token at position 10^9 (a long KV cache): the angles of that position only,
+    the same float32 values a table row would hold, and the table stays as it was."""
+    rope = RotaryEmbedding(16)
+    q, k = qk(n=1)
+    got_q, got_k = rope(q, k, torch.tensor([10**9]))
+    assert rope.cos_cached.shape[0] == 0  # nothing was built
+    angles = torch.tensor([1e9], dtype=torch.float64)[:, None] * inv_freq64(16)  # (1, 8)
+    expected_q = rope_reference(q, angles, interleaved=False)
+    assert_close(got_q.double(), expected_q, rtol=0, atol=1e-5)
+    assert_close(got_k.double(), rope_reference(k, angles, interleaved=False), rtol=0, atol=1e-5)
+    # and a second call near 0 still builds the usual table
+    rope(q, k, torch.tensor([3]))
+    assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size
 
 
 def test_cast_to_bfloat16_keeps_float32_tables_and_bf16_rounding_at_100k() -> None:

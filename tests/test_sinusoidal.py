@@ -157,8 +157,23 @@ def test_grows_on_demand_once() -> None:
     assert grown.shape[0] >= 10
     pe(torch.zeros(1, 9, 8))
     assert pe.table is grown  # no recomputation on a shorter call
-    pe(torch.zeros(1, 3, 8), torch.tensor([0, 100, 7]))
-    assert pe.table.shape[0] >= 101
+    pe(torch.zeros(1, 3, 8), torch.tensor([0, 12, 7]))
+    assert pe.table.shape[0] >= 13  # near the table: it grows
+
+
+def test_far_position_costs_its_own_rows_only() -> None:
+    """One token at position 10^9 (a long KV cache) gets its row from the formula, exactly
+    as the table would hold it, without a table of 10^9 rows."""
+    pe = SinusoidalPositionalEncoding(8, max_len=16)
+    positions = torch.tensor([0, 10**9, 7])
+    out = pe(torch.zeros(1, 3, 8), positions)
+    assert pe.table.shape[0] == 16
+    exact = torch.tensor([0, 10**9, 7], dtype=torch.float64)[:, None] * (
+        10000.0 ** -(torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    )
+    expected = torch.stack((exact.sin(), exact.cos()), dim=-1).flatten(-2).float()
+    assert_close(out[0], expected, rtol=0, atol=0)
+    assert_close(out[0, 2], sinusoidal_table(8, 8)[7], rtol=0, atol=0)
 
 
 def test_buffer_not_persistent_and_survives_half_cast() -> None:

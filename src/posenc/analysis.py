@@ -258,8 +258,12 @@ def contribution_matrix(
         d = _head_dim(pe, dim)
         q = torch.randn(samples, 1, d, generator=gen, dtype=torch.float64).expand(samples, n, d)
         q = q.unsqueeze(0)  # (1, samples, n, d): the samples ride on the head axis
-        rq, rk = pe(q, q, pos)
-        return (rq @ rk.transpose(-1, -2) / math.sqrt(d)).mean(dim=1)  # (1, n, n)
+        rq, rk = pe(q, q, pos)  # (1, samples, n, d)
+        # the mean over samples of rq_s(i) . rk_s(j) is one product of (n, samples * d)
+        # matrices: never the (samples, n, n) stack, which is 4 GiB for a 16^3 grid
+        rq = rq[0].transpose(0, 1).reshape(n, samples * d)
+        rk = rk[0].transpose(0, 1).reshape(n, samples * d)
+        return (rq @ rk.T / (samples * math.sqrt(d))).unsqueeze(0)  # (1, n, n)
     if pe.family == "bias":
         h = pe.num_heads  # type: ignore[attr-defined]
         d = _head_dim(pe, dim)

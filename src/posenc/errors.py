@@ -127,14 +127,21 @@ def check_bytes(name: str, value: Any, nbytes: float, *, device: Any = None) -> 
     """Raise :class:`MemoryBudgetError` if allocating ``nbytes`` would pass the budget.
 
     ``name`` and ``value`` are the argument that asked for the memory, as the caller knows
-    it (``"max_len"``, ``10**10``). Nothing is checked for the ``meta`` device.
+    it (``"max_len"``, ``10**10``), or several at once (``"max_len x dim"``, ``"2048 x 10**9"``;
+    a str value is shown as it is). Nothing is checked for the ``meta`` device (``device``,
+    or torch's default device when ``device`` is None).
     """
-    if device is not None and str(device).startswith("meta"):
+    if device is None:
+        import torch  # here, so that this module stays importable on its own
+
+        device = torch.get_default_device()  # `with torch.device("meta"):` builds nothing
+    if str(device).startswith("meta"):
         return
     budget = get_memory_budget()
     if nbytes > budget:
+        shown = value if isinstance(value, str) else repr(value)
         raise MemoryBudgetError(
-            f"{name}={value!r} would need {format_bytes(nbytes)}, more than the memory budget "
+            f"{name}={shown} would need {format_bytes(nbytes)}, more than the memory budget "
             f"of {format_bytes(budget)} (set it with posenc.set_memory_budget or "
             f"{ENV_VAR})"
         )

@@ -34,7 +34,7 @@ from .encodings.base import (
     check_positive_int,
     check_probability,
 )
-from .errors import PosencTypeError, PosencValueError
+from .errors import PosencTypeError, PosencValueError, check_bytes
 
 Activation = Literal["relu", "gelu"]
 _ACTIVATIONS = ("relu", "gelu")
@@ -209,6 +209,14 @@ class Encoder(nn.Module):
                 f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}"
             )
         check_bool("norm_first", norm_first)
+        hidden = 4 * dim if ffn_dim is None else ffn_dim
+        # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
+        per_layer = 4 * dim * dim + 2 * dim * hidden + hidden + 9 * dim
+        check_bytes(
+            "dim x depth x ffn_dim",
+            f"{dim} x {depth} x {hidden}",
+            depth * per_layer * torch.get_default_dtype().itemsize,
+        )
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.causal = check_bool("causal", causal)
         self.pe = resolve_pe(pe, dim, num_heads, **(pe_kwargs or {}))
@@ -285,6 +293,12 @@ class TransformerModel(nn.Module):
                 raise PosencValueError(
                     f"padding_idx must be in [-{vocab_size}, {vocab_size}), got {padding_idx}"
                 )
+        outputs = num_outputs or vocab_size
+        check_bytes(
+            "vocab_size x dim",
+            f"{vocab_size} x {dim}" + (f" (and {outputs} outputs)" if num_outputs else ""),
+            (vocab_size + outputs) * dim * torch.get_default_dtype().itemsize,
+        )
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
         # N(0, 1/dim) so that the sqrt(dim) scale gives unit-variance inputs (fairseq's

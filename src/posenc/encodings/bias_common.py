@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosencTypeError, PosencValueError
+from ..errors import PosencTypeError, PosencValueError, check_bytes
 from .base import BiasEncoding, ScoreMod, check_finite, compute_dtype
 
 #: ``at(b, idx) -> position`` inside a score_mod.
@@ -50,6 +50,23 @@ def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tens
                 f"{tuple(k_positions.shape)} have mismatched batch sizes ({bq} vs {bk})"
             )
     return q_positions, k_positions
+
+
+def check_bias_bytes(
+    q_positions: Tensor, k_positions: Tensor, values_per_pair: int, q: Tensor | None = None
+) -> None:
+    """Raise :class:`~posenc.errors.MemoryBudgetError` before a bias is materialised when its
+    ``b · nq · nk`` pairs, ``values_per_pair`` float64-sized values each (the heads, plus the
+    distances and temporaries a scheme forms), would pass the memory budget."""
+    batches = [p.shape[0] for p in (q_positions, k_positions) if p.dim() == 2]
+    b = max([1 if q is None else q.shape[0], *batches])
+    nq, nk = q_positions.shape[-1], k_positions.shape[-1]
+    check_bytes(
+        "q_positions x k_positions",
+        f"{nq} x {nk} (batch {b}, {values_per_pair} values per pair)",
+        b * nq * nk * values_per_pair * 8,
+        device=q_positions.device,
+    )
 
 
 def relative_distance(q_positions: Tensor, k_positions: Tensor, dtype: torch.dtype) -> Tensor:
@@ -177,6 +194,7 @@ class DistanceBias(BiasEncoding):
     ) -> Tensor:
         """``(h, nq, nk)`` for 1-D positions, ``(b, h, nq, nk)`` for batched ones."""
         q_pos, k_pos = self._check(q_positions, k_positions)
+        check_bias_bytes(q_pos, k_pos, self.num_heads + 2, q)
         distance = relative_distance(q_pos, k_pos, work_dtype(q, self))  # (nq, nk) | (b, nq, nk)
         values = self.distance_bias(distance)  # (h, nq, nk) | (h, b, nq, nk)
         return values if values.dim() == 3 else values.transpose(0, 1)

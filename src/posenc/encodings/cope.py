@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import PosencTypeError, PosencValueError
 from .base import BiasEncoding, check_positive_int, register
-from .bias_common import check_pair_positions, work_dtype
+from .bias_common import check_bias_bytes, check_pair_positions, work_dtype
 
 
 @register("cope", "positions counted by sigmoid gates over the context (CoPE)")
@@ -87,9 +87,11 @@ class CoPE(BiasEncoding):
     ) -> Tensor:
         """``(b, h, n, n)``; needs ``q`` and ``k`` (``(b, h, n, d)``). Positions only fix the
         shapes: CoPE's positions come from the context."""
-        check_pair_positions(q_positions, k_positions)
+        q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         if q is None or k is None:
             raise PosencValueError("CoPE.bias needs q= and k= (the (b, h, n, d) queries and keys)")
+        # per pair and head: the gate, its cumulative sum, the two interpolation weights
+        check_bias_bytes(q_pos, k_pos, 4 * self.num_heads, q)
         for name, t in (("q", q), ("k", k)):
             if not isinstance(t, Tensor) or not t.is_floating_point():
                 raise PosencTypeError(

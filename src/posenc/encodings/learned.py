@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosencValueError
+from ..errors import PosencValueError, check_bytes
 from .base import (
     AdditiveEncoding,
     check_input,
@@ -63,6 +63,8 @@ class LearnedPositionalEncoding(AdditiveEncoding):
             raise PosencValueError(f"init must be 'xavier' or 'normal', got {init!r}")
         self.init = init
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        itemsize = (dtype or torch.get_default_dtype()).itemsize
+        check_bytes("max_len x dim", f"{max_len} x {dim}", max_len * dim * itemsize, device=device)
         self.weight = nn.Parameter(torch.empty(max_len, dim, device=device, dtype=dtype))
         self.reset_parameters()
 

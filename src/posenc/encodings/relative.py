@@ -27,6 +27,7 @@ from .base import (
 )
 from .bias_common import (
     DistanceBias,
+    check_bias_bytes,
     check_pair_positions,
     gather_fn,
     relative_distance,
@@ -249,6 +250,8 @@ class FIRE(BiasEncoding):
         k: Tensor | None = None,
     ) -> Tensor:
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        # per pair: the distance, the MLP's hidden layer, one output per head
+        check_bias_bytes(q_pos, k_pos, self.mlp[0].out_features + self.num_heads + 2, q)
         dtype = work_dtype(q, self)
         x = self.normalized_distance(q_pos, k_pos, dtype)
         out = self.mlp(x.unsqueeze(-1).to(self.c.dtype)).to(dtype)  # (..., nq, nk, h)
@@ -341,6 +344,8 @@ class ShawRelativeBias(BiasEncoding):
     def clipped_index(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         """``clip(j - i, -K, K) + K`` (int64): ``(nq, nk)`` or ``(b, nq, nk)``."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        # per pair: the index, its embedding row and one logit per head
+        check_bias_bytes(q_pos, k_pos, self.head_dim + self.num_heads + 2)
         require_integral("q_positions", q_pos, "ShawRelativeBias")
         require_integral("k_positions", k_pos, "ShawRelativeBias")
         rel = k_pos.long().unsqueeze(-2) - q_pos.long().unsqueeze(-1)  # (..., nq, nk)
@@ -382,6 +387,8 @@ class ShawRelativeBias(BiasEncoding):
         if q is None:
             return None
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        # per pair: the index, its embedding row and one logit per head
+        check_bias_bytes(q_pos, k_pos, self.head_dim + self.num_heads + 2)
         require_integral("q_positions", q_pos, "ShawRelativeBias")
         require_integral("k_positions", k_pos, "ShawRelativeBias")
         terms = self._query_terms(q)  # (b, h, nq, 2K+1)
@@ -489,6 +496,7 @@ class TransformerXLRelativeBias(BiasEncoding):
             _need("k", k, "TransformerXLRelativeBias"),
         )
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        check_bias_bytes(q_pos, k_pos, 3 * self.num_heads + 2, q)
         scheme = "TransformerXLRelativeBias"
         _check_qk(q, self.num_heads, self.head_dim, scheme, seq=q_pos.shape[-1])
         _check_qk(k, self.num_heads, self.head_dim, scheme, "k", seq=k_pos.shape[-1])

@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosencTypeError, PosencValueError
+from ..errors import MemoryBudgetError, PosencTypeError, PosencValueError, check_bytes
 from . import base, native
 from .base import (
     RotaryEncoding,
@@ -415,6 +415,7 @@ class RotaryEmbedding(RotaryEncoding):
     ) -> None:
         super().__init__()
         check_positive_int("head_dim", head_dim)
+        check_bytes("head_dim", head_dim, head_dim * 8 * 4, device=device)  # the frequencies
         if max_position_embeddings is not None:
             check_positive_int("max_position_embeddings", max_position_embeddings)
         if scaling is not None and not isinstance(scaling, Mapping):
@@ -598,12 +599,36 @@ class RotaryEmbedding(RotaryEncoding):
             return self._finish(angles * self.inv_freq.to(torch.float64), dtype)
         needed = seq_len if positions is None or not positions.numel() else int(positions.max()) + 1
         if needed > self.cos_cached.shape[0]:
-            self.reset_tables(max(needed, self.initial_table_size, 2 * self.cos_cached.shape[0]))
+            rows = max(needed, self.initial_table_size, 2 * self.cos_cached.shape[0])
+            if not self._table_may_grow(rows, seq_len, device):
+                # a far position (one new token at 10^9 in a long KV cache): the angles of
+                # the positions asked for, never a table up to the largest one
+                pos = torch.arange(seq_len, device=device) if positions is None else positions
+                angles = pos.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
+                return self._finish(angles, dtype)
+            self.reset_tables(rows)
         if positions is None:
             cos, sin = self.cos_cached[:seq_len], self.sin_cached[:seq_len]  # (n, r/2)
         else:
             cos, sin = self.cos_cached[positions], self.sin_cached[positions]  # (..., n, r/2)
         return _unsqueeze_heads(cos.to(dtype)), _unsqueeze_heads(sin.to(dtype))
+
+    def _table_may_grow(self, rows: int, seq_len: int, device: Any) -> bool:
+        """Whether the cached tables may grow to ``rows`` for a request of ``seq_len``
+        positions: only while their size stays in proportion to the work (the first
+        :attr:`initial_table_size` rows, the model's context, or a few times the request) and
+        within the memory budget. Otherwise the angles are computed for the positions given,
+        which gives the same values (float64 angles, cos/sin, cast once)."""
+        limit = max(self.initial_table_size, self.max_position_embeddings or 0, 4 * seq_len)
+        if rows > limit:
+            return False
+        # float32 cos and sin tables, plus the float64 angles, cos and sin while building
+        nbytes = rows * (self.rotary_dim // 2) * (2 * 4 + 3 * 8)
+        try:
+            check_bytes("positions", f"up to {rows - 1}", nbytes, device=device)
+        except MemoryBudgetError:
+            return False
+        return True
 
     def _finish(self, angles: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         cos = (angles.cos() * self.attention_factor).to(dtype)

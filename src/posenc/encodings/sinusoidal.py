@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosencTypeError, PosencValueError
+from ..errors import PosencTypeError, PosencValueError, check_bytes
 from . import base as family_base
 from .base import (
     AdditiveEncoding,
@@ -50,6 +50,12 @@ def _check_table_args(num_positions: object, dim: object, base: object) -> float
     if base == 1.0:
         raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
     return base
+
+
+def table_bytes(count: int, dim: int, dtype: torch.dtype = torch.float32) -> int:
+    """Peak bytes of building ``count`` rows of a ``dim``-wide table: the float64 angles, their
+    sin and cos, the interleaved float64 stack and the cast result."""
+    return count * (math.ceil(dim / 2) * 8 * 5 + dim * dtype.itemsize)
 
 
 def inverse_frequencies(dim: int, base: float = 10000.0, *, device: Any = None) -> Tensor:
@@ -84,6 +90,8 @@ def sinusoidal_table(
     """
     base = _check_table_args(num_positions, dim, base)
     family_base.check_float_dtype("dtype", dtype)
+    nbytes = table_bytes(num_positions, dim, dtype)
+    check_bytes("num_positions x dim", f"{num_positions} x {dim}", nbytes, device=device)
     positions = torch.arange(num_positions, dtype=torch.float64, device=device)
     return sinusoidal_encode(positions, dim, base=base, dtype=dtype)
 
@@ -96,6 +104,8 @@ def sinusoidal_encode(
         raise PosencTypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
     base = _check_table_args(0, dim, base)
     family_base.check_float_dtype("dtype", dtype)
+    nbytes = table_bytes(positions.numel(), dim, dtype)
+    check_bytes("positions x dim", f"{positions.numel()} x {dim}", nbytes, device=positions.device)
     inv_freq = inverse_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
     return sinusoidal_angles_to_table(angles, dim, dtype)
@@ -106,6 +116,7 @@ def sinusoidal_table_np(
 ) -> np.ndarray:
     """NumPy twin of :func:`sinusoidal_table` (same float64 angles, same layout)."""
     base = _check_table_args(num_positions, dim, base)
+    check_bytes("num_positions x dim", f"{num_positions} x {dim}", table_bytes(num_positions, dim))
     inv_freq = base ** -(np.arange(0, dim, 2, dtype=np.float64) / dim)
     angles = np.arange(num_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     table = np.stack((np.sin(angles), np.cos(angles)), axis=-1).reshape(num_positions, -1)
@@ -117,12 +128,20 @@ class _TableCache(nn.Module):
 
     ``.to(dtype)`` on the model must not degrade the table (peers lose position accuracy
     that way), so after any move or cast the table is rebuilt in float32 on the new device.
+    The table grows only in proportion to the work asked for: a far position is evaluated
+    from the formula (:meth:`_formula`, the same float64 arithmetic, so the same values),
+    never by building every row up to it.
     """
 
     table: Tensor
+    max_len: int
+
+    def _formula(self, positions: Tensor) -> Tensor:
+        """The float32 rows of ``positions`` (any shape ``S``) -> ``(*S, d)``."""
+        raise NotImplementedError
 
     def _build(self, num_positions: int, device: Any) -> Tensor:
-        raise NotImplementedError
+        return self._formula(torch.arange(num_positions, device=device))
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """(Re)build the table; used after ``to_empty``/``.to()`` and when it must grow."""
@@ -136,11 +155,16 @@ class _TableCache(nn.Module):
         return self
 
     def rows(self, positions: Tensor | None, n: int) -> Tensor:
-        """Rows of the table for ``positions`` (``None`` means ``arange(n)``), growing it first
-        when a position is past its end (doubling, so growth is rare)."""
+        """Rows of the table for ``positions`` (``None`` means ``arange(n)``). A position past
+        the table's end grows it (doubling, so growth is rare) while the table stays within
+        a few times the request or ``max_len``; farther positions are computed directly."""
         needed = n if positions is None else _max_plus_one(positions, n)
         if needed > self.table.shape[0] and not torch.compiler.is_compiling():
-            self.reset_tables(max(needed, 2 * self.table.shape[0]))
+            size = max(needed, 2 * self.table.shape[0])
+            if size > max(self.max_len, 4 * n):
+                pos = torch.arange(n, device=self.table.device) if positions is None else positions
+                return self._formula(pos)
+            self.reset_tables(size)
         if positions is None:
             return self.table[:n]
         return self.table[positions]
@@ -189,10 +213,12 @@ class SinusoidalPositionalEncoding(AdditiveEncoding, _TableCache):
         self.max_len = check_positive_int("max_len", max_len)
         self.base = _check_table_args(0, dim, base)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        nbytes = table_bytes(max_len, dim) + max_len * 8
+        check_bytes("max_len x dim", f"{max_len} x {dim}", nbytes, device=device)
         self.register_buffer("table", self._build(max_len, device), persistent=False)
 
-    def _build(self, num_positions: int, device: Any) -> Tensor:
-        return sinusoidal_table(num_positions, self.dim, base=self.base, device=device)
+    def _formula(self, positions: Tensor) -> Tensor:
+        return sinusoidal_encode(positions, self.dim, base=self.base)
 
     def encode(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         if positions.is_floating_point() or dtype == torch.float64:
@@ -256,6 +282,9 @@ def sinusoidal_nd_table(
         raise PosencValueError(f"shape must be a non-empty tuple of axis sizes, got {shape!r}")
     for axis, size in enumerate(shape):
         check_positive_int(f"shape[{axis}]", size)
+    count = math.prod(shape)
+    nbytes = count * len(shape) * 8 * 2 + table_bytes(count, dim, dtype) * 2
+    check_bytes("shape x dim", f"{tuple(shape)} x {dim}", nbytes, device=device)
     grids = torch.meshgrid(
         *(torch.arange(n, dtype=torch.float64, device=device) for n in shape), indexing="ij"
     )

@@ -83,21 +83,22 @@ def heads(pe: PositionalEncoding, name: str, positions: int = 32, max_heads: int
 
 
 def grid(pe: PositionalEncoding, name: str, side: int = 16) -> Figure:
-    """For a 2-D (or 3-D, first slice) encoding: how each patch of a ``side x side`` grid
+    """For a 2-D (or 3-D, middle slice) encoding: how each patch of a ``side x side`` grid
     relates to the centre patch and to a corner patch."""
     shape = [side] * pe.axes
-    coords = grid_coordinates(shape)
-    m = contribution_matrix(pe, coords)[0]  # (n, n)
-    centre = int(
-        torch.tensor([s // 2 for s in shape])
-        @ torch.tensor([side ** (pe.axes - 1 - a) for a in range(pe.axes)])
-    )
+    shown = [side] * 2  # the picture: the whole 2-D grid, or the middle slice of a volume
+    patches = grid_coordinates(shown)  # (side^2, 2)
+    if pe.axes == 3:
+        middle = torch.full((patches.shape[0], 1), side // 2, dtype=patches.dtype)
+        patches = torch.cat((middle, patches), dim=1)  # (side^2, 3)
+    centre = torch.tensor([[s // 2 for s in shape]])
+    corner = torch.zeros(1, pe.axes, dtype=patches.dtype)
+    # only two rows are drawn: the contribution of the centre and the corner to every patch
+    # shown, not all (side^pe.axes)^2 pairs of the volume
+    m = contribution_matrix(pe, torch.cat((centre, corner, patches)))[0]  # (2 + side^2, ...)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), layout="constrained")
-    for ax, (ref, label) in zip(axes, ((centre, "centre"), (0, "corner")), strict=True):
-        image = m[ref].reshape(shape)
-        while image.dim() > 2:
-            image = image[image.shape[0] // 2]
-        _draw_matrix(ax, image, f"similarity to the {label} patch")
+    for ax, (ref, label) in zip(axes, ((0, "centre"), (1, "corner")), strict=True):
+        _draw_matrix(ax, m[ref, 2:].reshape(shown), f"similarity to the {label} patch")
         ax.set_xlabel("column")
         ax.set_ylabel("row")
     fig.suptitle(f"{name} on a {' x '.join(map(str, shape))} grid")
