@@ -243,10 +243,15 @@ def test_tables_grow_on_demand_without_stale_rows() -> None:
     q, k = qk(n=4)
     rope(q, k)
     assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size
-    near = torch.tensor([10, 5000, 7000, 8000])  # within twice the table: it doubles
+    near = torch.tensor([10, 500, 2000, 4000])  # within the table
     got = rope(q, k, near)
-    assert rope.cos_cached.shape[0] == 2 * RotaryEmbedding.initial_table_size
+    assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size
     fresh = RotaryEmbedding(16)(q.double(), k.double(), near)  # float64: no table at all
+    assert_close(got[0].double(), fresh[0], rtol=0, atol=3e-6)
+    q, k = qk(n=5000)  # a longer sequence: the table doubles to cover it
+    got = rope(q, k)
+    assert rope.cos_cached.shape[0] == 2 * RotaryEmbedding.initial_table_size
+    fresh = RotaryEmbedding(16)(q.double(), k.double())
     assert_close(got[0].double(), fresh[0], rtol=0, atol=3e-6)
 
 

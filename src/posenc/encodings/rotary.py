@@ -599,8 +599,8 @@ class RotaryEmbedding(RotaryEncoding):
             return self._finish(angles * self.inv_freq.to(torch.float64), dtype)
         needed = seq_len if positions is None or not positions.numel() else int(positions.max()) + 1
         if needed > self.cos_cached.shape[0]:
-            rows = max(needed, self.initial_table_size, 2 * self.cos_cached.shape[0])
-            if not self._table_may_grow(rows, seq_len, device):
+            rows = self._table_rows_for(needed, seq_len, device)
+            if rows is None:
                 # a far position (one new token at 10^9 in a long KV cache): the angles of
                 # the positions asked for, never a table up to the largest one
                 pos = torch.arange(seq_len, device=device) if positions is None else positions
@@ -613,22 +613,23 @@ class RotaryEmbedding(RotaryEncoding):
             cos, sin = self.cos_cached[positions], self.sin_cached[positions]  # (..., n, r/2)
         return _unsqueeze_heads(cos.to(dtype)), _unsqueeze_heads(sin.to(dtype))
 
-    def _table_may_grow(self, rows: int, seq_len: int, device: Any) -> bool:
-        """Whether the cached tables may grow to ``rows`` for a request of ``seq_len``
-        positions: only while their size stays in proportion to the work (the first
-        :attr:`initial_table_size` rows, the model's context, or a few times the request) and
-        within the memory budget. Otherwise the angles are computed for the positions given,
-        which gives the same values (float64 angles, cos/sin, cast once)."""
+    def _table_rows_for(self, needed: int, seq_len: int, device: Any) -> int | None:
+        """Rows to grow the cached tables to so that they cover ``needed`` positions for a
+        request of ``seq_len``, or ``None`` to compute the angles of the positions given
+        instead (the same values: float64 angles, cos/sin, cast once). Tables grow by doubling
+        but stay in proportion to the work: at most the first :attr:`initial_table_size`
+        rows, the model's context, or four times the request, and within the memory budget."""
         limit = max(self.initial_table_size, self.max_position_embeddings or 0, 4 * seq_len)
-        if rows > limit:
-            return False
+        if needed > limit:
+            return None
+        rows = min(max(needed, self.initial_table_size, 2 * self.cos_cached.shape[0]), limit)
         # float32 cos and sin tables, plus the float64 angles, cos and sin while building
         nbytes = rows * (self.rotary_dim // 2) * (2 * 4 + 3 * 8)
         try:
             check_bytes("positions", f"up to {rows - 1}", nbytes, device=device)
         except MemoryBudgetError:
-            return False
-        return True
+            return None
+        return rows
 
     def _finish(self, angles: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         cos = (angles.cos() * self.attention_factor).to(dtype)

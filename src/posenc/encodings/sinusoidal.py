@@ -156,15 +156,15 @@ class _TableCache(nn.Module):
 
     def rows(self, positions: Tensor | None, n: int) -> Tensor:
         """Rows of the table for ``positions`` (``None`` means ``arange(n)``). A position past
-        the table's end grows it (doubling, so growth is rare) while the table stays within
-        a few times the request or ``max_len``; farther positions are computed directly."""
+        the table's end grows it (doubling, so growth is rare) up to ``max_len`` or four
+        times the request; a position beyond that is computed from the formula directly."""
         needed = n if positions is None else _max_plus_one(positions, n)
         if needed > self.table.shape[0] and not torch.compiler.is_compiling():
-            size = max(needed, 2 * self.table.shape[0])
-            if size > max(self.max_len, 4 * n):
+            limit = max(self.max_len, 4 * n)
+            if needed > limit:
                 pos = torch.arange(n, device=self.table.device) if positions is None else positions
                 return self._formula(pos)
-            self.reset_tables(size)
+            self.reset_tables(min(max(needed, 2 * self.table.shape[0]), limit))
         if positions is None:
             return self.table[:n]
         return self.table[positions]
