@@ -1,10 +1,45 @@
+"""Settings every test runs under.
+
+- **A small memory budget.** ``POSENC_MEMORY_BUDGET`` is 2 GiB (unless already set), before
+  posenc is imported and for every process the tests start, so no test can allocate a large
+  block by accident: a size past it is a ``MemoryBudgetError`` naming the argument.
+- **Deterministic fuzzing.** Hypothesis runs the ``posenc`` profile by default: derandomized
+  (the same examples on every run and machine), no deadline, and a failure printed with its
+  reproduction blob. ``HYPOTHESIS_PROFILE=fuzz`` draws fresh random examples, twenty times
+  as many (``tests/fuzzing.py``), for a fuzzing session; keep every failure it finds as an
+  ``@example`` on its test.
+"""
+
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("POSENC_MEMORY_BUDGET", "2G")
 
 import matplotlib
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 matplotlib.use("Agg")
+
+_QUIET_CHECKS = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile(
+    "posenc",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    database=None,  # nothing carried between runs: a run depends on the code alone
+    suppress_health_check=_QUIET_CHECKS,
+)
+settings.register_profile(
+    "fuzz",
+    derandomize=False,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_QUIET_CHECKS,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "posenc"))
 
 
 @pytest.fixture(autouse=True)

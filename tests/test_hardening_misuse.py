@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from fuzzing import examples
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import posenc
@@ -779,7 +780,7 @@ def argvs(draw: st.DrawFn) -> list[str]:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -844,7 +845,7 @@ KEYS = st.sampled_from(
 
 
 @settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -852,6 +853,11 @@ KEYS = st.sampled_from(
     base=st.booleans(),
     changes=st.dictionaries(KEYS, VALUES, max_size=4),
 )
+# found by fuzzing: a width of 10^9 reached the allocator instead of a one-line error
+@example(base=True, changes={"dim": 10**9})
+@example(base=True, changes={"dim": 2**40, "pe": "learned"})
+@example(base=True, changes={"test_max_length": 2**40})
+@example(base=True, changes={"batch_size": 10**9, "train_max_length": 50})
 def test_fuzz_lengthgen_toml_config(
     base: bool, changes: dict[str, Any], stubbed: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -876,7 +882,9 @@ def test_fuzz_lengthgen_toml_config(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(text=st.text(max_size=60))
 def test_fuzz_lengthgen_toml_text(

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from fuzzing import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: whole numbers.
 INTEGER_ONLY = {"learned", "t5", "shaw", "xl"}
 PROPERTY_SETTINGS = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -206,7 +207,7 @@ def test_every_encoding_shape_dtype_finite_and_explicit_arange(case: Case) -> No
         assert torch.equal(out, out2), case
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     name=st.sampled_from(sorted(INTEGER_ONLY)),
     seq=st.integers(2, 8),
@@ -223,7 +224,7 @@ def test_integer_schemes_reject_fractional_positions(name: str, seq: int, frac: 
         call(pe, case, positions, inputs)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     name=st.sampled_from([n for n in NAMES if posenc.entry(n).cls.axes == 1]),
     bad=st.sampled_from([float("nan"), float("inf"), float("-inf")]),
@@ -243,7 +244,7 @@ def test_non_finite_positions_are_rejected(name: str, bad: float, where: int) ->
         call(pe, case, positions, inputs)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     name=st.sampled_from(NAMES),
     heads=st.integers(1, 3),

@@ -27,7 +27,7 @@ from .encodings.base import (
 )
 from .encodings.learned import LearnedPositionalEncoding
 from .encodings.sinusoidal import inverse_frequencies, sinusoidal_table
-from .errors import PosencValueError
+from .errors import PosencValueError, check_bytes
 from .model import Encoder
 
 #: The seed tutorial's toy embeddings: three words, four dimensions.
@@ -247,6 +247,12 @@ def contribution_matrix(
     - none: zeros.
     """
     pe = pe.eval()
+    count = positions if isinstance(positions, int) else positions.shape[0]
+    d = int(getattr(pe, "dim", dim)) if pe.family == "additive" else _head_dim(pe, dim)
+    heads = int(getattr(pe, "num_heads", 1))
+    # float64: the n x n result per head, the bias's temporaries, and the rotated samples
+    nbytes = 8 * (3 * heads * count * count + 4 * max(samples, heads) * count * d)
+    check_bytes("positions x dim", f"{count} x {d}", nbytes)
     pos = default_positions(pe, positions) if isinstance(positions, int) else positions
     n = pos.shape[0]
     gen = torch.Generator().manual_seed(seed)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PosencError, PosencTypeError, PosencValueError
+from ..errors import PosencError, PosencTypeError, PosencValueError, check_bytes
 from .data import (
     Vocab,
     check_coupling,
@@ -124,6 +124,17 @@ class TrainConfig:
             _check_type(name, value, type(getattr(defaults, name)))
         return cls(**values)
 
+    def step_bytes(self, length: int) -> int:
+        """A generous estimate of one training step's or evaluation batch's memory at model
+        sequence length ``length``: weights, gradients and two AdamW moments, plus the
+        activations autograd keeps per token and layer (projections, feed-forward, and the
+        ``heads x length`` attention scores, weights and their dropout)."""
+        ffn = self.ffn_dim or 4 * self.dim
+        params = self.depth * (4 * self.dim * self.dim + 2 * self.dim * ffn)
+        batch = max(self.batch_size, self.eval_samples, self.test_samples)
+        per_token = self.depth * (12 * self.dim + 3 * ffn + 4 * self.heads * length)
+        return 4 * (4 * params + batch * length * per_token)
+
     def validate(self) -> Task:
         """Check every field (types, ranges, the task, the encoding, the randomized-position
         range) before any work; return the task."""
@@ -185,6 +196,11 @@ class TrainConfig:
         task = get_task(self.task)
         probe = np.random.default_rng([self.seed, 99])
         longest = longest_model_length(task, [self.train_max_length, self.test_max_length], probe)
+        check_bytes(
+            "batch_size x length x dim x depth",
+            f"{self.batch_size} x {longest} x {self.dim} x {self.depth}",
+            self.step_bytes(longest),
+        )
         if table is not None:  # a learned table knows nothing past its rows
             needed, why = (
                 (self.random_max, "random_max")
