@@ -91,6 +91,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +361,7 @@ def read_units(document: Document, chunk_bytes: int) -> Iterator[bytes]:
     unit ``i`` at byte ``(i + 1) * chunk_bytes`` moved back to the start of the UTF-8
     character there, so each unit is valid UTF-8 and none is empty. Raises if the file no
     longer matches the scan."""
+    chunk_bytes = _check_int("chunk_bytes", chunk_bytes, 4)  # a character has <= 4 bytes
     units = -(-document.nbytes // chunk_bytes)
     digest = hashlib.sha256()
     try:
@@ -527,15 +529,12 @@ class Corpus:
         tokens = np.asarray(tokens)
         if self.tokenizer == "bytes":
             return tokens.astype(np.uint8).tobytes()
-        table = self._token_table()
+        table = self._token_table
         return b"".join(table[token] for token in tokens.tolist())
 
+    @cached_property
     def _token_table(self) -> list[bytes]:
-        cached = self.__dict__.get("_table")
-        if cached is None:
-            cached = _bpe_token_table(self.path / "tokenizer.json")
-            object.__setattr__(self, "_table", cached)
-        return cached
+        return _bpe_token_table(self.path / "tokenizer.json")
 
     def units(self) -> Iterator[dict[str, Any]]:
         """One dict per unit in order: ``path``, ``unit``, ``split`` ("train"/"valid"),
@@ -568,23 +567,22 @@ def prepare_corpus(
         valid_fraction: the share of units that go to validation, in (0, 1).
         cache: the folder that holds the entries; default :func:`cache_dir`.
     """
-    kind, _ = parse_tokenizer(tokenizer)
+    kind, vocab_size = parse_tokenizer(tokenizer)
+    tokenizer = "bytes" if kind == "bytes" else f"bpe:{vocab_size}"  # one spelling per spec
     _check_fraction(valid_fraction)
-    if kind == "bpe":
-        _import_tokenizers(tokenizer)  # fail before reading the text
+    key_fields: dict[str, Any] = {"format": CACHE_FORMAT, "tokenizer": tokenizer}
+    if kind == "bpe":  # fail before reading the text; another version may train other merges
+        key_fields["tokenizers"] = _import_tokenizers(tokenizer).__version__
     scan = scan_text(text)
     chunk_bytes = chunk_size(scan.total_bytes)
-    split_rule = {
-        "valid_fraction": float(valid_fraction),
-        "min_units": MIN_UNITS,
-        "min_chunk_bytes": MIN_CHUNK_BYTES,
-        "max_chunk_bytes": MAX_CHUNK_BYTES,
-    }
-    key_text = json.dumps(
-        {"format": CACHE_FORMAT, "corpus": scan.sha256, "tokenizer": tokenizer, **split_rule},
-        sort_keys=True,
+    key_fields.update(
+        corpus=scan.sha256,
+        valid_fraction=float(valid_fraction),
+        min_units=MIN_UNITS,
+        min_chunk_bytes=MIN_CHUNK_BYTES,
+        max_chunk_bytes=MAX_CHUNK_BYTES,
     )
-    key = hashlib.sha256(key_text.encode()).hexdigest()
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()
     folder = Path(cache).expanduser() if cache is not None else cache_dir()
     entry = folder / key
 
@@ -645,68 +643,84 @@ def _open_entry(entry: Path, meta: dict[str, Any], name: str) -> Corpus:
 
 
 def _build_entry(
-    entry: Path,
-    scan: TextScan,
-    chunk_bytes: int,
-    valid_fraction: float,
-    spec: str,
+    entry: Path, scan: TextScan, chunk_bytes: int, valid_fraction: float, spec: str
 ) -> None:
     """Write the entry in a temporary folder beside it, then rename it into place."""
-    kind, vocab_size = parse_tokenizer(spec)
     plan = plan_split(scan.documents, chunk_bytes, valid_fraction)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    host = socket.gethostname()
-    _remove_stale_builds(entry, host)
-    free = shutil.disk_usage(entry.parent).free
-    if free < scan.total_bytes:
-        raise PosencValueError(
-            f"cache {str(entry.parent)!r} has {free} bytes free; the corpus needs about "
-            f"{scan.total_bytes} (set POSENC_CACHE_DIR to a bigger disk)"
-        )
-    tmp = entry.parent / f".tmp-{entry.name}-{host}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = _build_folder(entry)
     try:
-        if kind == "bytes":
-            dtype = _token_dtype(kind, vocab_size)
-            counts = _write_tokens(tmp, scan, chunk_bytes, plan, _encode_bytes, dtype)
-            token_bytes = np.ones(vocab_size, dtype=np.int64)
-        else:
-            train_texts = (
-                data.decode("utf-8")
-                for _, _, in_valid, data in _units(scan, chunk_bytes, plan)
-                if not in_valid
+        free = shutil.disk_usage(entry.parent).free
+        if free < scan.total_bytes:
+            raise PosencValueError(
+                f"cache {str(entry.parent)!r} has {free} bytes free; the corpus needs about "
+                f"{scan.total_bytes} (set POSENC_CACHE_DIR to a bigger disk)"
             )
-            bpe = _train_bpe(train_texts, vocab_size, spec)
-            bpe.save(str(tmp / "tokenizer.json"))
-            vocab_size = bpe.get_vocab_size()
-            dtype = _token_dtype(kind, vocab_size)
-            counts = _write_tokens(tmp, scan, chunk_bytes, plan, _bpe_encoder(bpe), dtype)
-            table = _bpe_token_table(tmp / "tokenizer.json")
-            token_bytes = np.array([len(token) for token in table], dtype=np.int64)
-        np.save(tmp / "token_bytes.npy", token_bytes)
-        meta = {
-            "format": CACHE_FORMAT,
-            "name": scan.name,
-            "root": str(scan.root),
-            "sha256": scan.sha256,
-            "tokenizer": spec,
-            "vocab_size": vocab_size,
-            "dtype": dtype.name,
-            "documents": len(scan.documents),
-            "skipped": len(scan.skipped),
-            "chunk_bytes": chunk_bytes,
-            "valid_fraction": float(valid_fraction),
-            **counts,
-        }
+        meta = _tokenize(tmp, scan, chunk_bytes, plan, spec)
+        meta.update(
+            format=CACHE_FORMAT,
+            name=scan.name,
+            root=str(scan.root),
+            sha256=scan.sha256,
+            tokenizer=spec,
+            documents=len(scan.documents),
+            skipped=len(scan.skipped),
+            chunk_bytes=chunk_bytes,
+            valid_fraction=float(valid_fraction),
+        )
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", "utf-8")
         try:
             os.replace(tmp, entry)
         except OSError:
             if _read_meta(entry) is None:  # not another process's finished entry
                 raise
+    except OSError as error:  # reading the text raises PosencValueError: this is the cache
+        raise PosencValueError(f"cache {str(entry.parent)!r}: {_reason(error)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_folder(entry: Path) -> Path:
+    """A new empty temporary folder beside ``entry``, after removing stale ones."""
+    host = socket.gethostname()
+    tmp = entry.parent / f".tmp-{entry.name}-{host}-{os.getpid()}"
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(entry, host)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as error:
+        raise PosencValueError(
+            f"cache {str(entry.parent)!r}: {_reason(error)} (set POSENC_CACHE_DIR to a "
+            "writable folder)"
+        ) from None
+    return tmp
+
+
+def _tokenize(
+    folder: Path, scan: TextScan, chunk_bytes: int, plan: list[np.ndarray], spec: str
+) -> dict[str, Any]:
+    """Write the tokens, ``token_bytes.npy`` and (BPE) ``tokenizer.json`` into ``folder``;
+    return the vocabulary, dtype and counts for ``meta.json``."""
+    kind, vocab_size = parse_tokenizer(spec)
+    if kind == "bytes":
+        encode: Encoder = _encode_bytes
+        token_bytes = np.ones(vocab_size, dtype=np.int64)
+    else:
+        train_texts = (
+            data.decode("utf-8")
+            for _, _, in_valid, data in _units(scan, chunk_bytes, plan)
+            if not in_valid
+        )
+        bpe = _train_bpe(train_texts, vocab_size, spec)
+        bpe.save(str(folder / "tokenizer.json"))
+        vocab_size = bpe.get_vocab_size()
+        encode = _bpe_encoder(bpe)
+        table = _bpe_token_table(folder / "tokenizer.json")
+        token_bytes = np.array([len(token) for token in table], dtype=np.int64)
+    dtype = _token_dtype(kind, vocab_size)
+    counts = _write_tokens(folder, scan, chunk_bytes, plan, encode, dtype)
+    np.save(folder / "token_bytes.npy", token_bytes)
+    return {"vocab_size": vocab_size, "dtype": dtype.name, **counts}
 
 
 def _remove_stale_builds(entry: Path, host: str) -> None:
