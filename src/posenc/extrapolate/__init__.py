@@ -5,24 +5,7 @@
   training batches and evaluation windows that score the same tokens at every length.
 """
 
-from .data import (
-    Corpus,
-    bits_per_byte,
-    cache_dir,
-    check_lengths,
-    eval_budget,
-    eval_windows,
-    prepare_corpus,
-    train_batch,
-)
+from .data import *  # noqa: F403  (re-exported below through __all__)
+from .data import __all__ as _data_all
 
-__all__ = [
-    "Corpus",
-    "bits_per_byte",
-    "cache_dir",
-    "check_lengths",
-    "eval_budget",
-    "eval_windows",
-    "prepare_corpus",
-    "train_batch",
-]
+__all__ = list(_data_all)

@@ -43,7 +43,8 @@ The split (train/validation)
 Tokens
     ``tokenizer="bytes"`` (default): one token per byte, vocabulary 256, ``uint8``.
     ``tokenizer="bpe:N"``: a byte-level BPE with at most ``N`` tokens (``257 <= N <=
-    2**20``) from the optional ``tokenizers`` package (``pip install tokenizers``), trained
+    2**20``) from the optional ``tokenizers`` package (``pip install tokenizers`` or
+    ``pip install posenc[extrapolate]``), trained
     on the training units only, with the 256 byte symbols as its initial alphabet (so no
     text is ever unknown); ``uint16`` up to 65536 tokens, else ``uint32``. Each unit is
     encoded on its own. Every token stands for a known number of bytes
@@ -59,7 +60,7 @@ Cache
     skipped files), the tokenizer spec and the split rule (fraction, 200 units, chunk
     bounds)::
 
-        <key>/meta.json           counts, dtype, names; written inside the entry
+        <key>/meta.json           counts, dtype, vocabulary size, names
         <key>/train.bin           the training tokens, raw (numpy.memmap)
         <key>/valid.bin           the validation tokens, raw
         <key>/units.jsonl         one line per unit: path, unit, split, bytes, tokens
@@ -132,6 +133,9 @@ MAX_CHUNK_BYTES = 1 << 20
 READ_BLOCK_BYTES = 1 << 20  # how much of a file is read at a time while hashing
 BPE_MAX_VOCAB = 1 << 20
 BPE_ENCODE_BATCH_BYTES = 8 << 20  # text handed to the BPE encoder at a time
+_COUNTS = ("tokens", "bytes", "units")  # what meta.json counts for each split
+
+Encoder = Callable[[list[bytes]], list[np.ndarray]]  # units' bytes -> their token ids
 
 STDLIB_EXCLUDED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -457,7 +461,7 @@ def byte_level_alphabet() -> dict[str, int]:
     byte order."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     table = {chr(byte): byte for byte in printable}
-    others = (byte for byte in range(256) if byte not in set(printable))
+    others = sorted(set(range(256)) - set(printable))
     table.update({chr(256 + k): byte for k, byte in enumerate(others)})
     return table
 
@@ -741,9 +745,6 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-Encoder = Callable[[list[bytes]], list[np.ndarray]]
-
-
 def _encode_bytes(units: list[bytes]) -> list[np.ndarray]:
     return [np.frombuffer(data, dtype=np.uint8) for data in units]
 
@@ -804,9 +805,6 @@ def _write_tokens(
         if counts[f"{split}_tokens"] == 0:  # pragma: no cover - plan_split prevents it
             raise PosencValueError(f"text path {str(scan.root)!r}: the {split} split is empty")
     return counts
-
-
-_COUNTS = ("tokens", "bytes", "units")
 
 
 # --------------------------------------------------------------------------- windows
@@ -905,7 +903,8 @@ def check_lengths(
 ) -> None:
     """Raise :class:`~posenc.errors.PosencValueError` if ``corpus`` cannot train windows of
     ``train_len`` or score ``eval_lens`` on common tokens with at least ``min_eval_windows``
-    windows of the longest length; the message says how many tokens are needed and had."""
+    windows of the longest length; the message says how many tokens are needed and how
+    many there are."""
     train_len = _check_int("train_len", train_len, 1)
     eval_lens = _check_lengths("eval_lens", eval_lens)
     min_eval_windows = _check_int("min_eval_windows", min_eval_windows, 1)
