@@ -48,6 +48,7 @@ from posenc import (
     XPos,
 )
 from posenc.cli import main
+from posenc.errors import MemoryBudgetError, PosencError
 
 NAN, INF = float("nan"), float("inf")
 X = torch.randn(2, 5, 8)
@@ -466,6 +467,30 @@ API_CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("ffn-hidden-zero", lambda: FeedForward(8, 0), ValueError, r"hidden must be >= 1, got 0"),
     ("layer-norm-first-str", lambda: EncoderLayer(8, 2, norm_first="yes"), TypeError,
      r"norm_first must be a bool, got str \('yes'\)"),
+    # absurd sizes: refused before allocating, naming the argument, its value and the bytes
+    ("size-table", lambda: posenc.sinusoidal_table(10**9, 64), MemoryBudgetError,
+     r"num_positions x dim=1000000000 x 64 would need [\d.]+ [KMGTP]iB"),
+    ("size-sinusoidal-dim", lambda: SinusoidalPositionalEncoding(10**9), MemoryBudgetError,
+     r"max_len x dim=2048 x 1000000000 would need [\d.]+ [KMGTP]iB"),
+    ("size-sinusoidal-max-len", lambda: SinusoidalPositionalEncoding(64, max_len=10**9),
+     MemoryBudgetError, r"max_len x dim=1000000000 x 64 would need [\d.]+ [KMGTP]iB"),
+    ("size-learned", lambda: LearnedPositionalEncoding(64, max_len=10**10), MemoryBudgetError,
+     r"max_len x dim=10000000000 x 64 would need [\d.]+ [KMGTP]iB"),
+    ("size-nd-table", lambda: posenc.sinusoidal_nd_table((10**5, 10**5), 8),
+     MemoryBudgetError, r"shape x dim=\(100000, 100000\) x 8 would need"),
+    ("size-alibi-bias", lambda: ALiBi(8).bias(torch.arange(10**6), torch.arange(10**6)),
+     MemoryBudgetError, r"q_positions x k_positions=1000000 x 1000000 .* would need [\d.]+ [KMGTP]iB"),
+    ("size-t5-bias", lambda: T5RelativeBias(8).bias(torch.arange(10**6), torch.arange(10**6)),
+     MemoryBudgetError, r"q_positions x k_positions=1000000 x 1000000 .* would need"),
+    ("size-rope-head-dim", lambda: RotaryEmbedding(10**10), MemoryBudgetError,
+     r"head_dim=10000000000 would need [\d.]+ [KMGTP]iB"),
+    ("size-attention",
+     lambda: posenc.scaled_dot_product_attention(*(torch.zeros(1, 10**5, 1),) * 3),
+     MemoryBudgetError, r"q x k=100000 x 100000 .* would need [\d.]+ [KMGTP]iB"),
+    ("size-encoder", lambda: Encoder(10**6, 2, 4), MemoryBudgetError,
+     r"dim x depth x ffn_dim=1000000 x 2 x 4000000 would need [\d.]+ [KMGTP]iB"),
+    ("size-model-vocab", lambda: TransformerModel(10**9, 64, 2, 4), MemoryBudgetError,
+     r"vocab_size x dim=1000000000 x 64 would need [\d.]+ [KMGTP]iB"),
 ]  # fmt: skip
 
 
@@ -478,7 +503,10 @@ def test_api_misuse_raises_naming_argument_and_value(
 ) -> None:
     with pytest.raises(error, match=match) as info:
         thunk()
-    assert type(info.value) is error  # not a subclass standing in for it
+    # posenc's own class (so the command reports it as a caller's mistake), and a subclass of
+    # the built-in error the table names (so library callers can catch that)
+    assert isinstance(info.value, PosencError)
+    assert isinstance(info.value, ValueError if error is MemoryBudgetError else error)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -20,6 +20,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk`` query/
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -434,7 +435,19 @@ def build(name: str, **kwargs: Any) -> PositionalEncoding:
     >>> build("sinusoidal", dim=8)(torch.zeros(1, 3, 8)).shape
     torch.Size([1, 3, 8])
     """
-    return entry(name).cls(**kwargs)
+    cls = entry(name).cls
+    _check_arguments(name, cls, kwargs, partial=False)
+    return cls(**kwargs)
+
+
+def _check_arguments(name: str, cls: type, kwargs: dict[str, Any], *, partial: bool) -> None:
+    """Raise naming the encoding when its constructor cannot take ``kwargs`` (an unknown
+    keyword; with ``partial=False`` also a missing argument), before anything is built."""
+    signature = inspect.signature(cls)
+    try:
+        signature.bind_partial(**kwargs) if partial else signature.bind(**kwargs)
+    except TypeError as exc:
+        raise PosencTypeError(f"encoding {name!r}: {exc}") from None
 
 
 def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> PositionalEncoding:
@@ -447,6 +460,7 @@ def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> Posit
         raise PosencValueError(
             f"num_heads ({num_heads}) must divide dim ({dim}) for {cls.family} encoding {name!r}"
         )
+    _check_arguments(name, cls, kwargs, partial=True)
     return cls.for_model(dim, num_heads, **kwargs)
 
 

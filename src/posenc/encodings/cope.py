@@ -90,8 +90,6 @@ class CoPE(BiasEncoding):
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         if q is None or k is None:
             raise PosencValueError("CoPE.bias needs q= and k= (the (b, h, n, d) queries and keys)")
-        # per pair and head: the gate, its cumulative sum, the two interpolation weights
-        check_bias_bytes(q_pos, k_pos, 4 * self.num_heads, q)
         for name, t in (("q", q), ("k", k)):
             if not isinstance(t, Tensor) or not t.is_floating_point():
                 raise PosencTypeError(
@@ -110,6 +108,8 @@ class CoPE(BiasEncoding):
                 f"positions of that length, got nq={nq}, nk={nk}, q_positions "
                 f"{tuple(q_positions.shape)}, k_positions {tuple(k_positions.shape)}"
             )
+        # per pair and head: the gate, its cumulative sum, the two interpolation weights
+        check_bias_bytes(q_pos, k_pos, 4 * self.num_heads, q)
         work = work_dtype(q, self)
         q, k = q.to(work), k.to(work)
         p = self.counts(q, k)  # (b, h, n, n)
