@@ -479,7 +479,7 @@ API_CASES: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("size-nd-table", lambda: posenc.sinusoidal_nd_table((10**5, 10**5), 8),
      MemoryBudgetError, r"shape x dim=\(100000, 100000\) x 8 would need"),
     ("size-alibi-bias", lambda: ALiBi(8).bias(torch.arange(10**6), torch.arange(10**6)),
-     MemoryBudgetError, r"q_positions x k_positions=1000000 x 1000000 .* would need [\d.]+ [KMGTP]iB"),
+     MemoryBudgetError, r"q_positions x k_positions=1000000 x 1000000 .* would need"),
     ("size-t5-bias", lambda: T5RelativeBias(8).bias(torch.arange(10**6), torch.arange(10**6)),
      MemoryBudgetError, r"q_positions x k_positions=1000000 x 1000000 .* would need"),
     ("size-rope-head-dim", lambda: RotaryEmbedding(10**10), MemoryBudgetError,

@@ -9,6 +9,14 @@ torch.Size([1, 6, 32])
 from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .encodings import *  # noqa: F403  (re-exported below through __all__)
 from .encodings import __all__ as _encodings_all
+from .errors import (
+    MemoryBudgetError,
+    PosencError,
+    PosencTypeError,
+    PosencValueError,
+    get_memory_budget,
+    set_memory_budget,
+)
 from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
 
 __version__ = "0.1.0"
@@ -18,7 +26,13 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "MemoryBudgetError",
     "MultiHeadAttention",
+    "PosencError",
+    "PosencTypeError",
+    "PosencValueError",
     "TransformerModel",
+    "get_memory_budget",
     "scaled_dot_product_attention",
+    "set_memory_budget",
 ]

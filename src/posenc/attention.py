@@ -92,14 +92,15 @@ def scaled_dot_product_attention(
     dropout_p = check_probability("dropout_p", dropout_p)
     out_dtype = q.dtype
     work = compute_dtype(q.dtype)
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    nq, nk = q.shape[-2], k.shape[-2]
-    check_bytes(
-        "q x k",
-        f"{nq} x {nk} queries by keys (times {math.prod(lead)})",
-        3 * math.prod(lead) * nq * nk * work.itemsize,  # scores, masked scores, weights
-        device=q.device,
-    )
+    if not torch.compiler.is_compiling():  # symbolic sizes there
+        lead = math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+        nq, nk = q.shape[-2], k.shape[-2]
+        check_bytes(
+            "q x k",
+            f"{nq} x {nk} queries by keys (times {lead})",
+            3 * lead * nq * nk * work.itemsize,  # scores, masked scores, weights
+            device=q.device,
+        )
     q, k, v = q.to(work), k.to(work), v.to(work)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., nq, nk)
     if bias is not None:
@@ -583,12 +584,13 @@ class MultiHeadAttention(nn.Module):
         work = compute_dtype(q.dtype)
         b, h, nq, _ = q.shape
         nk = k.shape[-2]
-        check_bytes(
-            "q x k",
-            f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
-            2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
-            device=q.device,
-        )
+        if not torch.compiler.is_compiling():  # symbolic sizes there
+            check_bytes(
+                "q x k",
+                f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
+                2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
+                device=q.device,
+            )
         additive = torch.zeros((), dtype=work, device=q.device) if bias is None else bias.to(work)
         if mask is not None:
             blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)

@@ -129,11 +129,14 @@ def check_bytes(name: str, value: Any, nbytes: float, *, device: Any = None) -> 
     ``name`` and ``value`` are the argument that asked for the memory, as the caller knows
     it (``"max_len"``, ``10**10``), or several at once (``"max_len x dim"``, ``"2048 x 10**9"``;
     a str value is shown as it is). Nothing is checked for the ``meta`` device (``device``,
-    or torch's default device when ``device`` is None).
+    or torch's default device when ``device`` is None), nor inside ``torch.compile``, where
+    sizes are symbolic.
     """
-    if device is None:
-        import torch  # here, so that this module stays importable on its own
+    import torch  # here, so that this module stays importable on its own
 
+    if torch.compiler.is_compiling():
+        return  # sizes are symbolic there; the eager call before compiling checked them
+    if device is None:
         device = torch.get_default_device()  # `with torch.device("meta"):` builds nothing
     if str(device).startswith("meta"):
         return

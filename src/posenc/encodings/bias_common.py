@@ -58,6 +58,8 @@ def check_bias_bytes(
     """Raise :class:`~posenc.errors.MemoryBudgetError` before a bias is materialised when its
     ``b · nq · nk`` pairs, ``values_per_pair`` float64-sized values each (the heads, plus the
     distances and temporaries a scheme forms), would pass the memory budget."""
+    if torch.compiler.is_compiling():
+        return  # symbolic sizes: checked by the eager call
     batches = [p.shape[0] for p in (q_positions, k_positions) if p.dim() == 2]
     b = max([1 if q is None else q.shape[0], *batches])
     nq, nk = q_positions.shape[-1], k_positions.shape[-1]

@@ -40,7 +40,7 @@ class LearnedPositionalEncoding(AdditiveEncoding):
     >>> pe(torch.zeros(1, 5, 8))
     Traceback (most recent call last):
     ...
-    ValueError: input has 5 positions but the learned table has max_len=4
+    posenc.errors.PosencValueError: input has 5 positions but the learned table has max_len=4
     """
 
     paper: ClassVar[str] = "Gehring et al. 2017; Devlin et al. 2019 (BERT); Radford et al. 2019"

@@ -104,8 +104,10 @@ def sinusoidal_encode(
         raise PosencTypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
     base = _check_table_args(0, dim, base)
     family_base.check_float_dtype("dtype", dtype)
-    nbytes = table_bytes(positions.numel(), dim, dtype)
-    check_bytes("positions x dim", f"{positions.numel()} x {dim}", nbytes, device=positions.device)
+    if not torch.compiler.is_compiling():  # symbolic sizes there
+        count = positions.numel()
+        nbytes = table_bytes(count, dim, dtype)
+        check_bytes("positions x dim", f"{count} x {dim}", nbytes, device=positions.device)
     inv_freq = inverse_frequencies(dim, base, device=positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
     return sinusoidal_angles_to_table(angles, dim, dtype)
