@@ -173,6 +173,10 @@ def _longrope(pairs: int, original: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+# multi-head latent attention: the rotary part of each head is its own qk_rope_head_dim slice
+MLA = _tiny(
+    qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=16
+)
 GEMMA3 = _tiny(
     num_hidden_layers=2,
     layer_types=["sliding_attention", "full_attention"],
@@ -349,6 +353,55 @@ FAMILIES = [
         deinterleaving_reference("deepseek_v3", "DeepseekV3RotaryEmbedding"),
         (16, 16, 10000.0, True),
         reorder=deinterleave,
+    ),
+    Family(
+        "deepseek-v3.2-deinterleaved",  # MLA models that always de-interleave, no flag
+        _config("DeepseekV32Config", **MLA),
+        deinterleaving_reference("deepseek_v32", "DeepseekV32RotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "glm-moe-dsa-deinterleaved",
+        _config("GlmMoeDsaConfig", **MLA),
+        deinterleaving_reference("glm_moe_dsa", "GlmMoeDsaRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "longcat-flash-deinterleaved",
+        _config("LongcatFlashConfig", **{**MLA, "head_dim": 16}),  # its own field, = 64 = rope
+        deinterleaving_reference("longcat_flash", "LongcatFlashRotaryEmbedding"),
+        (16, 16, 10000000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "bailing-hybrid-deinterleaved",
+        _config("BailingHybridConfig", **MLA),
+        deinterleaving_reference("bailing_hybrid", "BailingHybridRotaryEmbedding"),
+        (16, 16, 6e6, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "mistral-large-3-yarn-deinterleaved",  # its default rope_parameters: YaRN, factor 2048
+        _config("MistralLarge4TextConfig", **MLA),
+        deinterleaving_reference("mistral_large4", "MistralLarge4TextRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "moonshine-interleaved-partial",  # 0.9 of a 16-dim head: 14 channels rotate
+        _config(
+            "MoonshineConfig",
+            hidden_size=64,
+            encoder_num_attention_heads=4,
+            decoder_num_attention_heads=4,
+            encoder_num_hidden_layers=1,
+            decoder_num_hidden_layers=1,
+            vocab_size=64,
+        ),
+        cos_sin_reference("moonshine", "MoonshineRotaryEmbedding"),
+        (16, 14, 10000.0, True),
     ),
     Family(
         "llama4-complex",
@@ -758,6 +811,22 @@ def _namespace(**fields: Any) -> SimpleNamespace:
         (
             lambda: _namespace(model_type="gptj", rotary_dim=8, rope_theta=5e5),
             r"model_type 'gptj' sets rope_theta=500000.0, but transformers' gptj code ignores",
+        ),
+        (  # Qwen2-VL: M-RoPE even without an mrope_section key (the code defaults it)
+            lambda: transformers.Qwen2VLConfig(),
+            r"model_type 'qwen2_vl_text' uses multimodal RoPE",
+        ),
+        (  # DeepSeek-V4 rotates the trailing 64 channels of its 512-channel heads
+            lambda: transformers.DeepseekV4Config(),
+            r"qk_rope_head_dim=64 != head_dim=512: its attention rotates a separate slice",
+        ),
+        (  # Gemma 4: head_dim differs per layer
+            lambda: transformers.Gemma4TextConfig(),
+            r"config head_dim cannot be read as one value \(AmbiguousGlobalPerLayerAttributeError",
+        ),
+        (  # Ministral 3: an attention temperature beside YaRN that is not a rotation
+            lambda: transformers.Ministral3Config(),
+            r"config rope_parameters: unknown key\(s\) \['llama_4_scaling_beta'",
         ),
         (
             lambda: _namespace(

@@ -9,8 +9,9 @@ naming the field and its value, any config it cannot map exactly.
 ==================  =========================================================================
 fact                where transformers keeps it (first match wins unless stated)
 ==================  =========================================================================
-head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo, DeepSeek's ``qk_rope_head_dim``);
-                    else ``hidden_size // num_attention_heads`` (GPT-J: ``n_embd // n_head``)
+head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo; DeepSeek's configs set it to
+                    ``qk_rope_head_dim``, and one where they differ is refused); else
+                    ``hidden_size // num_attention_heads`` (GPT-J: ``n_embd // n_head``)
 rotated dim ``r``   ``rope_parameters["partial_rotary_factor"]``, else top-level
                     ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM) or ``rotary_pct``
                     (GPT-NeoX), as ``int(d * factor)``; ``rotary_dim`` (GPT-J, CodeGen,
@@ -21,8 +22,10 @@ base θ              ``rope_parameters["rope_theta"]``, else top-level ``rope_th
                     ``rotary_emb_base`` (GPT-NeoX; the two must agree), else the config class's
                     ``default_theta``, else 10000. GPT-J and CodeGen fix 10000.
 layout              interleaved pairs ``(2i, 2i+1)`` for the model types in
-                    :data:`INTERLEAVED_MODEL_TYPES` and where ``rope_interleave`` is true
-                    (DeepSeek-V3 family); the half layout everywhere else
+                    :data:`INTERLEAVED_MODEL_TYPES`; the same rotation written de-interleaved
+                    (transformers' ``apply_rotary_pos_emb_interleave``) where
+                    ``rope_interleave`` is true (DeepSeek-V3 family) and for
+                    :data:`DEINTERLEAVED_MODEL_TYPES`; the half layout everywhere else
 scaling             ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), legacy
                     ``"type"`` key included; nested by layer type (Gemma 3, ModernBERT) it needs
                     ``layer_type=``; a top-level ``original_max_position_embeddings`` (Phi-3)
@@ -43,7 +46,11 @@ from typing import Any
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .rope_scaling import validate_rope_scaling
 
-__all__ = ["INTERLEAVED_MODEL_TYPES", "rotary_arguments_from_hf_config"]
+__all__ = [
+    "DEINTERLEAVED_MODEL_TYPES",
+    "INTERLEAVED_MODEL_TYPES",
+    "rotary_arguments_from_hf_config",
+]
 
 #: ``model_type``s whose transformers code rotates interleaved pairs ``(x[2i], x[2i+1])``
 #: (``rotate_every_two``, a ``0::2``/``1::2`` ``rotate_half``, or a complex view of the pairs).
@@ -58,6 +65,53 @@ INTERLEAVED_MODEL_TYPES = frozenset(
         "gptj",
         "helium",
         "llama4_text",
+        "moonshine",
+        "moonshine_streaming",
+    }
+)
+
+#: ``model_type``s whose attention rotates interleaved pairs but writes the result
+#: de-interleaved (``apply_rotary_pos_emb_interleave``), as ``rope_interleave=True`` does in
+#: the DeepSeek-V3 family: posenc's interleaved rotation is the same up to that channel order.
+DEINTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        "axk2",
+        "bailing_hybrid",
+        "deepseek_v32",
+        "glm_moe_dsa",
+        "longcat_flash",
+        "mistral_large4_text",
+    }
+)
+
+#: ``model_type``s whose text rotary embedding is multimodal RoPE (M-RoPE: one position per
+#: axis, frequency bands split by an ``mrope_section`` that defaults in the modeling code):
+#: posenc's 1-D positions cannot express it, so these are refused.
+MROPE_MODEL_TYPES = frozenset(
+    {
+        "cohere_compass_text",
+        "cosmos3_edge_text",
+        "ernie4_5_vl_moe_text",
+        "glm4v_moe_text",
+        "glm4v_text",
+        "glm_image_text",
+        "glm_ocr_text",
+        "hunyuan_vl_text",
+        "neomme",
+        "paddleocr_vl_text",
+        "qwen2_5_omni_talker",
+        "qwen2_5_omni_text",
+        "qwen2_5_omni_thinker",
+        "qwen2_5_vl_text",
+        "qwen2_vl_text",
+        "qwen3_5_moe_text",
+        "qwen3_5_text",
+        "qwen3_omni_moe_talker_text",
+        "qwen3_omni_moe_text",
+        "qwen3_omni_moe_thinker",
+        "qwen3_vl_moe_text",
+        "qwen3_vl_text",
+        "qwen4_exp_text",
     }
 )
 
@@ -87,7 +141,7 @@ _ROPE_FIELDS = (
 #: Names a raw ``config.json`` uses where a config object has an ``attribute_map`` alias.
 _ALIASES = {
     "hidden_size": ("n_embd", "d_model"),
-    "num_attention_heads": ("n_head", "n_heads"),
+    "num_attention_heads": ("n_head", "n_heads", "decoder_num_attention_heads"),  # Moonshine
     "max_position_embeddings": ("n_positions",),
 }
 
@@ -103,7 +157,13 @@ class _Config:
             if isinstance(self.raw, Mapping):
                 value = self.raw.get(key)
             else:
-                value = getattr(self.raw, key, None)
+                try:
+                    value = getattr(self.raw, key, None)
+                except Exception as error:  # e.g. a per-layer attribute of a heterogeneous config
+                    raise PosencValueError(
+                        f"config {key} cannot be read as one value "
+                        f"({type(error).__name__}: {error})"
+                    ) from error
             if value is not None:
                 return value
         return None
@@ -121,6 +181,8 @@ def _number(field: str, value: Any) -> float:
 
 
 def _positive_int(field: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():  # 2048.0 from some JSON writers
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise PosencTypeError(f"config {field} must be an int, got {value!r}")
     if value < 1:
@@ -130,8 +192,16 @@ def _positive_int(field: str, value: Any) -> int:
 
 def _head_dim(cfg: _Config) -> int:
     head_dim = cfg.get("head_dim")
-    if head_dim is not None:
-        return _positive_int("head_dim", head_dim)
+    if head_dim:  # transformers reads ``config.head_dim or hidden_size // heads``: 0 is unset
+        head_dim = _positive_int("head_dim", head_dim)
+        rope_head_dim = cfg.get("qk_rope_head_dim")
+        if rope_head_dim and rope_head_dim != head_dim:
+            raise PosencValueError(
+                f"config has qk_rope_head_dim={rope_head_dim!r} != head_dim={head_dim}: its "
+                "attention rotates a separate slice of each head, whose place and layout the "
+                f"config does not state; build RotaryEmbedding({rope_head_dim}, ...) directly"
+            )
+        return head_dim
     hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
     if hidden is None or heads is None:
         raise PosencValueError(
@@ -329,6 +399,11 @@ def rotary_arguments_from_hf_config(
     model_type = cfg.get("model_type") or ""
     if not isinstance(model_type, str):
         raise PosencTypeError(f"config model_type must be a str, got {model_type!r}")
+    if model_type in MROPE_MODEL_TYPES:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} uses multimodal RoPE (a position per axis, "
+            "frequency bands set by mrope_section); posenc's RotaryEmbedding takes 1-D positions"
+        )
     if cfg.get("alibi") is True:
         raise PosencValueError(
             f"config of model_type {model_type!r} has alibi=True: it uses ALiBi, not rotary "
@@ -363,7 +438,11 @@ def rotary_arguments_from_hf_config(
         "head_dim": head_dim,
         "rotary_dim": rotary_dim,
         "base": base,
-        "interleaved": model_type in INTERLEAVED_MODEL_TYPES or bool(interleave_flag),
+        "interleaved": (
+            model_type in INTERLEAVED_MODEL_TYPES
+            or model_type in DEINTERLEAVED_MODEL_TYPES
+            or bool(interleave_flag)
+        ),
         "scaling": scaling,
         "max_position_embeddings": max_len,
     }

@@ -483,16 +483,20 @@ class RotaryEmbedding(RotaryEncoding):
         ``config.json`` dict. Per-layer RoPE (parameters nested by layer type, Gemma 3) needs
         ``layer_type``.
 
-        With ``rope_interleave=True`` (DeepSeek-V3 family) transformers rotates interleaved
-        pairs but writes the result de-interleaved (``cat(x[0::2], x[1::2])`` order); this
-        module returns the same rotation in place, so ``q @ k^T`` is equal and the channels
-        are a fixed permutation of transformers'.
+        With ``rope_interleave=True`` (DeepSeek-V3 family) and for the MLA models in
+        ``DEINTERLEAVED_MODEL_TYPES`` (DeepSeek-V3.2, GLM-MoE-DSA, LongCat-Flash, ...)
+        transformers rotates interleaved pairs but writes the result de-interleaved
+        (``cat(x[0::2], x[1::2])`` order); this module returns the same rotation in place, so
+        ``q @ k^T`` is equal and the channels are a fixed permutation of transformers'. For
+        multi-head latent attention, ``head_dim`` is ``qk_rope_head_dim``: the module rotates
+        the ``q_rot``/``k_rot`` slice.
 
         ``kwargs`` go to the constructor and override what the config says (e.g. ``device``).
 
         Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
         config it cannot map exactly: no rotary embedding at all, fields that contradict each
-        other, an odd or oversized rotary dimension, an unknown ``rope_type`` or key.
+        other, an odd or oversized rotary dimension, an unknown ``rope_type`` or key, multimodal
+        RoPE.
         """
         arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type)
         arguments.update(kwargs)
