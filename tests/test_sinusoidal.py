@@ -90,6 +90,29 @@ def test_matches_positional_encodings_package() -> None:
     assert (sinusoidal_table(200, 63) - theirs).abs().max() > 0.1
 
 
+@pytest.mark.parametrize("dim", [1, 3, 7, 63])
+def test_odd_dim_convention_against_positional_encodings_package(dim: int) -> None:
+    """What docs/peers.md states: for odd d both tables end on a sine, but posenc keeps the
+    paper's exponent 2i/d while PositionalEncoding1D(d) is the d + 1 table with its last
+    (cosine) column dropped, exponent 2i/(d + 1): the first two columns (frequency 1) agree,
+    every later column's frequency differs."""
+    from positional_encodings.torch_encodings import PositionalEncoding1D
+
+    n, base = 2000, 10000.0
+    theirs = PositionalEncoding1D(dim)(torch.zeros(1, n, dim))[0].double()
+    ours = sinusoidal_table(n, dim, dtype=torch.float64)
+    p = torch.arange(n, dtype=torch.float64)
+    assert_close(ours[:, -1], torch.sin(p / base ** ((dim - 1) / dim)), rtol=0, atol=1e-12)
+    # theirs evaluates angles in float32: agreement at float32 angle-rounding level
+    assert_close(theirs[:, -1], torch.sin(p / base ** ((dim - 1) / (dim + 1))), rtol=0, atol=2e-4)
+    assert_close(
+        theirs, sinusoidal_table(n, dim + 1, dtype=torch.float64)[:, :dim], rtol=0, atol=2e-4
+    )
+    assert_close(theirs[:, :2], ours[:, :2], rtol=0, atol=2e-4)
+    for col in range(2, dim):  # over 2000 positions even the slowest columns part by > 1e-2
+        assert (theirs[:, col] - ours[:, col]).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (4, 3, 6)])
 @pytest.mark.parametrize("dim", [12, 16, 30, 13])
 def test_nd_matches_positional_encodings_package(shape: tuple[int, ...], dim: int) -> None:

@@ -6,6 +6,12 @@ geometric sequence: for ``n`` heads, a power of two, ``m_h = 2^(-8h/n)`` for ``h
 for other counts, the slopes of the closest power of two ``p < n`` followed by every other
 slope of ``2p`` heads (the paper's footnote, as in its fairseq code and Hugging Face BLOOM's
 ``_get_alibi_slopes``).
+
+MPT generalises the 8 to a maximum ``B`` (``alibi_bias_max``): ``m_h = 2^(-B·h/n)``. For a
+head count that is not a power of two it pads to the next power ``2p``, computes those slopes
+and keeps the odd-numbered ones, then the even-numbered ones, up to ``n`` — the same slopes in
+the same order as the paper's rule above with 8 replaced by ``B`` (``max_bias`` here; checked
+against transformers' ``build_mpt_alibi_tensor``). ``B = 8`` gives the paper's slopes.
 """
 
 from __future__ import annotations
@@ -17,24 +23,34 @@ import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError
-from .base import ScoreMod, check_positive_int, register
+from .base import ScoreMod, check_positive_float, check_positive_int, register
 from .bias_common import DistanceBias, check_pair_positions, gather_fn, work_dtype
 
 PAPER = "Press et al. 2022, Train Short, Test Long (ALiBi), §3"
 
 
 def alibi_slopes(
-    num_heads: int, *, dtype: torch.dtype = torch.float64, device: Any = None
+    num_heads: int,
+    *,
+    max_bias: float = 8.0,
+    dtype: torch.dtype = torch.float64,
+    device: Any = None,
 ) -> Tensor:
-    """The ALiBi slope of each head, ``(num_heads,)``.
+    """The ALiBi slope of each head, ``(num_heads,)``: ``2^(-max_bias·h/p)`` for the ``p``
+    heads of the largest power of two ``p <= num_heads``, then every other slope of ``2p``
+    heads for the rest. ``max_bias=8`` is the paper's sequence; other values are MPT's
+    ``alibi_bias_max``.
 
     >>> alibi_slopes(4)
     tensor([0.2500, 0.0625, 0.0156, 0.0039], dtype=torch.float64)
+    >>> alibi_slopes(4, max_bias=4.0)
+    tensor([0.5000, 0.2500, 0.1250, 0.0625], dtype=torch.float64)
     """
     check_positive_int("num_heads", num_heads)
+    max_bias = check_positive_float("max_bias", max_bias)
 
-    def geometric(n: int) -> list[float]:  # n a power of two: ratio and start 2^(-8/n)
-        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+    def geometric(n: int) -> list[float]:  # n a power of two: ratio and start 2^(-max_bias/n)
+        return [2.0 ** (-max_bias * h / n) for h in range(1, n + 1)]
 
     p = 2 ** math.floor(math.log2(num_heads))
     slopes = geometric(p) + geometric(2 * p)[0::2][: num_heads - p]
@@ -45,11 +61,14 @@ def alibi_slopes(
 class ALiBi(DistanceBias):
     """Attention with linear biases (Press et al. 2022, §3): ``bias[h, i, j] = -m_h · |i - j|``.
 
-    Checked against a float64 transcription of the formula and Hugging Face BLOOM's slopes
-    for 1 to 64 heads.
+    Checked against a float64 transcription of the formula, Hugging Face BLOOM's slopes for 1
+    to 64 heads and MPT's ``build_mpt_alibi_tensor`` for several maxima (``docs/peers.md``
+    says how BLOOM's, Falcon's and MPT's bias tensors relate to this one).
 
     Args:
         num_heads: number of heads (any count; see :func:`alibi_slopes`).
+        max_bias: the largest exponent ``B`` of the slopes ``2^(-B·h/n)``; 8 (default) is the
+            paper's sequence, other values MPT's ``alibi_bias_max``.
         causal: use the paper's decoder form ``-m_h · (i - j)``, which equals the symmetric
             one on every key a causal mask keeps (``j <= i``) and is positive on the keys it
             removes; the default symmetric form ``-m_h · |i - j|`` suits encoders.
@@ -67,17 +86,21 @@ class ALiBi(DistanceBias):
     paper: ClassVar[str] = PAPER
     slopes: Tensor
 
-    def __init__(self, num_heads: int, *, causal: bool = False) -> None:
+    def __init__(self, num_heads: int, *, causal: bool = False, max_bias: float = 8.0) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         if not isinstance(causal, bool):
             raise PosencTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self.max_bias = check_positive_float("max_bias", max_bias)
+        slopes = alibi_slopes(num_heads, max_bias=self.max_bias)
+        self.register_buffer("slopes", slopes, persistent=False)
 
     def reset_slopes(self) -> None:
         """Rebuild ``slopes`` in float64 on the current device (after ``to_empty``/``.to()``)."""
-        self.slopes = alibi_slopes(self.num_heads, device=self.slopes.device)
+        self.slopes = alibi_slopes(
+            self.num_heads, max_bias=self.max_bias, device=self.slopes.device
+        )
 
     def _apply(self, fn: Any, recurse: bool = True) -> ALiBi:
         super()._apply(fn, recurse)
@@ -116,4 +139,5 @@ class ALiBi(DistanceBias):
         return alibi
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, causal={self.causal}"
+        text = f"num_heads={self.num_heads}, causal={self.causal}"
+        return text if self.max_bias == 8.0 else text + f", max_bias={self.max_bias:g}"

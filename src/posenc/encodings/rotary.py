@@ -63,6 +63,7 @@ from .base import (
     register,
     resolve_positions,
 )
+from .hf_config import rotary_arguments_from_hf_config
 from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
@@ -470,44 +471,38 @@ class RotaryEmbedding(RotaryEncoding):
     def from_hf_config(
         cls, config: Any, *, layer_type: str | None = None, **kwargs: Any
     ) -> RotaryEmbedding:
-        """Build the rotary embedding a transformers ``PretrainedConfig`` describes.
+        """Build the rotary embedding a transformers model config describes, so that rotating
+        ``q, k`` of shape ``(b, h, n, head_dim)`` gives what that model's own code gives.
 
-        Reads ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), ``rope_theta``,
-        ``partial_rotary_factor``, ``head_dim`` (or ``hidden_size // num_attention_heads``),
-        ``max_position_embeddings`` and a top-level ``original_max_position_embeddings``
-        (Phi-3), with transformers' precedence. Per-layer RoPE (parameters nested by layer
-        type) needs ``layer_type``. ``kwargs`` go to the constructor (e.g. ``interleaved``).
+        Reads every convention of transformers' configs (``hf_config.py`` has the table):
+        ``head_dim`` or ``hidden_size // num_attention_heads``; the rotated part from
+        ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM), ``rotary_pct`` (GPT-NeoX) or
+        ``rotary_dim`` (GPT-J, CodeGen); the base from ``rope_theta`` (in ``rope_parameters`` or
+        at the top level) or ``rotary_emb_base``; the context extension from
+        ``rope_parameters`` / ``rope_scaling``; the interleaved layout for GPT-J, CodeGen, GLM
+        and the other families in ``INTERLEAVED_MODEL_TYPES``. ``config`` may also be a
+        ``config.json`` dict. Per-layer RoPE (parameters nested by layer type, Gemma 3) needs
+        ``layer_type``.
+
+        With ``rope_interleave=True`` (DeepSeek-V3 family) and for the MLA models in
+        ``DEINTERLEAVED_MODEL_TYPES`` (DeepSeek-V3.2, GLM-MoE-DSA, LongCat-Flash, ...)
+        transformers rotates interleaved pairs but writes the result de-interleaved
+        (``cat(x[0::2], x[1::2])`` order); this module returns the same rotation in place, so
+        ``q @ k^T`` is equal and the channels are a fixed permutation of transformers'. For
+        multi-head latent attention, ``head_dim`` is ``qk_rope_head_dim``: the module rotates
+        the ``q_rot``/``k_rot`` slice.
+
+        ``kwargs`` go to the constructor and override what the config says (e.g. ``device``).
+
+        Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
+        config it cannot map exactly: no rotary embedding at all, fields that contradict each
+        other, an odd or oversized rotary dimension, an unknown ``rope_type`` or key, multimodal
+        RoPE.
         """
-        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-        params = dict(params or {})
-        if layer_type is not None:
-            if not isinstance(params.get(layer_type), Mapping):
-                raise PosencValueError(
-                    f"config has no RoPE parameters for layer_type={layer_type!r}"
-                )
-            params = dict(params[layer_type])
-        elif params and all(isinstance(v, Mapping) for v in params.values()):
-            raise PosencValueError(
-                f"config has per-layer RoPE parameters {sorted(params)}; pass layer_type="
-            )
-        theta = params.pop("rope_theta", None) or getattr(config, "rope_theta", None) or 10000.0
-        partial = params.pop("partial_rotary_factor", None)
-        partial = partial or getattr(config, "partial_rotary_factor", None) or 1.0
-        head_dim = getattr(config, "head_dim", None)
-        head_dim = head_dim or config.hidden_size // config.num_attention_heads
-        max_len = getattr(config, "max_position_embeddings", None)
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        original = getattr(config, "original_max_position_embeddings", None)
-        if rope_type in ("llama3", "yarn", "longrope") and original is not None:
-            params["original_max_position_embeddings"] = original
-        kwargs.setdefault("rotary_dim", int(head_dim * partial))
-        return cls(
-            head_dim,
-            base=float(theta),
-            scaling=params or None,
-            max_position_embeddings=max_len,
-            **kwargs,
-        )
+        arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type)
+        arguments.update(kwargs)
+        head_dim = arguments.pop("head_dim")
+        return cls(head_dim, **arguments)
 
     # ------------------------------------------------------------------ frequencies
 

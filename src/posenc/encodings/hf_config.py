@@ -1,0 +1,448 @@
+"""Reading a transformers model config into :class:`~posenc.RotaryEmbedding` arguments.
+
+Model families state the same four RoPE facts (head dimension, rotated dimension, base, pair
+layout) plus the context-extension dictionary in different fields. This module reads every
+spelling found in transformers' configs and modeling code (checked against transformers 5.23,
+``tests/test_hf_configs.py``) and refuses, with a :class:`~posenc.errors.PosencValueError`
+naming the field and its value, any config it cannot map exactly.
+
+==================  =========================================================================
+fact                where transformers keeps it (first match wins unless stated)
+==================  =========================================================================
+head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo; DeepSeek's configs set it to
+                    ``qk_rope_head_dim``, and one where they differ is refused); else
+                    ``hidden_size // num_attention_heads`` (GPT-J: ``n_embd // n_head``)
+rotated dim ``r``   ``rope_parameters["partial_rotary_factor"]``, else top-level
+                    ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM) or ``rotary_pct``
+                    (GPT-NeoX), as ``int(d * factor)``; ``rotary_dim`` (GPT-J, CodeGen,
+                    MiniMax-M2) as an absolute count; else ``d``. Every field present must give
+                    the same ``r``, except that the dictionary wins over top-level factors, as
+                    transformers 5 standardises it.
+base θ              ``rope_parameters["rope_theta"]``, else top-level ``rope_theta`` or
+                    ``rotary_emb_base`` (GPT-NeoX; the two must agree), else the config class's
+                    ``default_theta``, else 10000. GPT-J and CodeGen fix 10000.
+layout              interleaved pairs ``(2i, 2i+1)`` for the model types in
+                    :data:`INTERLEAVED_MODEL_TYPES`; the same rotation written de-interleaved
+                    (transformers' ``apply_rotary_pos_emb_interleave``) where
+                    ``rope_interleave`` is true (DeepSeek-V3 family) and for
+                    :data:`DEINTERLEAVED_MODEL_TYPES`; the half layout everywhere else
+scaling             ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), legacy
+                    ``"type"`` key included; nested by layer type (Gemma 3, ModernBERT) it needs
+                    ``layer_type=``; a top-level ``original_max_position_embeddings`` (Phi-3)
+                    takes priority for ``llama3``/``yarn``/``longrope``, as in transformers
+==================  =========================================================================
+
+A config may be a ``PretrainedConfig`` of either major version of transformers, any object with
+those attributes, or a plain ``dict`` (a ``config.json`` as loaded, GPT-J's ``n_embd``-style
+names included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import PosencError, PosencTypeError, PosencValueError
+from .rope_scaling import validate_rope_scaling
+
+__all__ = [
+    "DEINTERLEAVED_MODEL_TYPES",
+    "INTERLEAVED_MODEL_TYPES",
+    "rotary_arguments_from_hf_config",
+]
+
+#: ``model_type``s whose transformers code rotates interleaved pairs ``(x[2i], x[2i+1])``
+#: (``rotate_every_two``, a ``0::2``/``1::2`` ``rotate_half``, or a complex view of the pairs).
+INTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        "codegen",
+        "deepseek_v2",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "glm",
+        "glm4",
+        "gptj",
+        "helium",
+        "llama4_text",
+        "moonshine",
+        "moonshine_streaming",
+    }
+)
+
+#: ``model_type``s whose attention rotates interleaved pairs but writes the result
+#: de-interleaved (``apply_rotary_pos_emb_interleave``), as ``rope_interleave=True`` does in
+#: the DeepSeek-V3 family: posenc's interleaved rotation is the same up to that channel order.
+DEINTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        "axk2",
+        "bailing_hybrid",
+        "deepseek_v32",
+        "glm_moe_dsa",
+        "longcat_flash",
+        "mistral_large4_text",
+    }
+)
+
+#: ``model_type``s whose text rotary embedding is multimodal RoPE (M-RoPE: one position per
+#: axis, frequency bands split by an ``mrope_section`` that defaults in the modeling code):
+#: posenc's 1-D positions cannot express it, so these are refused.
+MROPE_MODEL_TYPES = frozenset(
+    {
+        "cohere_compass_text",
+        "cosmos3_edge_text",
+        "ernie4_5_vl_moe_text",
+        "glm4v_moe_text",
+        "glm4v_text",
+        "glm_image_text",
+        "glm_ocr_text",
+        "hunyuan_vl_text",
+        "neomme",
+        "paddleocr_vl_text",
+        "qwen2_5_omni_talker",
+        "qwen2_5_omni_text",
+        "qwen2_5_omni_thinker",
+        "qwen2_5_vl_text",
+        "qwen2_vl_text",
+        "qwen3_5_moe_text",
+        "qwen3_5_text",
+        "qwen3_omni_moe_talker_text",
+        "qwen3_omni_moe_text",
+        "qwen3_omni_moe_thinker",
+        "qwen3_vl_moe_text",
+        "qwen3_vl_text",
+        "qwen4_exp_text",
+    }
+)
+
+#: ``model_type``s whose modeling code hard-codes base 10000 and reads no RoPE dictionary.
+FIXED_BASE_MODEL_TYPES = frozenset({"codegen", "gptj"})
+
+#: ``model_type``s whose config class defaults to partial rotation: a config of one of them that
+#: names no fraction is refused rather than read as full rotation.
+PARTIAL_MODEL_TYPES = frozenset({"glm", "glm4", "gpt_neox", "persimmon", "phi", "stablelm"})
+
+#: Old ``rope_type`` names a family's config class renames on load.
+ROPE_TYPE_ALIASES: dict[str, dict[str, str]] = {
+    "phi3": {"su": "longrope", "yarn": "longrope"},
+    "phi4_multimodal": {"su": "longrope", "yarn": "longrope"},
+}
+
+#: Top-level fields that say a config describes a rotary embedding.
+_ROPE_FIELDS = (
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rotary_emb_base",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_dim",
+)
+#: Names a raw ``config.json`` uses where a config object has an ``attribute_map`` alias.
+_ALIASES = {
+    "hidden_size": ("n_embd", "d_model"),
+    "num_attention_heads": ("n_head", "n_heads", "decoder_num_attention_heads"),  # Moonshine
+    "max_position_embeddings": ("n_positions",),
+}
+
+
+class _Config:
+    """Uniform read access to a config object or a ``config.json`` dict; ``None`` = absent."""
+
+    def __init__(self, config: Any) -> None:
+        self.raw = config
+
+    def get(self, name: str) -> Any:
+        for key in (name, *_ALIASES.get(name, ())):
+            if isinstance(self.raw, Mapping):
+                value = self.raw.get(key)
+            else:
+                try:
+                    value = getattr(self.raw, key, None)
+                except Exception as error:  # e.g. a per-layer attribute of a heterogeneous config
+                    raise PosencValueError(
+                        f"config {key} cannot be read as one value "
+                        f"({type(error).__name__}: {error})"
+                    ) from error
+            if value is not None:
+                return value
+        return None
+
+    def has_rope_fields(self) -> bool:
+        return any(self.get(name) not in (None, {}) for name in _ROPE_FIELDS)
+
+
+def _number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PosencTypeError(f"config {field} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise PosencValueError(f"config {field} must be finite, got {value!r}")
+    return float(value)
+
+
+def _positive_int(field: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():  # 2048.0 from some JSON writers
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PosencTypeError(f"config {field} must be an int, got {value!r}")
+    if value < 1:
+        raise PosencValueError(f"config {field} must be >= 1, got {value!r}")
+    return value
+
+
+def _head_dim(cfg: _Config) -> int:
+    head_dim = cfg.get("head_dim")
+    if head_dim:  # transformers reads ``config.head_dim or hidden_size // heads``: 0 is unset
+        head_dim = _positive_int("head_dim", head_dim)
+        rope_head_dim = cfg.get("qk_rope_head_dim")
+        if rope_head_dim and rope_head_dim != head_dim:
+            raise PosencValueError(
+                f"config has qk_rope_head_dim={rope_head_dim!r} != head_dim={head_dim}: its "
+                "attention rotates a separate slice of each head, whose place and layout the "
+                f"config does not state; build RotaryEmbedding({rope_head_dim}, ...) directly"
+            )
+        return head_dim
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    if hidden is None or heads is None:
+        raise PosencValueError(
+            "config names neither head_dim nor hidden_size and num_attention_heads, got "
+            f"hidden_size={hidden!r}, num_attention_heads={heads!r}"
+        )
+    hidden = _positive_int("hidden_size", hidden)
+    heads = _positive_int("num_attention_heads", heads)
+    return _positive_int("hidden_size // num_attention_heads", hidden // heads)
+
+
+def _rope_dict(cfg: _Config, layer_type: str | None) -> tuple[str, dict[str, Any]]:
+    """The RoPE dictionary for this layer type, and the field it came from (for messages)."""
+    found = {
+        name: value
+        for name in ("rope_parameters", "rope_scaling")
+        if (value := cfg.get(name)) is not None and value != {}
+    }
+    if len(found) == 2 and found["rope_parameters"] != found["rope_scaling"]:
+        raise PosencValueError(
+            "config has both rope_parameters and rope_scaling and they differ: "
+            f"rope_parameters={found['rope_parameters']!r}, rope_scaling={found['rope_scaling']!r}"
+        )
+    field, params = next(iter(found.items()), ("rope_parameters", {}))
+    if not isinstance(params, Mapping):
+        raise PosencTypeError(f"config {field} must be a dict, got {params!r}")
+    # Nested by layer type: keyed by the config's layer types (as transformers decides), or
+    # holding nothing but dictionaries (and None for NoPE layers).
+    labels = cfg.get("_rope_type_labels") or cfg.get("layer_types") or ()
+    nested = [key for key in params if key in labels]
+    if params and all(v is None or isinstance(v, Mapping) for v in params.values()):
+        nested = list(params)
+    if layer_type is None:
+        if nested:
+            raise PosencValueError(
+                f"config {field} is nested by layer type {sorted(nested)}; pass layer_type="
+            )
+        return field, dict(params)
+    if not nested:
+        raise PosencValueError(
+            f"config has no per-layer RoPE parameters for layer_type={layer_type!r} "
+            f"({field} is not nested by layer type)"
+        )
+    if layer_type not in nested:
+        raise PosencValueError(
+            f"config has no RoPE parameters for layer_type={layer_type!r}; "
+            f"{field} has {sorted(nested)}"
+        )
+    if params[layer_type] is None:
+        raise PosencValueError(
+            f"config {field}[{layer_type!r}] is None: that layer type uses no RoPE"
+        )
+    return f"{field}[{layer_type!r}]", dict(params[layer_type])
+
+
+def _agreeing(values: dict[str, Any], what: str) -> Any:
+    """The one value several fields give for ``what``; raise naming them when they differ."""
+    if len(set(values.values())) > 1:
+        listed = ", ".join(f"{name}={value!r}" for name, value in values.items())
+        raise PosencValueError(f"config fields for the {what} contradict each other: {listed}")
+    return next(iter(values.values()), None)
+
+
+def _base(cfg: _Config, field: str, params: dict[str, Any], model_type: str) -> float:
+    if model_type in FIXED_BASE_MODEL_TYPES:
+        stated = {
+            name: value
+            for name in ("rope_theta", "rotary_emb_base", "rope_parameters", "rope_scaling")
+            if (value := cfg.get(name)) is not None and value != {}
+        }
+        if stated:
+            name, value = next(iter(stated.items()))
+            raise PosencValueError(
+                f"config of model_type {model_type!r} sets {name}={value!r}, but transformers' "
+                f"{model_type} code ignores it (base 10000, no scaling); remove it or pass "
+                "base=/scaling= explicitly"
+            )
+        return 10000.0
+    legacy = {
+        name: _number(name, value)
+        for name in ("rope_theta", "rotary_emb_base")
+        if (value := cfg.get(name)) is not None
+    }
+    top = _agreeing(legacy, "RoPE base")
+    if params.get("rope_theta") is not None:
+        return _number(f"{field}['rope_theta']", params["rope_theta"])
+    if top is not None:
+        return top
+    default = cfg.get("default_theta")  # a class attribute of transformers 5 configs
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return float(default)
+    return 10000.0
+
+
+def _factor(field: str, value: Any) -> float:
+    factor = _number(field, value)
+    if not 0.0 < factor <= 1.0:
+        raise PosencValueError(f"config {field} must be in (0, 1], got {value!r}")
+    return factor
+
+
+def _rotary_dim(
+    cfg: _Config, field: str, params: dict[str, Any], head_dim: int, model_type: str
+) -> int:
+    """``r`` from the fraction fields and ``rotary_dim``, checked even and ``<= head_dim``."""
+    factor_field, factor = None, None
+    if params.get("partial_rotary_factor") is not None:
+        factor_field = f"{field}['partial_rotary_factor']"
+        factor = _factor(factor_field, params["partial_rotary_factor"])
+    else:
+        legacy = {
+            name: _factor(name, value)
+            for name in ("partial_rotary_factor", "rotary_pct")
+            if (value := cfg.get(name)) is not None
+        }
+        factor = _agreeing(legacy, "rotated fraction")
+        factor_field = next(iter(legacy), None)
+    absolute = cfg.get("rotary_dim")
+    if absolute is not None:
+        absolute = _positive_int("rotary_dim", absolute)
+        if factor is not None and int(head_dim * factor) != absolute:
+            raise PosencValueError(
+                f"config fields for the rotary dimension contradict each other: "
+                f"rotary_dim={absolute} but {factor_field}={factor!r} gives "
+                f"int({head_dim} * {factor!r}) = {int(head_dim * factor)} (head_dim={head_dim})"
+            )
+        source, r = "rotary_dim", absolute
+    elif factor is not None:
+        source, r = f"{factor_field}={factor!r} of head_dim={head_dim}", int(head_dim * factor)
+    elif model_type in PARTIAL_MODEL_TYPES:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} names no partial_rotary_factor or rotary_pct "
+            "(its transformers config class rotates only part of each head by default); "
+            "set the field or pass rotary_dim= explicitly"
+        )
+    else:
+        source, r = "head_dim", head_dim
+    if r > head_dim:
+        raise PosencValueError(
+            f"config rotary_dim ({r}, from {source}) must be <= head_dim ({head_dim})"
+        )
+    if r < 2 or r % 2:
+        raise PosencValueError(
+            f"config rotary dimension {r} (from {source}) must be even and >= 2; transformers "
+            "rounds an odd one up with frequencies posenc does not represent"
+        )
+    return r
+
+
+def _scaling(
+    cfg: _Config, field: str, params: dict[str, Any], model_type: str, nested: bool
+) -> dict[str, Any] | None:
+    """The context-extension part of ``params``, ``rope_type`` normalised (legacy ``"type"``
+    key, the family's old names), or ``None`` for plain RoPE."""
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    aliases = ROPE_TYPE_ALIASES.get(model_type, {})
+    legacy = scaling.pop("type", None)
+    rope_type = scaling.get("rope_type", legacy)
+    rope_type = "default" if rope_type is None else aliases.get(rope_type, rope_type)
+    if legacy is not None and aliases.get(legacy, legacy) != rope_type:
+        raise PosencValueError(
+            f"config {field} has type={legacy!r} and rope_type={scaling['rope_type']!r}"
+        )
+    scaling["rope_type"] = rope_type
+    original = cfg.get("original_max_position_embeddings")
+    if not nested and original is not None and rope_type in ("llama3", "yarn", "longrope"):
+        scaling["original_max_position_embeddings"] = original  # Phi-3: the top level wins
+    if rope_type == "default" and set(scaling) == {"rope_type"}:
+        return None
+    return scaling
+
+
+def rotary_arguments_from_hf_config(
+    config: Any, *, layer_type: str | None = None
+) -> dict[str, Any]:
+    """The :class:`~posenc.RotaryEmbedding` keyword arguments a transformers config describes:
+    ``head_dim``, ``rotary_dim``, ``base``, ``interleaved``, ``scaling``,
+    ``max_position_embeddings``.
+
+    ``config`` is a ``PretrainedConfig`` (transformers 4 or 5), an object with the same
+    attributes, or a ``config.json`` dict; a composite config (vision-language) is read through
+    its ``text_config``. ``layer_type`` picks one entry of per-layer RoPE parameters (Gemma 3:
+    ``"sliding_attention"`` / ``"full_attention"``).
+
+    Raises :class:`~posenc.errors.PosencValueError` naming the field and value when the config
+    describes no rotary embedding (GPT-2, BLOOM, MPT, Falcon with ``alibi=True``), when its
+    fields contradict each other, or when it asks for something posenc does not represent (an
+    odd or oversized rotary dimension, an unknown ``rope_type`` or key, e.g. multimodal
+    ``mrope_section``).
+    """
+    cfg = _Config(config)
+    text = cfg.get("text_config")
+    if text is not None and not cfg.has_rope_fields():
+        cfg = _Config(text)
+    model_type = cfg.get("model_type") or ""
+    if not isinstance(model_type, str):
+        raise PosencTypeError(f"config model_type must be a str, got {model_type!r}")
+    if model_type in MROPE_MODEL_TYPES:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} uses multimodal RoPE (a position per axis, "
+            "frequency bands set by mrope_section); posenc's RotaryEmbedding takes 1-D positions"
+        )
+    if cfg.get("alibi") is True:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} has alibi=True: it uses ALiBi, not rotary "
+            "embeddings (see posenc.ALiBi)"
+        )
+    position_type = cfg.get("position_embedding_type")
+    if position_type is not None and position_type not in ("rotary", "rope"):
+        raise PosencValueError(
+            f"config has position_embedding_type={position_type!r}, not rotary embeddings"
+        )
+    if not cfg.has_rope_fields() and model_type not in FIXED_BASE_MODEL_TYPES:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} describes no rotary embedding: it has none of "
+            f"the fields {', '.join(_ROPE_FIELDS)}"
+        )
+    head_dim = _head_dim(cfg)
+    field, params = _rope_dict(cfg, layer_type)
+    base = _base(cfg, field, params, model_type)
+    rotary_dim = _rotary_dim(cfg, field, params, head_dim, model_type)
+    interleave_flag = cfg.get("rope_interleave")
+    if interleave_flag is not None and not isinstance(interleave_flag, bool):
+        raise PosencTypeError(f"config rope_interleave must be a bool, got {interleave_flag!r}")
+    max_len = cfg.get("max_position_embeddings")
+    if max_len is not None:
+        max_len = _positive_int("max_position_embeddings", max_len)
+    scaling = _scaling(cfg, field, params, model_type, nested=layer_type is not None)
+    try:
+        validate_rope_scaling(scaling, rotary_dim=rotary_dim, max_position_embeddings=max_len)
+    except PosencError as error:
+        raise type(error)(f"config {field}: {error}") from error
+    return {
+        "head_dim": head_dim,
+        "rotary_dim": rotary_dim,
+        "base": base,
+        "interleaved": (
+            model_type in INTERLEAVED_MODEL_TYPES
+            or model_type in DEINTERLEAVED_MODEL_TYPES
+            or bool(interleave_flag)
+        ),
+        "scaling": scaling,
+        "max_position_embeddings": max_len,
+    }

@@ -1,0 +1,871 @@
+"""RotaryEmbedding.from_hf_config against transformers' own rotary code, one model family at a time.
+
+For each family a tiny config is built in code, transformers' rotary computation for that family
+is run on random q, k at explicit positions (one row at an offset of 100, one from 0), and the
+whole rotated tensors are compared with posenc's. The reference is the family's own code: its
+``*RotaryEmbedding`` module and ``apply_rotary_pos_emb`` (partial families rotate the first
+``cos.shape[-1]`` channels, as their attention does), GPT-J/CodeGen's sinusoidal table and
+``rotate_every_two``, DeepSeek-V2/Llama 4's complex multiply, DeepSeek-V3's de-interleaving one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from torch.testing import assert_close
+
+transformers = pytest.importorskip("transformers")
+# The first modeling imports load transformers' model machinery (seconds): pay at collection.
+importlib.import_module("transformers.models.llama.modeling_llama")
+importlib.import_module("transformers.models.gptj.modeling_gptj")
+
+from posenc import RotaryEmbedding  # noqa: E402
+from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Transformers forms angles in float32 (inv_freq and position * inv_freq), posenc in float64:
+# at positions ~116 the angles differ by ~116 * 2**-24 ~ 7e-6 rad, times |q| of a few units.
+ATOL = RTOL = 2e-5
+
+POSITIONS = torch.stack((torch.arange(100, 116), torch.arange(16)))  # (b=2, n=16)
+
+
+def _modeling(name: str) -> Any:
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def _qk(head_dim: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """q with 4 heads, k with 2 (grouped-query): (2, h, 16, head_dim), seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 16, head_dim, generator=gen)
+    k = torch.randn(2, 2, 16, head_dim, generator=gen)
+    return q, k
+
+
+def _tiny(**kwargs: Any) -> dict[str, Any]:
+    return {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 64,
+        "intermediate_size": 128,
+        **kwargs,
+    }
+
+
+# --------------------------------------------------------------------------- references
+# A reference is built once from a config (as a model builds its rotary module once) and then
+# rotates (q, k, positions) with q, k as (b, h, n, d), returning the rotated pair.
+
+Rotator = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+Reference = Callable[[Any], Rotator]
+
+
+def cos_sin_reference(
+    module: str, rotary_class: str, *, layer_type: str | None = None
+) -> Reference:
+    """The Llama pattern: ``cos, sin = XRotaryEmbedding(config)(x, position_ids)``, then
+    ``apply_rotary_pos_emb`` on the first ``cos.shape[-1]`` channels (the attention of the
+    partial families slices those off itself)."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            cos, sin = rotary(q, positions, **extra)  # (b, n, r) each
+            r = cos.shape[-1]
+            q_rot, k_rot = modeling.apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin)
+            return torch.cat((q_rot, q[..., r:]), dim=-1), torch.cat((k_rot, k[..., r:]), dim=-1)
+
+        return rotate
+
+    return build
+
+
+def gptj_reference(module: str) -> Reference:
+    """GPT-J / CodeGen: a ``[sin | cos]`` table of ``rotary_dim`` columns gathered by position,
+    ``apply_rotary_pos_emb(tensor, sin, cos)`` on ``(b, n, h, rotary_dim)`` slices."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        r = config.rotary_dim
+        table = modeling.create_sinusoidal_positions(config.max_position_embeddings, r)
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            sin, cos = table[positions].split(r // 2, dim=-1)  # (b, n, r/2) each
+
+            def one(x: Tensor) -> Tensor:
+                x = x.transpose(1, 2)  # (b, n, h, d), GPT-J's layout
+                rot = modeling.apply_rotary_pos_emb(x[..., :r], sin, cos)
+                return torch.cat((rot, x[..., r:]), dim=-1).transpose(1, 2)
+
+            return one(q), one(k)
+
+        return rotate
+
+    return build
+
+
+def complex_reference(module: str, rotary_class: str, *, heads_second: bool) -> Reference:
+    """DeepSeek-V2 (q, k as (b, h, n, d)) and Llama 4 (as (b, n, h, d)): ``freqs_cis`` from the
+    rotary module, ``apply_rotary_emb`` multiplies the pairs as complex numbers."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            freqs_cis = rotary(q, positions)  # (b, n, r/2) complex
+            if heads_second:
+                return modeling.apply_rotary_emb(q, k, freqs_cis)
+            q_out, k_out = modeling.apply_rotary_emb(
+                q.transpose(1, 2), k.transpose(1, 2), freqs_cis
+            )
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+        return rotate
+
+    return build
+
+
+def deinterleaving_reference(module: str, rotary_class: str) -> Reference:
+    """DeepSeek-V3 with ``rope_interleave``: interleaved pairs rotated, written de-interleaved."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            cos, sin = rotary(q, positions)
+            return modeling.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+
+        return rotate
+
+    return build
+
+
+def deinterleave(x: Tensor) -> Tensor:
+    """posenc's interleaved output in DeepSeek-V3's channel order: ``cat(x[0::2], x[1::2])``."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+# --------------------------------------------------------------------------- the families
+
+
+def _longrope(pairs: int, original: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.05 * i for i in range(pairs)],
+        "long_factor": [1.5 + 0.4 * i for i in range(pairs)],
+        "original_max_position_embeddings": original,
+        **extra,
+    }
+
+
+# multi-head latent attention: the rotary part of each head is its own qk_rope_head_dim slice
+MLA = _tiny(
+    qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=16
+)
+GEMMA3 = _tiny(
+    num_hidden_layers=2,
+    layer_types=["sliding_attention", "full_attention"],
+    num_key_value_heads=2,
+    head_dim=32,
+)
+
+
+@dataclass
+class Family:
+    id: str
+    make_config: Callable[[], Any]
+    reference: Reference
+    #: what from_hf_config must read: (head_dim, rotary_dim, base, interleaved)
+    expected: tuple[int, int, float, bool]
+    layer_type: str | None = None
+    #: maps posenc's output into the reference's channel order
+    reorder: Callable[[Tensor], Tensor] = field(default=lambda x: x)
+
+
+def _config(name: str, **kwargs: Any) -> Callable[[], Any]:
+    return lambda: getattr(transformers, name)(**kwargs)
+
+
+FAMILIES = [
+    Family(
+        "llama",
+        _config("LlamaConfig", **_tiny(num_key_value_heads=2)),
+        cos_sin_reference("llama", "LlamaRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "mistral-explicit-head-dim",  # Mistral-Nemo: head_dim != hidden_size / heads
+        _config("MistralConfig", **_tiny(num_key_value_heads=2, head_dim=32)),
+        cos_sin_reference("mistral", "MistralRotaryEmbedding"),
+        (32, 32, 10000.0, False),
+    ),
+    Family(
+        "qwen2",
+        _config(
+            "Qwen2Config",
+            **_tiny(num_key_value_heads=2, rope_parameters={"rope_theta": 1e6}),
+        ),
+        cos_sin_reference("qwen2", "Qwen2RotaryEmbedding"),
+        (16, 16, 1e6, False),
+    ),
+    Family(
+        "gemma-explicit-head-dim",
+        _config("GemmaConfig", **_tiny(num_key_value_heads=1, head_dim=32)),
+        cos_sin_reference("gemma", "GemmaRotaryEmbedding"),
+        (32, 32, 10000.0, False),
+    ),
+    Family(
+        "qwen3-explicit-head-dim",
+        _config("Qwen3Config", **_tiny(num_key_value_heads=2, head_dim=32)),
+        cos_sin_reference("qwen3", "Qwen3RotaryEmbedding"),
+        (32, 32, 10000.0, False),
+    ),
+    Family(
+        "falcon-rope",
+        _config("FalconConfig", **_tiny()),
+        cos_sin_reference("falcon", "FalconRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "phi-partial",
+        _config("PhiConfig", **_tiny(partial_rotary_factor=0.5)),
+        cos_sin_reference("phi", "PhiRotaryEmbedding"),
+        (16, 8, 10000.0, False),
+    ),
+    Family(
+        "stablelm-partial",
+        _config("StableLmConfig", **_tiny(num_attention_heads=2, partial_rotary_factor=0.25)),
+        cos_sin_reference("stablelm", "StableLmRotaryEmbedding"),
+        (32, 8, 10000.0, False),
+    ),
+    Family(
+        "persimmon-partial",
+        _config("PersimmonConfig", **_tiny(rope_theta=25000.0)),
+        cos_sin_reference("persimmon", "PersimmonRotaryEmbedding"),
+        (16, 8, 25000.0, False),
+    ),
+    Family(
+        "gpt-neox-rotary-pct",
+        _config("GPTNeoXConfig", **_tiny(rotary_pct=0.25, rotary_emb_base=500)),
+        cos_sin_reference("gpt_neox", "GPTNeoXRotaryEmbedding"),
+        (16, 4, 500.0, False),
+    ),
+    Family(
+        "gpt-neox-japanese",
+        _config("GPTNeoXJapaneseConfig", **_tiny()),
+        cos_sin_reference("gpt_neox_japanese", "GPTNeoXJapaneseRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "glm-interleaved-partial",
+        _config("GlmConfig", **_tiny(num_key_value_heads=2, head_dim=16)),
+        cos_sin_reference("glm", "GlmRotaryEmbedding"),
+        (16, 8, 10000.0, True),
+    ),
+    Family(
+        "glm4-interleaved-partial",
+        _config("Glm4Config", **_tiny(num_key_value_heads=2, head_dim=16)),
+        cos_sin_reference("glm4", "Glm4RotaryEmbedding"),
+        (16, 8, 10000.0, True),
+    ),
+    Family(
+        "ernie4_5-interleaved",
+        _config("Ernie4_5Config", **_tiny(num_key_value_heads=2, head_dim=16)),
+        cos_sin_reference("ernie4_5", "Ernie4_5RotaryEmbedding"),
+        (16, 16, 500000.0, True),
+    ),
+    Family(
+        "ernie4_5-moe-interleaved",
+        _config("Ernie4_5_MoeConfig", **_tiny(num_key_value_heads=2, head_dim=16)),
+        cos_sin_reference("ernie4_5_moe", "Ernie4_5_MoeRotaryEmbedding"),
+        (16, 16, 500000.0, True),
+    ),
+    Family(
+        "helium-interleaved",
+        _config("HeliumConfig", **_tiny(num_key_value_heads=2, head_dim=16)),
+        cos_sin_reference("helium", "HeliumRotaryEmbedding"),
+        (16, 16, 100000.0, True),
+    ),
+    Family(
+        "gptj-rotary-dim",  # the bug report's shape: head_dim 64, 16 dims rotated
+        _config("GPTJConfig", n_embd=256, n_head=4, n_layer=1, rotary_dim=16, vocab_size=64),
+        gptj_reference("gptj"),
+        (64, 16, 10000.0, True),
+    ),
+    Family(
+        "codegen-rotary-dim",
+        _config("CodeGenConfig", n_embd=64, n_head=4, n_layer=1, rotary_dim=8, vocab_size=64),
+        gptj_reference("codegen"),
+        (16, 8, 10000.0, True),
+    ),
+    Family(
+        "minimax-m2-rotary-dim-half",  # rotary_dim without the interleaved layout
+        _config(
+            "MiniMaxM2Config",
+            **_tiny(num_key_value_heads=2, head_dim=32, rotary_dim=16, num_local_experts=2),
+        ),
+        cos_sin_reference("minimax_m2", "MiniMaxM2RotaryEmbedding"),
+        (32, 16, 5e6, False),
+    ),
+    Family(
+        "deepseek-v2-complex",
+        _config(
+            "DeepseekV2Config",
+            **_tiny(
+                qk_rope_head_dim=16,
+                qk_nope_head_dim=16,
+                v_head_dim=16,
+                kv_lora_rank=16,
+                q_lora_rank=None,
+            ),
+        ),
+        complex_reference("deepseek_v2", "DeepseekV2RotaryEmbedding", heads_second=True),
+        (16, 16, 10000.0, True),
+    ),
+    Family(
+        "deepseek-v3-rope-interleave",
+        _config(
+            "DeepseekV3Config",
+            **_tiny(
+                qk_rope_head_dim=16,
+                qk_nope_head_dim=16,
+                v_head_dim=16,
+                kv_lora_rank=16,
+                q_lora_rank=None,
+                n_routed_experts=4,
+            ),
+        ),
+        deinterleaving_reference("deepseek_v3", "DeepseekV3RotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "deepseek-v3.2-deinterleaved",  # MLA models that always de-interleave, no flag
+        _config("DeepseekV32Config", **MLA),
+        deinterleaving_reference("deepseek_v32", "DeepseekV32RotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "glm-moe-dsa-deinterleaved",
+        _config("GlmMoeDsaConfig", **MLA),
+        deinterleaving_reference("glm_moe_dsa", "GlmMoeDsaRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "longcat-flash-deinterleaved",
+        _config("LongcatFlashConfig", **{**MLA, "head_dim": 16}),  # its own field, = 64 = rope
+        deinterleaving_reference("longcat_flash", "LongcatFlashRotaryEmbedding"),
+        (16, 16, 10000000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "bailing-hybrid-deinterleaved",
+        _config("BailingHybridConfig", **MLA),
+        deinterleaving_reference("bailing_hybrid", "BailingHybridRotaryEmbedding"),
+        (16, 16, 6e6, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "mistral-large-3-yarn-deinterleaved",  # its default rope_parameters: YaRN, factor 2048
+        _config("MistralLarge4TextConfig", **MLA),
+        deinterleaving_reference("mistral_large4", "MistralLarge4TextRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "moonshine-interleaved-partial",  # 0.9 of a 16-dim head: 14 channels rotate
+        _config(
+            "MoonshineConfig",
+            hidden_size=64,
+            encoder_num_attention_heads=4,
+            decoder_num_attention_heads=4,
+            encoder_num_hidden_layers=1,
+            decoder_num_hidden_layers=1,
+            vocab_size=64,
+        ),
+        cos_sin_reference("moonshine", "MoonshineRotaryEmbedding"),
+        (16, 14, 10000.0, True),
+    ),
+    Family(
+        "llama4-complex",
+        _config("Llama4TextConfig", **_tiny(num_key_value_heads=2, head_dim=16)),
+        complex_reference("llama4", "Llama4TextRotaryEmbedding", heads_second=False),
+        (16, 16, 500000.0, True),
+    ),
+    Family(
+        "gemma3-sliding-layer",
+        _config("Gemma3TextConfig", **GEMMA3),
+        cos_sin_reference("gemma3", "Gemma3RotaryEmbedding", layer_type="sliding_attention"),
+        (32, 32, 10000.0, False),
+        layer_type="sliding_attention",
+    ),
+    Family(
+        "gemma3-full-layer-linear",
+        _config(
+            "Gemma3TextConfig",
+            **GEMMA3,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            },
+        ),
+        cos_sin_reference("gemma3", "Gemma3RotaryEmbedding", layer_type="full_attention"),
+        (32, 32, 1e6, False),
+        layer_type="full_attention",
+    ),
+    Family(
+        "modernbert-global-layer",  # an encoder with per-layer-type RoPE
+        _config(
+            "ModernBertConfig",
+            hidden_size=64,
+            num_attention_heads=4,
+            num_hidden_layers=3,
+            intermediate_size=128,
+            vocab_size=64,
+        ),
+        cos_sin_reference("modernbert", "ModernBertRotaryEmbedding", layer_type="full_attention"),
+        (16, 16, 160000.0, False),
+        layer_type="full_attention",
+    ),
+    Family(
+        "llama-linear",
+        _config(
+            "LlamaConfig",
+            **_tiny(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}),
+        ),
+        cos_sin_reference("llama", "LlamaRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "llama-dynamic",
+        _config(
+            "LlamaConfig",
+            **_tiny(
+                max_position_embeddings=64,
+                rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+            ),
+        ),
+        cos_sin_reference("llama", "LlamaRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "llama3-scaling",
+        _config(
+            "LlamaConfig",
+            **_tiny(
+                max_position_embeddings=512,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 500000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
+        cos_sin_reference("llama", "LlamaRotaryEmbedding"),
+        (16, 16, 500000.0, False),
+    ),
+    Family(
+        "qwen2-yarn",
+        _config(
+            "Qwen2Config",
+            **_tiny(
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 1e6,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
+        cos_sin_reference("qwen2", "Qwen2RotaryEmbedding"),
+        (16, 16, 1e6, False),
+    ),
+    Family(
+        "phi3-longrope",  # Phi-3: original length at the top level, factor implied
+        _config(
+            "Phi3Config",
+            **_tiny(
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                original_max_position_embeddings=64,
+                rope_parameters=_longrope(8, 64, rope_theta=10000.0),
+            ),
+        ),
+        cos_sin_reference("phi3", "Phi3RotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "phi4-mini-longrope-partial",  # Phi-4-mini: longrope on 3/4 of each head
+        _config(
+            "Phi3Config",
+            **_tiny(
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                max_position_embeddings=256,
+                partial_rotary_factor=0.75,
+                original_max_position_embeddings=64,  # else Phi3Config's 4096 wins
+                rope_parameters=_longrope(12, 64, rope_theta=10000.0, factor=4.0),
+            ),
+        ),
+        cos_sin_reference("phi3", "Phi3RotaryEmbedding"),
+        (32, 24, 10000.0, False),
+    ),
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.id for f in FAMILIES])
+def test_rotated_qk_match_the_familys_own_code(family: Family) -> None:
+    config = family.make_config()
+    ours = RotaryEmbedding.from_hf_config(config, layer_type=family.layer_type)
+    assert (ours.head_dim, ours.rotary_dim, ours.base, ours.interleaved) == family.expected
+    q, k = _qk(ours.head_dim)
+    want_q, want_k = family.reference(config)(q, k, POSITIONS)
+    got_q, got_k = ours(q, k, POSITIONS)
+    assert_close(family.reorder(got_q), want_q, atol=ATOL, rtol=RTOL)
+    assert_close(family.reorder(got_k), want_k, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize(
+    "family_id", ["phi3-longrope", "phi4-mini-longrope-partial", "llama-dynamic", "qwen2-yarn"]
+)
+def test_length_dependent_scaling_follows_transformers_over_a_generation(family_id: str) -> None:
+    """LongRoPE switches to the long factors past the original context and back; dynamic NTK
+    grows its base and resets: every step's rotated q, k equal transformers' (one module on
+    each side, kept across the steps, as in generation)."""
+    family = next(f for f in FAMILIES if f.id == family_id)
+    config = family.make_config()
+    ours = RotaryEmbedding.from_hf_config(config)
+    theirs = family.reference(config)
+    steps = (torch.arange(16), torch.arange(100, 116), torch.arange(8), torch.arange(120, 122))
+    for step, positions in enumerate(steps):
+        q, k = _qk(ours.head_dim, seed=step)
+        q, k = q[:1, :, : len(positions)], k[:1, :, : len(positions)]
+        want_q, want_k = theirs(q, k, positions[None])
+        got_q, got_k = ours(q, k, positions)
+        assert_close(got_q, want_q, atol=ATOL, rtol=RTOL)
+        assert_close(got_k, want_k, atol=ATOL, rtol=RTOL)
+
+
+def test_deepseek_v3_scores_equal_without_reordering() -> None:
+    """The de-interleaved order of DeepSeek-V3 is a permutation applied to q and k alike: the
+    attention scores of posenc's in-place rotation already equal transformers'."""
+    family = next(f for f in FAMILIES if f.id == "deepseek-v3-rope-interleave")
+    config = family.make_config()
+    ours = RotaryEmbedding.from_hf_config(config)
+    q, k = _qk(16)
+    k = k.repeat_interleave(2, dim=1)  # same head count for a plain q @ k^T
+    want_q, want_k = family.reference(config)(q, k, POSITIONS)
+    got_q, got_k = ours(q, k, POSITIONS)
+    assert_close(
+        got_q @ got_k.transpose(-1, -2), want_q @ want_k.transpose(-1, -2), atol=1e-4, rtol=1e-5
+    )
+
+
+# --------------------------------------------------------------------------- GPT-J end to end
+
+
+def test_gptj_logits_match_when_posenc_rotates_and_the_old_reading_did_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bug report: on a GPT-J config (rotary_dim=16, head_dim=64) posenc used to build a
+    64-dim half-layout rotation, and logits of a model it drove differed from transformers' by
+    ~8. Driving GPT-J's attention with posenc's rotation now gives transformers' logits; the
+    old reading is still ~4 off on this tiny random model (2 heads of 64, 16 dims rotated)."""
+    from transformers.models.gptj import modeling_gptj
+
+    config = transformers.GPTJConfig(
+        n_embd=128,
+        n_head=2,
+        n_layer=1,
+        rotary_dim=16,
+        vocab_size=64,
+        n_positions=128,
+        initializer_range=0.2,  # logits of ~10, like a trained model's, not ~1
+    )
+    torch.manual_seed(0)
+    model = transformers.GPTJForCausalLM(config).eval()
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        want = model(tokens, position_ids=POSITIONS).logits
+
+    # Route every attention layer through a posenc module on the whole head: each layer's
+    # sinusoid table is replaced by one whose row p holds p, so the (sin, cos) GPT-J gathers
+    # carry the positions to the patched apply function.
+    rotary: list[RotaryEmbedding] = []
+
+    def posenc_apply(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:  # x: (b, n, h, d)
+        positions = sin[..., 0].round().long()  # (b, n)
+        return rotary[0].rotate(x.transpose(1, 2), positions).transpose(1, 2)
+
+    for block in model.transformer.h:
+        block.attn.rotary_dim = None  # hand the whole head to apply_rotary_pos_emb
+        table = torch.arange(config.n_positions, dtype=torch.float32)[:, None].expand(-1, 2)
+        block.attn.embed_positions = table.contiguous()
+    monkeypatch.setattr(modeling_gptj, "apply_rotary_pos_emb", posenc_apply)
+
+    def logits_with(rope: RotaryEmbedding) -> Tensor:
+        rotary[:] = [rope]
+        with torch.no_grad():
+            return model(tokens, position_ids=POSITIONS).logits
+
+    # float32 angles in GPT-J vs float64 in posenc: a few 1e-6 on logits of ~10
+    assert_close(logits_with(RotaryEmbedding.from_hf_config(config)), want, atol=1e-5, rtol=1e-5)
+    old_reading = RotaryEmbedding(64)  # what from_hf_config built before: 64 dims, half layout
+    assert (logits_with(old_reading) - want).abs().max() > 2.0
+
+
+# --------------------------------------------------------------------------- other spellings
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.id for f in FAMILIES])
+def test_config_json_dict_reads_like_the_config_object(family: Family) -> None:
+    """``config.to_dict()`` (a config.json as loaded: GPT-J's n_embd names, no class defaults)
+    gives the same module as the config object."""
+    config = family.make_config()
+    as_dict = json.loads(json.dumps(config.to_dict()))
+    a = RotaryEmbedding.from_hf_config(config, layer_type=family.layer_type)
+    b = RotaryEmbedding.from_hf_config(as_dict, layer_type=family.layer_type)
+    assert repr(a) == repr(b)
+    assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_factor == b.attention_factor
+
+
+# transformers 4.x config.json files (as on the Hub), read directly and through transformers 5,
+# which converts their legacy fields into rope_parameters.
+LEGACY_JSON = {
+    "pythia": {  # GPT-NeoX: rotary_pct, rotary_emb_base, no rope_scaling
+        "model_type": "gpt_neox",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rotary_pct": 0.25,
+        "rotary_emb_base": 10000,
+        "max_position_embeddings": 2048,
+    },
+    "phi-2": {  # top-level partial_rotary_factor and rope_theta
+        "model_type": "phi",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "partial_rotary_factor": 0.4,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "max_position_embeddings": 2048,
+    },
+    "llama-4.x-linear": {  # rope_theta at the top, rope_scaling with the legacy "type" key
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+        "max_position_embeddings": 2048,
+    },
+    "phi-3-su": {  # Phi-3's first configs named LongRoPE "su"
+        "model_type": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 256,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {
+            "type": "su",
+            "short_factor": [1.0 + 0.05 * i for i in range(8)],
+            "long_factor": [1.5 + 0.4 * i for i in range(8)],
+        },
+    },
+}
+CONFIG_CLASSES = {
+    "gpt_neox": "GPTNeoXConfig",
+    "phi": "PhiConfig",
+    "llama": "LlamaConfig",
+    "phi3": "Phi3Config",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY_JSON))
+def test_transformers_4_config_json_reads_like_transformers_5_does(name: str) -> None:
+    raw = LEGACY_JSON[name]
+    fields = {k: v for k, v in raw.items() if k != "model_type"}
+    if name == "phi-3-su":  # transformers 5 renames "su" only after it looked for "longrope"
+        fields["rope_scaling"] = {**fields["rope_scaling"], "type": "longrope"}
+    config = getattr(transformers, CONFIG_CLASSES[raw["model_type"]])(**fields)
+    from_raw = RotaryEmbedding.from_hf_config(raw)
+    from_json = RotaryEmbedding.from_hf_config(SimpleNamespace(**raw))  # a 4.x config object
+    from_config = RotaryEmbedding.from_hf_config(config)
+    assert repr(from_raw) == repr(from_config) == repr(from_json)
+    for positions in (torch.arange(16), torch.arange(100, 116)):
+        for module in (from_raw, from_config):
+            module(
+                torch.zeros(1, 1, 16, module.head_dim),
+                torch.zeros(1, 1, 16, module.head_dim),
+                positions,
+            )
+        assert torch.equal(from_raw.inv_freq, from_config.inv_freq)
+        assert from_raw.attention_factor == from_config.attention_factor
+
+
+# --------------------------------------------------------------------------- refused configs
+
+
+def _namespace(**fields: Any) -> SimpleNamespace:
+    return SimpleNamespace(hidden_size=64, num_attention_heads=4, **fields)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda: transformers.GPT2Config(n_embd=64, n_head=4),
+            r"model_type 'gpt2' describes no rotary",
+        ),
+        (
+            lambda: transformers.BloomConfig(hidden_size=64, n_head=4),
+            r"'bloom' describes no rotary",
+        ),
+        (lambda: transformers.MptConfig(d_model=64, n_heads=4), r"'mpt' describes no rotary"),
+        (lambda: transformers.FalconConfig(**_tiny(alibi=True)), r"alibi=True: it uses ALiBi"),
+        (
+            lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=80),
+            r"rotary_dim \(80, from rotary_dim\) must be <= head_dim \(64\)",
+        ),
+        (
+            lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=15),
+            r"rotary dimension 15 \(from rotary_dim\) must be even",
+        ),
+        (  # head_dim 50, half of it rotated: transformers would round 25 up to 26
+            lambda: transformers.PhiConfig(
+                hidden_size=100, num_attention_heads=2, partial_rotary_factor=0.5
+            ),
+            r"rotary dimension 25 \(from rope_parameters\['partial_rotary_factor'\]=0.5 of "
+            r"head_dim=50\) must be even",
+        ),
+        (
+            lambda: _namespace(model_type="mystery", rotary_dim=8, partial_rotary_factor=0.25),
+            r"contradict each other: rotary_dim=8 but partial_rotary_factor=0.25 gives "
+            r"int\(16 \* 0.25\) = 4",
+        ),
+        (
+            lambda: _namespace(model_type="mystery", rotary_pct=0.5, partial_rotary_factor=0.25),
+            r"rotated fraction contradict each other: partial_rotary_factor=0.25, rotary_pct=0.5",
+        ),
+        (
+            lambda: _namespace(model_type="mystery", rope_theta=1e4, rotary_emb_base=500),
+            r"RoPE base contradict each other: rope_theta=10000.0, rotary_emb_base=500.0",
+        ),
+        (
+            lambda: _namespace(
+                rope_parameters={"rope_type": "linear", "factor": 2.0},
+                rope_scaling={"rope_type": "linear", "factor": 4.0},
+            ),
+            r"both rope_parameters and rope_scaling and they differ",
+        ),
+        (
+            lambda: _namespace(model_type="mystery", partial_rotary_factor=1.5),
+            r"partial_rotary_factor must be in \(0, 1\], got 1.5",
+        ),
+        (
+            lambda: transformers.LlamaConfig(
+                **_tiny(
+                    rope_parameters={
+                        "rope_type": "proportional",
+                        "rope_theta": 1e4,
+                        "partial_rotary_factor": 0.5,
+                    }
+                )
+            ),
+            r"config rope_parameters: unknown rope_type 'proportional'",
+        ),
+        (
+            lambda: _namespace(
+                model_type="qwen2_vl",
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]},
+            ),
+            r"config rope_parameters: unknown key\(s\) \['mrope_section'\]",
+        ),
+        (
+            lambda: transformers.Gemma3TextConfig(**_tiny(head_dim=32)),
+            r"nested by layer type \['full_attention', 'sliding_attention'\]; pass layer_type=",
+        ),
+        (
+            lambda: _namespace(model_type="phi", rope_theta=1e4),
+            r"model_type 'phi' names no partial_rotary_factor or rotary_pct",
+        ),
+        (
+            lambda: _namespace(model_type="gptj", rotary_dim=8, rope_theta=5e5),
+            r"model_type 'gptj' sets rope_theta=500000.0, but transformers' gptj code ignores",
+        ),
+        (  # Qwen2-VL: M-RoPE even without an mrope_section key (the code defaults it)
+            lambda: transformers.Qwen2VLConfig(),
+            r"model_type 'qwen2_vl_text' uses multimodal RoPE",
+        ),
+        (  # DeepSeek-V4 rotates the trailing 64 channels of its 512-channel heads
+            lambda: transformers.DeepseekV4Config(),
+            r"qk_rope_head_dim=64 != head_dim=512: its attention rotates a separate slice",
+        ),
+        (  # Gemma 4: head_dim differs per layer
+            lambda: transformers.Gemma4TextConfig(),
+            r"config head_dim cannot be read as one value \(AmbiguousGlobalPerLayerAttributeError",
+        ),
+        (  # Ministral 3: an attention temperature beside YaRN that is not a rotation
+            lambda: transformers.Ministral3Config(),
+            r"config rope_parameters: unknown key\(s\) \['llama_4_scaling_beta'",
+        ),
+        (
+            lambda: _namespace(
+                model_type="esm", rope_theta=1e4, position_embedding_type="absolute"
+            ),
+            r"position_embedding_type='absolute', not rotary",
+        ),
+    ],
+)
+def test_configs_that_cannot_be_mapped_are_refused_naming_the_field(
+    make: Callable[[], Any], match: str
+) -> None:
+    with pytest.raises(PosencValueError, match=match):
+        RotaryEmbedding.from_hf_config(make())
+
+
+def test_layer_type_errors_name_the_layer_type() -> None:
+    config = transformers.Gemma3TextConfig(**_tiny(head_dim=32))
+    with pytest.raises(PosencValueError, match=r"no RoPE parameters for layer_type='chunked'"):
+        RotaryEmbedding.from_hf_config(config, layer_type="chunked")
+    with pytest.raises(
+        PosencValueError, match=r"layer_type='full_attention' \(rope_parameters is not nested"
+    ):
+        RotaryEmbedding.from_hf_config(
+            transformers.LlamaConfig(**_tiny()), layer_type="full_attention"
+        )
+
+
+def test_wrongly_typed_fields_are_type_errors() -> None:
+    with pytest.raises(PosencTypeError, match=r"config rotary_dim must be an int, got '16'"):
+        RotaryEmbedding.from_hf_config(_namespace(model_type="gptj", rotary_dim="16"))
+    with pytest.raises(PosencTypeError, match=r"config rope_interleave must be a bool"):
+        RotaryEmbedding.from_hf_config(_namespace(rope_theta=1e4, rope_interleave="yes"))
+
+
+def test_explicit_keyword_arguments_override_the_config() -> None:
+    config = transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=16)
+    rope = RotaryEmbedding.from_hf_config(config, rotary_dim=32, base=500.0)
+    assert (rope.rotary_dim, rope.base, rope.interleaved) == (32, 500.0, True)
+    assert math.isclose(rope.inv_freq[1].item(), 500.0 ** (-2 / 32))
