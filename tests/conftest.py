@@ -42,6 +42,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "posenc"))
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one of two workers on a two-core machine: one thread each, so they do not fight
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -32,6 +32,7 @@ def _posenc(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_quick_run_of_every_suite_writes_the_tables(tmp_path: Path) -> None:
     out = tmp_path / "RESULTS.md"
     done = _posenc("bench", "--quick", "--output", str(out))

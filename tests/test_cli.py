@@ -19,6 +19,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_tour(tmp_path: Path) -> None:
     done = run("tour", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
@@ -30,6 +31,7 @@ def test_tour(tmp_path: Path) -> None:
         assert heading in out
 
 
+@pytest.mark.slow
 def test_tour_svg(tmp_path: Path) -> None:
     assert main(["tour", "--out", str(tmp_path), "--format", "svg"]) == 0
     assert (tmp_path / "heatmap.svg").read_text().lstrip().startswith("<?xml")
@@ -52,6 +54,7 @@ def test_plot(tmp_path: Path, kind: str, suffix: str) -> None:
     assert target.stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -111,6 +114,7 @@ def test_analyze_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "shift resid." in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_analyze_unknown_exits_2() -> None:
     done = run("analyze", "sinusoidal", "bogus")
     assert done.returncode == 2 and "unknown positional encoding 'bogus'" in done.stderr

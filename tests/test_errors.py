@@ -171,6 +171,7 @@ def _run_faulty(error: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_bug_in_a_scheme_keeps_its_traceback_and_exits_1(tmp_path: Path) -> None:
     """A plain TypeError from posenc's (here: a scheme's) own code is a bug, not the user's
     mistake: Python's traceback, naming the faulty line, and status 1."""
@@ -180,6 +181,7 @@ def test_a_bug_in_a_scheme_keeps_its_traceback_and_exits_1(tmp_path: Path) -> No
     assert "in encode" in done.stderr and "TypeError: unsupported operand: a bug" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_validation_error_in_a_scheme_is_one_line_and_exits_2(tmp_path: Path) -> None:
     done = _run_faulty("PosencValueError('positions must be even, got 3')", tmp_path)
     assert done.returncode == 2, done.stderr

@@ -20,6 +20,7 @@ def test_every_example_is_covered() -> None:
     assert {p.name for p in EXAMPLES.glob("*.py")} == set(EXPECT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_example_runs(name: str, tmp_path: Path) -> None:
     args = [sys.executable, str(EXAMPLES / name)]

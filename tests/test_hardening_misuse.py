@@ -683,6 +683,7 @@ def test_cli_bad_arguments_exit_2_with_one_line(
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(Path(posenc.__file__).resolve().parents[1])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv",
     [
@@ -709,6 +710,7 @@ def test_cli_subprocess_exit_2_one_line(argv: list[str], tmp_path: Path) -> None
     assert not (tmp_path / "lengthgen-results").exists()
 
 
+@pytest.mark.slow
 def test_lengthgen_module_entry_point_one_line(tmp_path: Path) -> None:
     """``python -m posenc.lengthgen`` (the torchrun entry point) used to print argparse's
     usage block; a bad argument is now one line and status 2, as for ``posenc``."""

@@ -436,6 +436,7 @@ def test_coupled_positions_reach_the_model_in_evaluation() -> None:
     assert torch.equal(greedy.seen_positions[0], want[:, :7])
 
 
+@pytest.mark.slow
 def test_greedy_decoding_and_one_pass_scoring_agree_on_exact_match(tmp_path: Path) -> None:
     """Greedy decoding reproduces the answer exactly when every teacher-forced argmax is
     right: the two scorings must give the same exact match on a real (half-trained) model."""
@@ -543,6 +544,7 @@ def test_lr_schedule() -> None:
     assert lr_factor(TrainConfig(steps=100, warmup=0.0, decay="constant"), 99) == 1.0
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_toy_task() -> None:
     cfg = TrainConfig(
         **{**TINY, "steps": 60, "dim": 32, "batch_size": 16, "lr": 3e-3},
@@ -555,6 +557,7 @@ def test_loss_falls_on_a_toy_task() -> None:
     assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_different_seed_different() -> None:
     def run(seed: int) -> tuple[dict[str, Any], list[float]]:
         rec = train(TrainConfig(**TINY, task="bucket-sort", pe="sinusoidal", seed=seed), threads=1)
@@ -564,6 +567,7 @@ def test_same_seed_same_result_different_seed_different() -> None:
     assert run(0)[1] != run(1)[1]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -603,6 +607,7 @@ def test_interrupted_run_resumes_to_the_same_numbers(
         train(changed, tmp_path / "cut", resume=True, threads=1)
 
 
+@pytest.mark.slow
 def test_every_registered_sequence_encoding_trains() -> None:
     """The harness goes through the registry only: whatever is registered must train."""
     names = [

@@ -226,6 +226,7 @@ def test_model_embeds_scaled_and_predicts() -> None:
     assert_close(logits, model.head(model.encoder(x)))
 
 
+@pytest.mark.slow
 def test_training_step_learns() -> None:
     torch.manual_seed(0)
     model = TransformerModel(10, 32, 2, 4, pe="sinusoidal")

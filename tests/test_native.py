@@ -213,6 +213,7 @@ def fresh_build(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.mark.slow
 def test_portable_build_without_avx512_is_exact(
     fresh_build: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,6 +227,7 @@ def test_portable_build_without_avx512_is_exact(
     assert len(built) == 1 and not list(native.cache_dir().glob("*.so.tmp*"))
 
 
+@pytest.mark.slow
 def test_failed_build_warns_once_and_falls_back(
     fresh_build: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +252,7 @@ def _rotate_in_child(queue) -> None:
     queue.put(bool(got is not None and torch.equal(got, formula32(x, cos, sin, True))))
 
 
+@pytest.mark.slow
 def test_thread_pool_survives_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("no fork on this platform")
