@@ -16,6 +16,7 @@ import posenc
 import posenc.attention as attention_module
 from posenc import Encoder, MultiHeadAttention, TransformerModel
 from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
+from posenc.encodings.state import BiasState
 
 BIAS_NAMES = ["alibi", "t5", "kerple", "fire", "shaw", "xl", "dpb", "cope"]
 SCHEMES = ["none", *BIAS_NAMES, "shaw-values"]
@@ -184,8 +185,9 @@ def test_block_mask_structure() -> None:
 def test_auto_picks_flex_only_when_large_and_inference(monkeypatch: pytest.MonkeyPatch) -> None:
     attn = MultiHeadAttention(16, 4, pe=ALiBi(4))
     q = torch.randn(1, 4, 64, 4, requires_grad=True)
-    pe = attn.pe
-    assert isinstance(pe, BiasEncoding)
+    assert isinstance(attn.pe, BiasEncoding)
+    pe = attn.pe.position_state(None, seq_len=64, batch=1, device=q.device, dtype=q.dtype)
+    assert isinstance(pe, BiasState)
     assert attn._choose_backend(q.detach(), pe, False, 0.0) == "sdpa"  # 4 * 64² < 2**24
     monkeypatch.setattr(attention_module, "FLEX_AUTO_MIN_ELEMENTS", 1000)
     assert attn._choose_backend(q.detach(), pe, False, 0.0) == "auto-flex"

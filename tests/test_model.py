@@ -18,6 +18,7 @@ from posenc import (
     FeedForward,
     MultiHeadAttention,
     TransformerModel,
+    fused,
     scaled_dot_product_attention,
 )
 
@@ -117,34 +118,37 @@ def test_layer_matches_torch_transformer_encoder_layer(norm_first: bool, grad: b
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_feed_forward_residual_paths_agree(activation: str) -> None:
-    """``ffn(x, residual=r)`` is ``r + ffn(x)`` with autograd on and off, and its gradient
-    reaches the residual, the input and every weight."""
+def test_feed_forward_equals_its_equation(activation: str) -> None:
+    """``ffn(x) = act(x W1ᵀ + b1) W2ᵀ + b2``; the deprecated ``residual=`` adds ``r`` once and
+    warns."""
     ffn = FeedForward(6, 10, activation=activation).double()  # type: ignore[arg-type]
     x = torch.randn(2, 3, 6, dtype=torch.float64)
-    r = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(2, 3, 6, dtype=torch.float64)
     act = torch.relu if activation == "relu" else torch.nn.functional.gelu
-    expected = r + act(x @ ffn.up.weight.T + ffn.up.bias) @ ffn.down.weight.T + ffn.down.bias
+    expected = act(x @ ffn.up.weight.T + ffn.up.bias) @ ffn.down.weight.T + ffn.down.bias
+    assert_close(ffn(x), expected, rtol=0, atol=1e-14)
+    with pytest.warns(DeprecationWarning, match="residual"):
+        assert_close(ffn(x, residual=r), r + expected, rtol=0, atol=1e-14)
+
+
+def test_fused_residual_linear_equals_linear_plus_residual() -> None:
+    """The inference fast path's GEMM-accumulate: ``residual + linear(h)``."""
+    linear = torch.nn.Linear(6, 4).double()
+    h = torch.randn(2, 3, 6, dtype=torch.float64)
+    r = torch.randn(2, 3, 4, dtype=torch.float64)
     with torch.no_grad():
-        assert_close(ffn(x, residual=r), expected.detach(), rtol=0, atol=1e-14)
-        assert_close(ffn(x), (expected - r).detach(), rtol=0, atol=1e-14)
-    got = ffn(x, residual=r)
-    assert_close(got, expected, rtol=0, atol=1e-14)
-    got.sum().backward()
-    assert_close(r.grad, torch.ones_like(r))
-    assert all(p.grad is not None for p in ffn.parameters())
+        got = fused.residual_linear(linear, h, r).view(2, 3, 4)
+    assert_close(got, r + h @ linear.weight.T + linear.bias, rtol=0, atol=1e-14)
 
 
-def test_attention_residual_is_added_once() -> None:
+def test_attention_residual_is_deprecated_and_added_once() -> None:
     attn = MultiHeadAttention(16, 4).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     r = torch.randn(2, 5, 16, dtype=torch.float64)
     plain = attn(x)
     for grad in (True, False):
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), pytest.warns(DeprecationWarning, match="residual"):
             assert_close(attn(x, residual=r), r + plain, rtol=0, atol=1e-14)
-    with pytest.raises(ValueError, match=r"residual must have the shape of x \(2, 5, 16\)"):
-        attn(x, residual=r[:, :3])
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
@@ -304,3 +308,149 @@ def test_registry() -> None:
 def test_bad_input(call, error, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error, match=match):
         call()
+
+
+# --------------------------------------------------------------------------- positions once
+
+
+def _host_syncs(enc: Encoder, x: torch.Tensor, positions: torch.Tensor | None) -> int:
+    """``aten::_local_scalar_dense`` calls (``.item()``, ``int(t)``, a tensor in an ``if``)
+    in one forward after warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        enc(x, positions=positions)  # warm-up: tables grow here
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            enc(x, positions=positions)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+
+
+@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "rope", "alibi", "t5"])
+def test_host_syncs_do_not_grow_with_depth(pe: str) -> None:
+    """Positions are resolved, and the encoding asked, once per forward: the host syncs of
+    depth 4 and depth 8 are the same small constant with explicit positions, and zero with
+    the default ones."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 32)
+    explicit = torch.arange(16) + 3
+    counts = {}
+    for depth in (4, 8):
+        enc = Encoder(32, depth, 4, pe=pe).eval()
+        counts[depth] = (_host_syncs(enc, x, None), _host_syncs(enc, x, explicit))
+    assert counts[4] == counts[8], counts
+    default, given = counts[4]
+    assert default == 0
+    assert 1 <= given <= 2  # validating the positions (and, for a table, their largest one)
+
+
+@pytest.mark.parametrize("pe", ["alibi", "t5", "kerple", "fire", "dpb"])
+def test_bias_is_computed_once_per_forward(pe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bias that reads neither q nor k is made at the first layer and reused by the rest;
+    the result equals each layer asking for it (the MultiHeadAttention path)."""
+    torch.manual_seed(0)
+    enc = Encoder(16, 3, 2, pe=pe, backend="sdpa").double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    calls = []
+    original = type(enc.pe).bias
+
+    def counting(self: object, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(enc.pe), "bias", counting)
+    with torch.no_grad():
+        got = enc(x)
+    assert len(calls) == 1
+    h = x
+    for layer in enc.layers:  # each layer asks the encoding itself, with autograd on
+        h = layer(h, pe=enc.pe)
+    assert_close(got, enc.norm(h), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pe", ["rope", "xpos", "rope-interleaved", "alibi", "t5", "shaw"])
+def test_position_state_equals_asking_each_layer(pe: str) -> None:
+    """The Encoder's once-per-forward state gives the output of each layer asking the
+    encoding with the same explicit positions (float64, autograd path)."""
+    torch.manual_seed(0)
+    enc = Encoder(16, 2, 2, pe=pe).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    positions = torch.tensor([[0, 2, 3, 5, 8, 9], [1, 2, 3, 4, 5, 6]])
+    h = x
+    for layer in enc.layers:
+        h = layer(h, positions=positions, pe=enc.pe)
+    assert_close(enc(x, positions=positions), enc.norm(h), rtol=0, atol=1e-12)
+
+
+def test_causal_encoder_builds_unidirectional_t5_buckets() -> None:
+    """T5's decoder sees one direction: a causal Encoder's T5 bias equals Hugging Face's
+    ``T5Attention(is_decoder=True)`` bias; ``bidirectional`` given explicitly still wins."""
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    enc = Encoder(32, 1, 4, pe="t5", causal=True)
+    assert enc.pe.bidirectional is False
+    assert Encoder(32, 1, 4, pe="t5").pe.bidirectional is True
+    kept = Encoder(32, 1, 4, pe="t5", causal=True, pe_kwargs={"bidirectional": True})
+    assert kept.pe.bidirectional is True
+    config = T5Config(d_model=32, d_kv=8, num_heads=4, is_decoder=True)
+    hf = T5Attention(config, has_relative_attention_bias=True)
+    with torch.no_grad():
+        hf.relative_attention_bias.weight.copy_(enc.pe.relative_attention_bias.weight)
+        want = hf.compute_bias(40, 40)[0]  # (h, q, k)
+    got = enc.pe.bias(torch.arange(40), torch.arange(40))
+    assert_close(got, want, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- randomized
+
+
+def test_randomize_positions_keeps_order_and_ties() -> None:
+    """Ruoss et al. 2023: sorted distinct draws from [0, L); coupled (tied) positions stay
+    tied; one draw per row; reproducible from a generator."""
+    g = torch.Generator().manual_seed(0)
+    out = posenc.randomize_positions(None, 50, 200, generator=g)
+    assert out.shape == (50,)
+    assert bool((out[1:] > out[:-1]).all()) and int(out.min()) >= 0 and int(out.max()) < 200
+    coupled = torch.tensor([[0, 1, 2, 1, 2, 3], [0, 0, 1, 1, 2, 2]])
+    mapped = posenc.randomize_positions(coupled, 6, 30, generator=g)
+    for row, src in zip(mapped, coupled, strict=True):
+        for i in range(6):
+            for j in range(6):  # the order of every pair is kept, ties included
+                assert (row[i] < row[j]) == (src[i] < src[j])
+                assert (row[i] == row[j]) == (src[i] == src[j])
+    again = posenc.randomize_positions(None, 50, 200, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again, out)
+    with pytest.raises(ValueError, match="max_positions >= 7"):
+        posenc.randomize_positions(None, 7, 6)
+
+
+def test_randomize_positions_is_uniform_over_subsets() -> None:
+    """Every position of [0, L) is drawn equally often (the first of n draws is the minimum of
+    a uniform n-subset: P(min = p) = C(L-1-p, n-1) / C(L, n))."""
+    g = torch.Generator().manual_seed(1)
+    draws = torch.stack([posenc.randomize_positions(None, 3, 8, generator=g) for _ in range(4000)])
+    counts = torch.bincount(draws.flatten(), minlength=8).double() / draws.numel()
+    assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), rtol=0, atol=0.02)
+    first = torch.bincount(draws[:, 0], minlength=8).double() / len(draws)
+    want = torch.tensor([math.comb(7 - p, 2) / math.comb(8, 3) for p in range(8)])
+    assert_close(first, want.double(), rtol=0, atol=0.03)
+
+
+@pytest.mark.parametrize("pe", ["sinusoidal", "rope", "alibi", "learned"])
+def test_encoder_random_positions_train_only(pe: str) -> None:
+    """``Encoder(random_positions=L)`` feeds randomized positions in training (the same as
+    passing them explicitly after the same draw) and the plain ones in evaluation."""
+    torch.manual_seed(0)
+    enc = Encoder(16, 2, 2, pe=pe, random_positions=64).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    torch.manual_seed(5)
+    got = enc(x)
+    torch.manual_seed(5)
+    drawn = posenc.randomize_positions(None, 9, 64)
+    enc.random_positions = None
+    assert_close(got, enc(x, positions=drawn), rtol=0, atol=1e-12)
+    enc.random_positions = 64
+    enc.eval()
+    assert_close(enc(x), enc(x, positions=torch.arange(9)), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"random_positions.*0"):
+        Encoder(16, 1, 2, random_positions=0)

@@ -17,7 +17,7 @@ from .errors import (
     get_memory_budget,
     set_memory_budget,
 )
-from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
+from .model import Encoder, EncoderLayer, FeedForward, TransformerModel, randomize_positions
 
 __version__ = "0.1.0"
 
@@ -33,6 +33,7 @@ __all__ = [
     "PosencValueError",
     "TransformerModel",
     "get_memory_budget",
+    "randomize_positions",
     "scaled_dot_product_attention",
     "set_memory_budget",
 ]

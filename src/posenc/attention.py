@@ -29,15 +29,14 @@ from torch import Tensor, nn
 from .encodings.base import (
     BiasEncoding,
     PositionalEncoding,
-    RotaryEncoding,
     ScoreMod,
     check_bool,
     check_input,
     check_positive_int,
     check_probability,
     compute_dtype,
-    resolve_positions,
 )
+from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
 Backend = Literal["auto", "flex", "sdpa", "math"]
@@ -111,23 +110,6 @@ def scaled_dot_product_attention(
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return (weights @ v).to(out_dtype), weights.to(out_dtype)
-
-
-def linear_residual(linear: nn.Linear, x: Tensor, residual: Tensor | None) -> Tensor:
-    """``residual + linear(x)``, or ``linear(x)`` without a residual.
-
-    With autograd off the output buffer starts as ``residual + bias`` and the GEMM accumulates
-    into it (``addmm_``): one pass over the output fewer than a linear layer (which copies
-    its bias into the output first) followed by an add. Shapes: x ``(..., Din)``, residual
-    ``(..., Dout)``; returns ``(..., Dout)`` (flattened to 2-D when fused).
-    """
-    if residual is None:
-        return linear(x)
-    if torch.is_grad_enabled():
-        return residual + linear(x)
-    out = residual + linear.bias if linear.bias is not None else residual.clone()
-    out = out.reshape(-1, out.shape[-1])  # (tokens, Dout), a fresh contiguous buffer
-    return out.addmm_(x.reshape(-1, x.shape[-1]), linear.weight.t())
 
 
 def attention_mask(
@@ -448,49 +430,81 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         pe: PositionalEncoding | None = None,
+        state: PositionState | None = None,
         residual: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Self-attention over ``x``.
+        """Self-attention over ``x``: ``Concat(head_1, ..., head_h) W_O`` (eq. 4 of the paper).
 
         Shapes:
             x: ``(b, n, D)``; positions: ``(n,)`` or ``(b, n)`` (``(…, n, axes)`` for N-D
             schemes); key_padding_mask: ``(b, n)`` bool, True = padding.
 
         Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, n))`` with ``need_weights``.
-        ``pe`` overrides the module's own encoding (the encoder shares one across layers).
-        ``residual`` ``(b, n, D)`` is added to the output (by the output projection's GEMM
-        when autograd is off: the encoder layer's skip connection at no extra pass).
+        ``pe`` overrides the module's own encoding. ``state`` is that encoding's
+        :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
+        layers (the Encoder does); ``positions`` are then not read. ``residual`` is
+        deprecated: add the output to it instead.
         """
+        heads, weights = self.attend(
+            x,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            pe=pe,
+            state=state,
+        )
+        out = self.out(heads)  # (b, n, D)
+        if residual is not None:
+            warnings.warn(
+                "MultiHeadAttention(residual=...) is deprecated and will be removed in 0.3; "
+                "add the output to the residual instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            out = residual + out
+        return (out, weights) if need_weights else out
+
+    def attend(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        pe: PositionalEncoding | None = None,
+        state: PositionState | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The heads before the output projection: ``Concat(head_1, ..., head_h)``
+        ``(b, n, D)``, and the weights ``(b, h, n, n)`` when ``need_weights`` (else ``None``).
+        Arguments as for :meth:`forward`."""
         check_input(x, self.dim)
         b, n, _ = x.shape
         key_padding_mask = check_key_padding_mask(key_padding_mask, b, n)
         pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        if state is None and pe is not None:
+            state = pe.position_state(
+                positions, seq_len=n, batch=b, device=x.device, dtype=compute_dtype(x.dtype)
+            )
 
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)
-
-        bias_pe: BiasEncoding | None = None
-        pos: Tensor | None = None
-        if isinstance(pe, RotaryEncoding):
-            q, k = pe(q, k, positions)
-        elif isinstance(pe, BiasEncoding):
-            bias_pe = pe
-            pos = resolve_positions(positions, n, batch=b, device=x.device)
+        bias_state: BiasState | None = None
+        if isinstance(state, RotaryState):
+            q, k = state(q, k)
+        elif isinstance(state, BiasState):
+            bias_state = state
 
         dropout_p = self.dropout if self.training else 0.0
-        backend = self._choose_backend(q, bias_pe, need_weights, dropout_p)
+        backend = self._choose_backend(q, bias_state, need_weights, dropout_p)
         out: Tensor | None = None
         if backend in ("flex", "auto-flex"):
             out = self._flex(
-                q, k, v, bias_pe, pos, key_padding_mask, fused_only=backend == "auto-flex"
+                q, k, v, bias_state, key_padding_mask, fused_only=backend == "auto-flex"
             )
             backend = "sdpa" if out is None else "flex"
         weights = None
         if out is None:
-            bias = None
-            if bias_pe is not None:
-                assert pos is not None
-                bias = bias_pe.bias(pos, pos, q=q, k=k)  # (h, n, n) or (b, h, n, n)
+            bias = None if bias_state is None else bias_state.bias(q, k)  # (h|b·h, n, n)
             mask = attention_mask(
                 b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
             )
@@ -498,26 +512,16 @@ class MultiHeadAttention(nn.Module):
                 out, weights = scaled_dot_product_attention(
                     q, k, v, mask, bias=bias, dropout_p=dropout_p
                 )
-                if bias_pe is not None and bias_pe.has_value_term:
-                    assert pos is not None
-                    extra = bias_pe.value_term(weights.to(compute_dtype(q.dtype)), pos, pos)
+                if bias_state is not None and bias_state.has_value_term:
+                    extra = bias_state.value_term(weights.to(compute_dtype(q.dtype)))
                     out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
             else:
                 out = self._sdpa(q, k, v, mask, bias, dropout_p)
         self.last_backend = backend
-        if residual is not None:
-            check_input(residual, self.dim, name="residual")
-            if residual.shape != x.shape:
-                raise PosencValueError(
-                    f"residual must have the shape of x {tuple(x.shape)}, "
-                    f"got {tuple(residual.shape)}"
-                )
-        heads = out.transpose(1, 2).reshape(b, n, self.dim)  # (b, n, D)
-        out = linear_residual(self.out, heads, residual).view(b, n, self.dim)
-        return (out, weights) if need_weights else out
+        return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
 
     def _choose_backend(
-        self, q: Tensor, pe: BiasEncoding | None, need_weights: bool, dropout_p: float
+        self, q: Tensor, pe: BiasState | None, need_weights: bool, dropout_p: float
     ) -> str:
         """Resolve ``auto`` and the cases where a requested backend cannot run."""
         if need_weights or self.backend == "math" or (pe is not None and pe.has_value_term):
@@ -535,19 +539,19 @@ class MultiHeadAttention(nn.Module):
         return "auto-flex" if self.num_heads * n * n >= FLEX_AUTO_MIN_ELEMENTS else "sdpa"
 
     @staticmethod
-    def _needs_cpu_grad(q: Tensor, pe: BiasEncoding | None) -> bool:
+    def _needs_cpu_grad(q: Tensor, state: BiasState | None) -> bool:
         """flex_attention has no backward on CPU: avoid it whenever autograd is recording."""
         if q.device.type != "cpu" or not torch.is_grad_enabled():
             return False
-        return q.requires_grad or (pe is not None and any(p.requires_grad for p in pe.parameters()))
+        params = () if state is None else state.pe.parameters()
+        return q.requires_grad or any(p.requires_grad for p in params)
 
     def _flex(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        pe: BiasEncoding | None,
-        pos: Tensor | None,
+        state: BiasState | None,
         key_padding_mask: Tensor | None,
         *,
         fused_only: bool,
@@ -556,14 +560,13 @@ class MultiHeadAttention(nn.Module):
         compilation failed, or ``fused_only`` and the scheme has no score_mod here."""
         b, _, n, _ = q.shape
         score_mod: ScoreMod | None = None
-        if pe is not None:
-            assert pos is not None
-            score_mod = pe.score_mod(pos, pos, q=q, k=k)
+        if state is not None:
+            score_mod = state.score_mod(q, k)
             if score_mod is None:
                 if fused_only:
                     return None
                 # no fused form: the kernel reads a materialised bias
-                score_mod = _bias_score_mod(pe.bias(pos, pos, q=q, k=k))
+                score_mod = _bias_score_mod(state.bias(q, k))
         block_mask = flex_block_mask(
             b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=q.device
         )

@@ -10,6 +10,7 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabula
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -17,13 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import (
-    Backend,
-    MultiHeadAttention,
-    check_attention_pe,
-    check_key_padding_mask,
-    linear_residual,
-)
+from . import fused
+from .attention import Backend, MultiHeadAttention, check_attention_pe, check_key_padding_mask
 from .encodings.base import (
     AdditiveEncoding,
     NoPE,
@@ -33,14 +29,15 @@ from .encodings.base import (
     check_input,
     check_positive_int,
     check_probability,
+    compute_dtype,
+    entry,
+    resolve_positions,
 )
+from .encodings.state import PositionState
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
 Activation = Literal["relu", "gelu"]
 _ACTIVATIONS = ("relu", "gelu")
-#: ``torch._addmm_activation`` (bias, GEMM and ReLU in one kernel) exists since torch 1.13;
-#: it has no autograd formula, so it is used only when autograd is off.
-_FUSED_RELU = hasattr(torch, "_addmm_activation")
 
 
 class FeedForward(nn.Module):
@@ -63,20 +60,24 @@ class FeedForward(nn.Module):
         self.down = nn.Linear(hidden, dim)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
+    def act(self, hidden: Tensor) -> Tensor:
+        """The activation, in place for ReLU (the up-projection's backward needs its input,
+        not its output)."""
+        return F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
+
     def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
-        """Shapes: x ``(..., D)`` -> ``(..., D)``; with ``residual`` (same shape) the result
-        is ``residual + ffn(x)``, which inference computes without a separate add."""
-        if not torch.is_grad_enabled() and self.activation == "relu" and _FUSED_RELU:
-            # the ReLU applied inside the GEMM (what torch's own fast path does)
-            flat = x.reshape(-1, x.shape[-1])
-            hidden = torch._addmm_activation(self.up.bias, flat, self.up.weight.t())
-        else:
-            hidden = self.up(x)
-            # in place: the up-projection's backward needs its input, not its output
-            hidden = F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
-        if self.training and self.dropout.p > 0:
-            hidden = self.dropout(hidden)
-        return linear_residual(self.down, hidden, residual).view(x.shape)
+        """Shapes: x ``(..., D)`` -> ``(..., D)``. ``residual`` is deprecated: add the output
+        to it instead."""
+        out = self.down(self.dropout(self.act(self.up(x))))
+        if residual is not None:
+            warnings.warn(
+                "FeedForward(residual=...) is deprecated and will be removed in 0.3; add the "
+                "output to the residual instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            out = residual + out
+        return out
 
 
 class EncoderLayer(nn.Module):
@@ -116,43 +117,50 @@ class EncoderLayer(nn.Module):
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         pe: PositionalEncoding | None = None,
+        state: PositionState | None = None,
     ) -> Tensor:
-        """Shapes: x ``(b, n, D)`` -> ``(b, n, D)``."""
-        # Without dropout the residual goes into each sublayer's output projection, which
-        # then adds it for free when autograd is off (see linear_residual).
-        fuse = not (self.training and self.drop.p > 0)
+        """Shapes: x ``(b, n, D)`` -> ``(b, n, D)``. ``state`` is the encoding's per-forward
+        :meth:`~posenc.PositionalEncoding.position_state` (the Encoder makes it once for all
+        layers); otherwise ``pe`` (default: the attention's own) is asked with ``positions``.
 
-        def attend(h: Tensor, residual: Tensor) -> Tensor:
+        Pre-norm: ``x = x + attn(norm1(x))``, then ``x = x + ffn(norm2(x))``;
+        post-norm: ``x = norm1(x + attn(x))``, then ``x = norm2(x + ffn(x))``. Outside
+        autograd the same sums run through :func:`posenc.fused.encoder_layer`.
+        """
+        if not torch.is_grad_enabled() and not (self.training and self.drop.p > 0):
+            return fused.encoder_layer(
+                self, x, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
+            )
+
+        def attend(h: Tensor) -> Tensor:
             out = self.attn(
-                h,
-                positions=positions,
-                key_padding_mask=key_padding_mask,
-                pe=pe,
-                residual=residual if fuse else None,
+                h, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
             )
             assert isinstance(out, Tensor)
-            return out if fuse else residual + self.drop(out)
-
-        def feed(h: Tensor, residual: Tensor) -> Tensor:
-            if fuse:
-                return self.ffn(h, residual=residual)
-            return residual + self.drop(self.ffn(h))
+            return self.drop(out)
 
         if self.norm_first:
-            x = attend(self.norm1(x), x)
-            return feed(self.norm2(x), x)
-        x = self.norm1(attend(x, x))
-        return self.norm2(feed(x, x))
+            x = x + attend(self.norm1(x))
+            return x + self.drop(self.ffn(self.norm2(x)))
+        x = self.norm1(x + attend(x))
+        return self.norm2(x + self.drop(self.ffn(x)))
 
 
 def resolve_pe(
-    pe: str | PositionalEncoding | None, dim: int, num_heads: int, **kwargs: Any
+    pe: str | PositionalEncoding | None,
+    dim: int,
+    num_heads: int,
+    *,
+    causal: bool = False,
+    **kwargs: Any,
 ) -> PositionalEncoding:
-    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model."""
+    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model. A name
+    built for a ``causal`` model starts from the scheme's ``causal_defaults``."""
     if pe is None:
         return NoPE()
     if isinstance(pe, str):
-        return build_for_model(pe, dim, num_heads, **kwargs)
+        defaults = entry(pe).cls.causal_defaults if causal else {}
+        return build_for_model(pe, dim, num_heads, **{**defaults, **kwargs})
     if isinstance(pe, PositionalEncoding):
         if kwargs:
             raise PosencTypeError("pe_kwargs apply only when pe is a registry name")
@@ -174,7 +182,12 @@ class Encoder(nn.Module):
         dropout: dropout in attention, feed-forward and residuals.
         causal: mask future positions (decoder-only models).
         norm_first: pre-norm (default) or the paper's post-norm.
-        pe_kwargs: extra constructor arguments when ``pe`` is a name.
+        pe_kwargs: extra constructor arguments when ``pe`` is a name. A causal Encoder starts
+            from the scheme's ``causal_defaults`` (T5: unidirectional buckets).
+        random_positions: ``L`` for randomized positions (Ruoss et al. 2023): in training
+            each sequence's positions are mapped through sorted distinct positions drawn
+            from ``[0, L)`` (:func:`randomize_positions`); evaluation uses the positions
+            given. Works with every scheme; ``None`` (default) turns it off.
 
     >>> enc = Encoder(32, 2, 4, pe="sinusoidal")
     >>> enc(torch.randn(2, 10, 32)).shape
@@ -195,10 +208,13 @@ class Encoder(nn.Module):
         activation: Activation = "relu",
         backend: Backend = "auto",
         pe_kwargs: dict[str, Any] | None = None,
+        random_positions: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("depth", depth)
+        if random_positions is not None:
+            check_positive_int("random_positions", random_positions)
         check_positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
@@ -219,7 +235,8 @@ class Encoder(nn.Module):
         )
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.causal = check_bool("causal", causal)
-        self.pe = resolve_pe(pe, dim, num_heads, **(pe_kwargs or {}))
+        self.random_positions = random_positions
+        self.pe = resolve_pe(pe, dim, num_heads, causal=causal, **(pe_kwargs or {}))
         self.layers = nn.ModuleList(
             EncoderLayer(
                 dim,
@@ -247,17 +264,65 @@ class Encoder(nn.Module):
         key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
-        ``(b, n)`` bool with True = padding. Returns ``(b, n, D)``."""
+        ``(b, n)`` bool with True = padding. Returns ``(b, n, D)``.
+
+        The encoding is asked once per forward: an additive one is added to ``x``; a rotary
+        or bias one makes its :meth:`~posenc.PositionalEncoding.position_state` (positions
+        validated, cos/sin or bias computed), which every layer then applies.
+        """
         check_input(x, self.dim)
-        check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-        layer_pe: PositionalEncoding | None = None
+        b, n, _ = x.shape
+        check_key_padding_mask(key_padding_mask, b, n)
+        if self.training and self.random_positions is not None:
+            positions = randomize_positions(positions, n, self.random_positions, device=x.device)
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        elif self.pe.family in ("rotary", "bias"):
-            layer_pe = self.pe
+        state = self.pe.position_state(
+            positions, seq_len=n, batch=b, device=x.device, dtype=compute_dtype(x.dtype)
+        )
         for layer in self.layers:
-            x = layer(x, positions=positions, key_padding_mask=key_padding_mask, pe=layer_pe)
+            x = layer(x, key_padding_mask=key_padding_mask, state=state)
         return self.norm(x)
+
+
+def randomize_positions(
+    positions: Tensor | None,
+    seq_len: int,
+    max_positions: int,
+    *,
+    device: torch.device | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+    Generalization of Transformers", §3): ``positions`` (default ``arange(seq_len)``; whole,
+    non-negative, ``(n,)`` or ``(b, n)``) mapped through ``m`` sorted distinct positions drawn
+    uniformly from ``[0, max_positions)``, one draw per row, where ``m = max(positions) + 1``.
+
+    Order and ties are kept (``p < p'`` gives ``r[p] < r[p']``), so positions that share a
+    value (coupled ones) still share it, while the gaps are those of a longer sequence.
+
+    Shapes: returns ``(n,)`` for default or 1-D positions, else ``(b, n)``; int64.
+
+    >>> randomize_positions(None, 4, 10, generator=torch.Generator().manual_seed(0)).tolist()
+    [2, 3, 4, 7]
+    """
+    check_positive_int("max_positions", max_positions)
+    if positions is None:
+        count = seq_len
+        positions = torch.arange(seq_len, device=device)
+    else:
+        positions = resolve_positions(positions, seq_len, device=device, integer=True).long()
+        count = int(positions.max()) + 1 if positions.numel() else 0  # one host sync
+    if count > max_positions:
+        raise PosencValueError(
+            f"randomized positions: {count} distinct positions need max_positions >= {count}, "
+            f"got {max_positions}"
+        )
+    rows = 1 if positions.dim() == 1 else positions.shape[0]
+    keys = torch.rand(rows, max_positions, generator=generator, device=positions.device)
+    chosen = keys.topk(count, dim=-1).indices.sort(dim=-1).values  # (rows, m), sorted
+    mapped = chosen.gather(-1, positions.expand(rows, -1))  # (rows, n)
+    return mapped[0] if positions.dim() == 1 else mapped
 
 
 class TransformerModel(nn.Module):

@@ -46,6 +46,7 @@ from .sinusoidal import (
     sinusoidal_table,
     sinusoidal_table_np,
 )
+from .state import BiasState, PositionState, RotaryState
 from .t5 import T5RelativeBias, t5_relative_position_bucket
 
 __all__ = [
@@ -57,17 +58,20 @@ __all__ = [
     "AdditiveEncoding",
     "AxialRotaryEmbedding",
     "BiasEncoding",
+    "BiasState",
     "CoPE",
     "DynamicPositionBias",
     "Entry",
     "InterleavedRotaryEmbedding",
     "LearnedPositionalEncoding",
     "NoPE",
+    "PositionState",
     "PositionalEncoding",
     "Rotary2DEmbedding",
     "Rotary3DEmbedding",
     "RotaryEmbedding",
     "RotaryEncoding",
+    "RotaryState",
     "ScaledSinusoidalPositionalEncoding",
     "ShawRelativeBias",
     "Sinusoidal2DPositionalEncoding",

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import PosencTypeError, PosencValueError
+from .state import BiasState, PositionState, RotaryState
 
 Family = Literal["additive", "rotary", "bias", "none"]
 FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
@@ -228,11 +229,28 @@ class PositionalEncoding(nn.Module):
     #: Coordinates per position: 1 for sequences; 2 or 3 for grids (positions then carry a
     #: trailing axis of that size, e.g. ``(n, 2)`` for image patches).
     axes: ClassVar[int] = 1
+    #: Constructor arguments a causal (decoder-only) model uses unless given: T5's decoder
+    #: buckets, for instance, see only one direction.
+    causal_defaults: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> PositionalEncoding:
         """Build this encoding for a model of width ``dim`` with ``num_heads`` heads."""
         raise NotImplementedError
+
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PositionState | None:
+        """What every attention layer of one forward needs, computed once (see
+        :mod:`posenc.encodings.state`): ``None`` for families that act outside attention.
+        ``dtype`` is the work dtype (float32 for half-precision models)."""
+        return None
 
     def registry_name(self) -> str | None:
         """The name this class is registered under, if any."""
@@ -301,6 +319,19 @@ class RotaryEncoding(PositionalEncoding):
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> RotaryEncoding:
         return cls(dim // num_heads, **kwargs)
 
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PositionState | None:
+        """A rotation for every layer. This default calls :meth:`forward` in each layer;
+        schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
+        return RotaryState(lambda q, k: self(q, k, positions))
+
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -327,6 +358,18 @@ class BiasEncoding(PositionalEncoding):
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> BiasEncoding:
         return cls(num_heads, **kwargs)
+
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> PositionState | None:
+        """The positions, validated once; the bias is made at the first layer's request."""
+        return BiasState(self, resolve_positions(positions, seq_len, batch=batch, device=device))
 
     def bias(
         self,

@@ -15,11 +15,12 @@ from torch import Tensor, nn
 from ..errors import PosencValueError, check_bytes
 from .base import (
     AdditiveEncoding,
+    add_encoding,
     check_input,
     check_positive_int,
     check_probability,
+    compute_dtype,
     register,
-    resolve_positions,
 )
 
 Init = Literal["xavier", "normal"]
@@ -90,9 +91,9 @@ class LearnedPositionalEncoding(AdditiveEncoding):
             raise PosencValueError(
                 f"input has {x.shape[1]} positions but the learned table has max_len={self.max_len}"
             )
-        positions = resolve_positions(
-            positions, x.shape[1], batch=x.shape[0], device=x.device, integer=True
-        )
+        if positions is None:  # the first n rows: no position to check, no host sync
+            pe = self.weight[: x.shape[1]].to(compute_dtype(x.dtype))  # (n, d)
+            return add_encoding(x, pe, self.dropout)
         return super().forward(x, positions)
 
     def extra_repr(self) -> str:

@@ -65,6 +65,7 @@ from .base import (
 )
 from .hf_config import rotary_arguments_from_hf_config
 from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
+from .state import RotaryState
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
@@ -344,6 +345,20 @@ def _check_base(base: object) -> float:
     if base == 1.0:
         raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
     return base
+
+
+def _state(
+    interleaved: bool, query: tuple[Tensor, Tensor], key: tuple[Tensor, Tensor]
+) -> RotaryState:
+    """A :class:`RotaryState` rotating queries by ``query`` = (cos, sin) and keys by ``key``."""
+
+    def rotate(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return (
+            apply_rotary(q, *query, interleaved=interleaved),
+            apply_rotary(k, *key, interleaved=interleaved),
+        )
+
+    return RotaryState(rotate)
 
 
 def _unsqueeze_heads(t: Tensor) -> Tensor:
@@ -631,6 +646,21 @@ class RotaryEmbedding(RotaryEncoding):
         sin = (angles.sin() * self.attention_factor).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> RotaryState:
+        """cos and sin computed once for every layer of a forward (see :class:`RotaryState`)."""
+        positions = self._positions(positions, seq_len, batch, device)
+        self._update_state(positions, seq_len)
+        cos, sin = self.cos_sin(positions, seq_len, dtype=dtype, device=device)
+        return _state(self.interleaved, (cos, sin), (cos, sin))
+
     # ------------------------------------------------------------------ forward
 
     def _positions(
@@ -756,6 +786,20 @@ class XPos(RotaryEmbedding):
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
+
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> RotaryState:
+        """The scaled cos and sin of queries and of keys, computed once for every layer."""
+        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
+        query = self.scaled_cos_sin(pos, dtype, key=False)
+        return _state(self.interleaved, query, self.scaled_cos_sin(pos, dtype, key=True))
 
     def rotate(self, x: Tensor, positions: Tensor | None = None, *, key: bool = False) -> Tensor:
         """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``.
@@ -893,6 +937,19 @@ class AxialRotaryEmbedding(RotaryEncoding):
         picked = coords.to(torch.float64)[..., axis]  # (..., n, r/2): each pair's coordinate
         angles = picked * freq.to(coords.device, torch.float64)
         return _unsqueeze_heads(angles.cos().to(dtype)), _unsqueeze_heads(angles.sin().to(dtype))
+
+    def position_state(
+        self,
+        positions: Tensor | None,
+        *,
+        seq_len: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> RotaryState:
+        """cos and sin of the coordinates, computed once for every layer of a forward."""
+        cos_sin = self.cos_sin(self.coordinates(positions, seq_len, batch, device), dtype)
+        return _state(self.interleaved, cos_sin, cos_sin)
 
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, a)`` / ``(b, n, a)``."""

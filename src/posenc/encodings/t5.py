@@ -18,7 +18,7 @@ bucket of every distance, including those on a boundary, matches the trained mod
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -103,7 +103,9 @@ class T5RelativeBias(DistanceBias):
         max_distance: distance from which every position shares the last bucket; at least
             ``num_buckets``.
         bidirectional: tell keys before and after the query apart (encoders); ``False`` for
-            decoders, where every key after the query shares bucket 0.
+            decoders, where every key after the query shares bucket 0. A causal
+            :class:`~posenc.Encoder` builds ``bidirectional=False`` unless told otherwise
+            (:attr:`causal_defaults`), as T5's decoder does.
 
     The table is an ``nn.Embedding(num_buckets, num_heads)`` initialised from N(0, 0.02²)
     (Hugging Face's layout, so its weights load directly). Positions must be whole numbers.
@@ -114,6 +116,7 @@ class T5RelativeBias(DistanceBias):
 
     paper: ClassVar[str] = PAPER
     integer_positions = True
+    causal_defaults: ClassVar[dict[str, Any]] = {"bidirectional": False}
 
     def __init__(
         self,

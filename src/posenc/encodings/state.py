@@ -1,0 +1,94 @@
+"""What the attention layers of one forward need from a rotary or bias encoding, computed once.
+
+An :class:`~posenc.Encoder` of depth ``L`` used to ask its encoding for the same cos/sin, or
+the same bias, ``L`` times, and to validate the same positions ``L`` times (a host sync
+each). Instead it calls the encoding's ``position_state(positions, ...)`` once per forward
+and hands the result to every layer, as Hugging Face's Llama hands its ``(cos, sin)`` to each
+decoder layer. A layer only *applies* the state:
+
+* :class:`RotaryState`: ``state(q, k) -> (q, k)``, the rotation with its cos/sin ready;
+* :class:`BiasState`: ``state.bias(q, k)`` / ``state.score_mod(q, k)``, computed at the
+  first layer's call and reused by the others, unless the scheme reads ``q`` or ``k``
+  (Transformer-XL, Shaw with values, CoPE), which is then asked again in each layer.
+
+Nothing here validates: the encoding did that when it made the state.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+#: ``rotate(q, k) -> (q, k)`` for ``(b, h, n, d)`` queries and keys.
+Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+class PositionState:
+    """The per-forward state of one encoding: made once, applied by every layer."""
+
+
+class RotaryState(PositionState):
+    """Rotates each layer's queries and keys with angles computed once.
+
+    Args:
+        rotate: ``(q, k) -> (q, k)``, the encoding's rotation with its cos/sin bound.
+    """
+
+    def __init__(self, rotate: Rotate) -> None:
+        self.rotate = rotate
+
+    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``; returns both rotated."""
+        return self.rotate(q, k)
+
+
+_UNSET: Any = object()
+
+
+class BiasState(PositionState):
+    """A bias encoding with its positions resolved; the bias (or ``score_mod``) is made at
+    the first layer's request and reused by the rest, unless the scheme reads ``q``/``k``.
+
+    Args:
+        pe: the bias encoding.
+        positions: resolved positions, ``(n,)`` or ``(b, n)``, the same for queries and keys.
+    """
+
+    def __init__(self, pe: Any, positions: Tensor) -> None:  # pe: a BiasEncoding
+        self.pe, self.positions = pe, positions
+        self._bias: Tensor | None = None
+        self._score_mod: Any = _UNSET
+
+    @property
+    def needs_qk(self) -> bool:
+        return self.pe.needs_qk
+
+    @property
+    def has_value_term(self) -> bool:
+        return self.pe.has_value_term
+
+    def bias(self, q: Tensor, k: Tensor) -> Tensor:
+        """The logit bias ``(h, n, n)`` or ``(b, h, n, n)`` for this layer's ``q``, ``k``."""
+        pos = self.positions
+        if self.pe.needs_qk:
+            return self.pe.bias(pos, pos, q=q, k=k)
+        if self._bias is None:
+            self._bias = self.pe.bias(pos, pos)
+        return self._bias
+
+    def score_mod(self, q: Tensor, k: Tensor) -> Callable[..., Tensor] | None:
+        """The scheme's flex_attention ``score_mod``, or ``None`` when it has none."""
+        pos = self.positions
+        if self.pe.needs_qk:
+            return self.pe.score_mod(pos, pos, q=q, k=k)
+        if self._score_mod is _UNSET:
+            self._score_mod = self.pe.score_mod(pos, pos)
+        return self._score_mod
+
+    def value_term(self, weights: Tensor) -> Tensor:
+        """Shaw et al.'s value-side term: weights ``(b, h, n, n)`` -> ``(b, h, n, d)``."""
+        return self.pe.value_term(weights, self.positions, self.positions)
