@@ -304,7 +304,7 @@ def randomize_positions(
     Shapes: returns ``(n,)`` for default or 1-D positions, else ``(b, n)``; int64.
 
     >>> randomize_positions(None, 4, 10, generator=torch.Generator().manual_seed(0)).tolist()
-    [2, 3, 4, 7]
+    [1, 5, 7, 9]
     """
     check_positive_int("max_positions", max_positions)
     if positions is None:
