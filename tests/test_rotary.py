@@ -680,3 +680,18 @@ def test_torch_compile_fullgraph_matches_eager() -> None:
     got, want = compiled(q, k), rope(q, k)
     assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
     assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_table_grown_under_inference_mode_still_trains() -> None:
+    """A table that grew inside ``torch.inference_mode`` (evaluation at a longer length) must
+    not be an inference tensor: a later training step saves cos/sin for backward."""
+    rope = RotaryEmbedding(8)
+    rope.reset_tables(16)  # a short table, so that 300 positions grow it
+    q = torch.randn(1, 2, 300, 8, dtype=torch.float64)
+    with torch.inference_mode():
+        rope(q, q)  # grows the table
+    leaf = q.clone().requires_grad_()
+    rq, rk = rope(leaf, leaf)
+    (rq.sum() + rk.sum()).backward()
+    assert leaf.grad is not None
+    assert not rope.cos_cached.is_inference()

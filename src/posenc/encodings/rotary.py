@@ -546,10 +546,13 @@ class RotaryEmbedding(RotaryEncoding):
         device = self.cos_cached.device
         if device.type == "meta":
             return
-        if not self.learned_freq:
-            self.inv_freq, self.attention_factor = self._frequencies(self._seq_len, device)
-        n = self.cos_cached.shape[0] if num_positions is None else num_positions
-        self.cos_cached, self.sin_cached = self._table_rows(n, device)
+        # tables built under inference_mode would be inference tensors, which a later
+        # training step could not save for backward
+        with torch.inference_mode(False):
+            if not self.learned_freq:
+                self.inv_freq, self.attention_factor = self._frequencies(self._seq_len, device)
+            n = self.cos_cached.shape[0] if num_positions is None else num_positions
+            self.cos_cached, self.sin_cached = self._table_rows(n, device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
         super()._apply(fn, recurse)
