@@ -400,7 +400,7 @@ def test_blocked_half_precision_kernel_rounds_once(
     """Half-precision inputs are rotated block by block in float32 (here 5 rows a block, so
     37 rows span 8 blocks, the last one short): equal to rotating in float64 and rounding once,
     for odd head dims, partial rotary and per-batch tables alike."""
-    monkeypatch.setattr(posenc.encodings.base, "BLOCK_ELEMENTS", 5 * shape[-1])
+    monkeypatch.setattr(posenc.encodings.blocks, "BLOCK_ELEMENTS", 5 * shape[-1])
     monkeypatch.setattr(rotary, "_compile_enabled", False)
     x = torch.randn(shape[0], shape[2], shape[1], shape[3]).to(dtype).transpose(1, 2)
     table_shape = (

@@ -9,8 +9,13 @@ import pytest
 from matplotlib.figure import Figure
 
 from posenc.bench import rope as rope_bench
-from posenc.encodings.rope_scaling import rope_parameters
-from posenc.plots.rotary import relative_upper_bound, rope_long_term_decay, rope_scaling_spectrum
+from posenc.encodings.rope_scaling import ROPE_TYPES, rope_parameters
+from posenc.plots.rotary import (
+    default_scalings,
+    relative_upper_bound,
+    rope_long_term_decay,
+    rope_scaling_spectrum,
+)
 
 
 def test_relative_upper_bound_matches_a_direct_transcription() -> None:
@@ -39,7 +44,9 @@ def test_spectrum_plots_each_method_against_the_original() -> None:
     assert isinstance(fig, Figure)
     left, right = fig.axes
     assert left.get_yscale() == "log" and right.get_yscale() == "log"
-    assert len(left.lines) == 1 + 5 + 1  # original, five methods, the context marker
+    methods = default_scalings(4.0, 1024, 64)  # every rope_type with parameters
+    assert list(methods) == [t for t in ROPE_TYPES if t != "default"]
+    assert len(left.lines) == 1 + len(methods) + 1  # original, the methods, the context marker
     reference, _ = rope_parameters(None, 64, 10000.0)
     linear, _ = rope_parameters({"rope_type": "linear", "factor": 4.0}, 64, 10000.0)
     np.testing.assert_allclose(right.lines[0].get_ydata(), (linear / reference).numpy())

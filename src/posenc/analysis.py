@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,14 +19,9 @@ import torch
 from torch import Tensor
 
 from .attention import scaled_dot_product_attention
-from .encodings.base import (
-    AdditiveEncoding,
-    PositionalEncoding,
-    build_for_model,
-    check_positive_int,
-    entry,
-)
-from .encodings.learned import LearnedPositionalEncoding
+from .encodings.base import AdditiveEncoding, PositionalEncoding
+from .encodings.checks import check_positive_int
+from .encodings.registry import build_for_model, entry
 from .encodings.sinusoidal import inverse_frequencies, sinusoidal_table
 from .errors import PosencValueError, check_bytes
 from .model import Encoder
@@ -373,8 +369,10 @@ def format_analysis(row: Analysis) -> list[str]:
 def _build_for_analysis(name: str, dim: int, num_heads: int, length: int) -> PositionalEncoding:
     cls = entry(name).cls
     kwargs = {}
-    # a learned table gets exactly the training length, so "past L" means past its rows
-    if issubclass(cls, LearnedPositionalEncoding):
+    # a lookup table (whole-number positions) sized by ``max_len`` gets exactly the training
+    # length, so "past L" means past its rows
+    table = getattr(cls, "integer_positions", False)
+    if table and "max_len" in inspect.signature(cls).parameters:
         kwargs["max_len"] = length
     return build_for_model(name, dim, num_heads, **kwargs)
 

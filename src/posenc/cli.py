@@ -85,7 +85,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .encodings import available, entry
 
     rows = [
-        (name, entry(name).family, entry(name).paper, entry(name).summary) for name in available()
+        (name, entry(name).family, entry(name).paper, entry(name).summary)
+        for name in available(args.family)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for name, family, paper, summary in rows:
@@ -163,6 +164,9 @@ def cmd_tour(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="posenc", description="Positional encodings for Transformers.")
     from . import __version__
+    from .encodings import FAMILIES, ROPE_TYPES, available
+
+    names = ", ".join(available())
 
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -173,11 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("png", "svg"), default="png", help="picture format")
     p.set_defaults(func=cmd_tour)
 
-    p = sub.add_parser("list", help="list every registered encoding, one line each")
+    p = sub.add_parser(
+        "list",
+        help="list every registered encoding, one line each",
+        description="Every registered encoding: name, family, paper and summary. "
+        f"RoPE context extension (RotaryEmbedding(scaling={{'rope_type': ...}})): "
+        f"{', '.join(ROPE_TYPES)}.",
+    )
+    p.add_argument("--family", choices=FAMILIES, default=None, help="only this family")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("plot", help="plot encodings to a PNG/SVG/PDF file")
-    p.add_argument("names", nargs="+", metavar="NAME", help="registry names (see `posenc list`)")
+    p.add_argument("names", nargs="+", metavar="NAME", help=f"registry names: {names}")
     p.add_argument("--kind", default=None, help="what to draw (default: by family)")
     p.add_argument(
         "--positions",
@@ -192,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("analyze", help="measure the properties of encodings, as a table")
-    p.add_argument("names", nargs="*", metavar="NAME", help="registry names (default: all)")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"registry names (default: all): {names}"
+    )
     p.add_argument(
         "--length",
         type=_bounded(MAX_LENGTH),

@@ -14,20 +14,30 @@ import html
 import io
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 from rich.console import Console
 
 from . import __version__
 from .analysis import analysis_html, analyze
-from .encodings import available, entry
-from .plots import DEFAULT_KIND, build_for_plot, plot_encoding
+from .encodings import FAMILIES, available, entry
+from .plots import build_for_plot, default_kind, figure_to_data_uri, plot_encoding
 
-#: Encodings shown when none are named: one or two per family.
-DEFAULT_NAMES = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+
+def __getattr__(name: str) -> object:
+    """``DEFAULT_NAMES``, the hand-written default this module kept, is deprecated: the report
+    shows every registered encoding unless names are given (``posenc.available()``)."""
+    if name == "DEFAULT_NAMES":
+        warnings.warn(
+            "posenc.report.DEFAULT_NAMES is deprecated; the default is posenc.available()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tuple(available())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 STYLE = """
 :root { color-scheme: light; --ink: #1d232a; --muted: #5a6470; --line: #d9dee4; }
@@ -45,13 +55,6 @@ th:first-child, td:first-child { text-align: left; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(320px, 1fr)); gap: 1rem; }
 pre, code { font-size: 0.85rem; } pre { overflow-x: auto; background: #f6f8fa; padding: 0.5rem; }
 """
-
-
-def figure_to_data_uri(fig: Figure, *, dpi: int = 90) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def png_to_data_uri(path: Path) -> str:
@@ -132,26 +135,29 @@ def _tour_section() -> str:
 
 
 def _encodings_section(names: Sequence[str]) -> str:
+    """Per family: the logit contribution against distance of its sequence encodings side by
+    side, then one picture of each encoding: the kind :func:`~posenc.plots.default_kind`
+    picks, or the similarity matrix where that is the distance profile already shown."""
     parts = ["<h2>The encodings</h2>"]
-    parts.append(
-        _figure(
-            figure_to_data_uri(plot_encoding(list(names), kind="distance", positions=64)),
-            "Logit contribution against distance, side by side",
-        )
-    )
-    for name in names:
-        e = entry(name)
-        pe = build_for_plot(name)
-        kind = "grid" if pe.axes != 1 else DEFAULT_KIND[e.family]
-        kinds = [kind] + (["distance"] if kind != "distance" else ["similarity"])
-        parts.append(
-            f"<h3>{html.escape(name)} "
-            f"<span class='meta'>({e.family}; {html.escape(e.paper)})</span></h3>"
-        )
+    for family in FAMILIES:
+        members = [name for name in names if entry(name).family == family]
+        if not members:
+            continue
+        parts.append(f"<h3>{html.escape(family)}</h3>")
+        built = {name: build_for_plot(name) for name in members}
+        sequences = [name for name in members if built[name].axes == 1]
+        if sequences:
+            fig = plot_encoding(sequences, kind="distance", positions=64)
+            caption = f"{family}: logit contribution against distance, side by side"
+            parts.append(_figure(figure_to_data_uri(fig), caption))
         parts.append('<div class="grid">')
-        for k in kinds:
-            fig = plot_encoding(name, kind=k, positions=64)
-            parts.append(_figure(figure_to_data_uri(fig), f"{name}: {k}"))
+        for name, pe in built.items():
+            kind = default_kind(pe)
+            if kind == "distance" and name in sequences:
+                kind = "similarity"
+            fig = plot_encoding(name, kind=kind, positions=64)
+            caption = f"{name} ({entry(name).paper or 'no paper'}): {kind}"
+            parts.append(_figure(figure_to_data_uri(fig), caption))
         parts.append("</div>")
     return "\n".join(parts)
 
@@ -183,7 +189,7 @@ def _results_section(results: Path) -> str:
 
 def build_report(names: Sequence[str] | None = None, *, results: Path | None = None) -> str:
     """The report as one HTML string."""
-    chosen = list(names) if names else [n for n in DEFAULT_NAMES if n in available()]
+    chosen = list(names) if names else available()
     for name in chosen:
         entry(name)  # unknown names fail before any work
     started = time.perf_counter()
@@ -220,7 +226,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_subcommand(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report")
-    p.add_argument("names", nargs="*", metavar="NAME", help="encodings (default: one per family)")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help="encodings (default: every registered one)"
+    )
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write")
     p.add_argument("--results", default="benchmarks", help="folder of results (*.md) to include")
     p.set_defaults(func=cmd_report)

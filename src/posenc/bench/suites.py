@@ -13,6 +13,7 @@ bias       ALiBi attention per posenc backend vs ``torch.nn.MultiheadAttention``
            materialised bias: time and peak memory against n
 encoder    a whole ``posenc.Encoder``, forward and forward+backward, train and eval mode, vs
            ``torch.nn.TransformerEncoder`` of the same shape with the same encoding added
+schemes    that encoder's forward with every registered sequence encoding (:mod:`.schemes`)
 scaling    RoPE and bias attention as n doubles from 512 to 16k, with the fitted exponent
 =========  ====================================================================================
 
@@ -39,9 +40,10 @@ from torch import Tensor, nn
 
 from ..errors import PosencValueError
 from .harness import Case, Section, Table, fit_exponent, ms, ratio, round_robin, spread
+from .schemes import suite_schemes
 from .timing import copy_floor
 
-SUITES = ("table", "add", "rope", "bias", "encoder", "scaling")
+SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling")
 
 
 @dataclass(frozen=True)
@@ -674,6 +676,7 @@ RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "rope": suite_rope,
     "bias": suite_bias,
     "encoder": suite_encoder,
+    "schemes": lambda s: suite_schemes(s.encoder, warmup=s.warmup, repeats=s.repeats),
     "scaling": suite_scaling,
 }
 

@@ -1,4 +1,4 @@
-"""The family protocol and the registry.
+"""The family protocol: the base class of every encoding and one class per family.
 
 Every positional scheme acts on attention in one of three places (see DESIGN.md):
 
@@ -12,7 +12,11 @@ none        nothing                                             nothing
 ==========  ==================================================  =====================
 
 Attention and the model only ever call these hooks; a new scheme is a new subclass
-registered under a name, and nothing else changes.
+registered under a name (:mod:`.registry`), and nothing else changes.
+
+The validation helpers (:mod:`.checks`), the registry (:mod:`.registry`) and the
+half-precision row blocking (:mod:`.blocks`) live in their own modules; their names are
+re-exported here, so ``from posenc.encodings.base import build`` keeps working.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk`` query/key),
 ``d`` model or head dim.
@@ -20,201 +24,52 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk`` query/
 
 from __future__ import annotations
 
-import inspect
+import html
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosencTypeError, PosencValueError
+from .blocks import BLOCK_ELEMENTS, add_encoding, block_rows, row_blocks
+from .checks import (
+    check_bool,
+    check_finite,
+    check_float_dtype,
+    check_input,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+    compute_dtype,
+    resolve_positions,
+)
+from .registry import (
+    _REGISTRY,
+    Entry,
+    available,
+    build,
+    build_for_model,
+    entry,
+    register,
+)
 from .state import BiasState, PositionState, RotaryState
 
 Family = Literal["additive", "rotary", "bias", "none"]
 FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- display
+
+#: Draws an encoding for a notebook: ``draw(pe, name) -> HTML`` (an ``<img>``). Encodings
+#: import nothing that draws; :mod:`posenc.notebook`, which ``import posenc`` loads, installs
+#: the picture with :func:`set_html_figure`.
+_html_figure: Callable[[PositionalEncoding, str], str] | None = None
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive ``int``; raise naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PosencTypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise PosencValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
-def check_positive_float(name: str, value: object) -> float:
-    """Return ``value`` as a float if it is a finite number > 0; raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    value = float(value)
-    if not value > 0 or value == float("inf"):
-        raise PosencValueError(f"{name} must be a finite number > 0, got {value}")
-    return value
-
-
-def check_probability(name: str, value: object) -> float:
-    """Return ``value`` if it is a number in [0, 1); raise naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    if not 0.0 <= float(value) < 1.0:
-        raise PosencValueError(f"{name} must be in [0, 1), got {value}")
-    return float(value)
-
-
-def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a ``bool``; raise naming ``name`` otherwise (``bool("no")`` is
-    True, so strings and numbers are refused rather than converted)."""
-    if not isinstance(value, bool):
-        raise PosencTypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
-    return value
-
-
-def check_float_dtype(name: str, value: object) -> torch.dtype:
-    """Return ``value`` if it is a floating-point ``torch.dtype``; raise naming ``name``."""
-    if not isinstance(value, torch.dtype):
-        raise PosencTypeError(
-            f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})"
-        )
-    if not value.is_floating_point:
-        raise PosencTypeError(f"{name} must be a floating-point dtype, got {value}")
-    return value
-
-
-def check_finite(name: str, values: Tensor) -> Tensor:
-    """Raise naming ``name`` if a floating ``values`` holds NaN or ±inf (skipped where values
-    cannot be read: meta tensors, inside ``torch.compile``/export)."""
-    readable = _eager() and values.device.type != "meta"
-    if readable and values.is_floating_point() and not bool(torch.isfinite(values).all()):
-        bad = values[~torch.isfinite(values)].flatten()[0].item()
-        raise PosencValueError(f"{name} must be finite, got {bad}")
-    return values
-
-
-def _eager() -> bool:
-    """True outside ``torch.compile`` / export tracing, where data-dependent checks are free."""
-    return not torch.compiler.is_compiling()
-
-
-def resolve_positions(
-    positions: Tensor | None,
-    seq_len: int,
-    *,
-    batch: int | None = None,
-    device: torch.device | None = None,
-    integer: bool = False,
-    name: str = "positions",
-) -> Tensor:
-    """Validate ``positions`` for a sequence of ``seq_len`` tokens, or make ``arange(seq_len)``.
-
-    Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
-    Positions must be non-negative; with ``integer=True`` they must also be whole numbers.
-    """
-    if positions is None:
-        return torch.arange(seq_len, device=device)
-    if not isinstance(positions, Tensor):
-        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise PosencTypeError(
-            f"{name} must be an integer or float tensor, got dtype {positions.dtype}"
-        )
-    if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
-        raise PosencValueError(
-            f"{name} must have shape (seq,) or (batch, seq) with seq={seq_len}, "
-            f"got {tuple(positions.shape)}"
-        )
-    if positions.dim() == 2 and batch is not None and positions.shape[0] not in (1, batch):
-        raise PosencValueError(
-            f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
-        )
-    check_finite(name, positions)
-    checkable = _eager() and positions.device.type != "meta"
-    needs_whole_check = integer and checkable and positions.is_floating_point()
-    if needs_whole_check and not torch.equal(positions, positions.round()):
-        raise PosencValueError(f"{name} must hold whole numbers for this encoding")
-    if checkable and positions.numel():
-        smallest = positions.min()
-        if smallest < 0:
-            raise PosencValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
-    return positions
-
-
-def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tensor:
-    """Check that ``x`` is a floating tensor of rank ``rank`` whose last dimension is ``dim``."""
-    if not isinstance(x, Tensor):
-        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise PosencTypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() != rank:
-        raise PosencValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
-    if x.shape[-1] != dim:
-        raise PosencValueError(f"{name} has last dimension {x.shape[-1]}, expected dim={dim}")
-    return x
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype arithmetic is done in: fp32 for half types, the input's own otherwise."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-#: Work-dtype elements per block of the half-precision kernels (:func:`row_blocks`):
-#: 2**20 float32 values are 4 MiB, which stays in the last-level cache while a block is
-#: worked on, and is large enough that per-operation overhead stays small.
-BLOCK_ELEMENTS = 1 << 20
-
-
-def block_rows(n: int, d: int) -> int:
-    """Rows of ``d`` elements per block: as many as fit in :data:`BLOCK_ELEMENTS`, at least
-    one, at most ``n``."""
-    return max(1, min(n, BLOCK_ELEMENTS // max(d, 1)))
-
-
-def row_blocks(shape: torch.Size, rows: int) -> list[tuple[tuple[int, ...], slice]]:
-    """Cover a ``(..., n, d)`` tensor with blocks of ``rows`` whole rows (the last one shorter):
-    ``(index, span)`` pairs, where ``t[index][span]`` is an ``(m, d)`` block, ``m <= rows``.
-
-    >>> [(index, span.start, span.stop) for index, span in row_blocks(torch.Size([2, 5, 4]), 3)]
-    [((0,), 0, 3), ((0,), 3, 5), ((1,), 0, 3), ((1,), 3, 5)]
-    """
-    n = shape[-2]
-    indices: list[tuple[int, ...]] = [()]
-    for size in shape[:-2]:
-        indices = [(*prefix, i) for prefix in indices for i in range(size)]
-    return [
-        (index, slice(start, min(start + rows, n)))
-        for index in indices
-        for start in range(0, n, rows)
-    ]
-
-
-def add_encoding(x: Tensor, pe: Tensor, dropout: nn.Module) -> Tensor:
-    """``dropout(x + pe)`` computed in ``pe``'s dtype (the work dtype) and cast to ``x``'s once.
-
-    For a half-precision ``x`` outside autograd and without active dropout, each cache-sized
-    block of rows is converted into one reused float32 buffer, the encoding added there and
-    the sum rounded into the output: bit-identical to ``(x.float() + pe).to(x.dtype)``, with
-    memory seeing ``x`` read once and the output written once instead of two full-size
-    float32 temporaries. (A mixed-dtype ``torch.add(x, pe, out=...)`` would be one pass too,
-    but ATen runs it through a scalar casting loop, several times slower.)
-    """
-    dropping = dropout.training and getattr(dropout, "p", 0.0) > 0
-    if x.dtype == pe.dtype or dropping or torch.is_grad_enabled() or x.dim() < 2:
-        return dropout(x.to(pe.dtype) + pe).to(x.dtype)
-    shape = torch.broadcast_shapes(x.shape, pe.shape)
-    x, pe = x.expand(shape), pe.expand(shape)  # views
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    rows = block_rows(shape[-2], shape[-1])
-    buf = torch.empty(rows, shape[-1], dtype=pe.dtype, device=x.device)  # (rows, d)
-    for index, span in row_blocks(shape, rows):
-        block = buf[: span.stop - span.start]
-        block.copy_(x[index][span])  # converts to float32
-        block.add_(pe[index][span])
-        out[index][span].copy_(block)  # rounds once
-    return out
+def set_html_figure(draw: Callable[[PositionalEncoding, str], str] | None) -> None:
+    """Install the picture that :meth:`PositionalEncoding._repr_html_` shows (``None``: none)."""
+    global _html_figure
+    _html_figure = draw
 
 
 # --------------------------------------------------------------------------- families
@@ -257,17 +112,10 @@ class PositionalEncoding(nn.Module):
         return next((e.name for e in _REGISTRY.values() if e.cls is type(self)), None)
 
     def _repr_html_(self) -> str:
-        """Jupyter: the family, the paper and the logit contribution against distance."""
-        import html
-
-        from ..plots.diagnostics import distance
-        from ..report import figure_to_data_uri
-
+        """Jupyter: the family, the paper and the logit contribution against distance (the
+        picture that :func:`set_html_figure` installed, if any)."""
         name = self.registry_name() or type(self).__name__
-        try:
-            figure = f"<img src='{figure_to_data_uri(distance(self, name, 48))}' width='480'>"
-        except (ValueError, TypeError, RuntimeError) as exc:  # e.g. meta device
-            figure = f"<p>(no picture: {html.escape(str(exc))})</p>"
+        figure = "" if _html_figure is None else _html_figure(self, name)
         return (
             f"<div><b>{html.escape(name)}</b> ({self.family}) — {html.escape(self.paper)}"
             f"<br><code>{html.escape(repr(self))}</code>{figure}</div>"
@@ -283,9 +131,14 @@ class AdditiveEncoding(PositionalEncoding):
 
     family: ClassVar[Family] = "additive"
     dim: int
-    dropout: nn.Module
+    dropout: nn.Module | None
     #: Whether ``encode`` needs whole-number positions (a lookup table does).
     integer_positions: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        # No dropout unless the subclass sets one (``self.dropout = nn.Dropout(p)``).
+        self.dropout: nn.Module | None = None
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> AdditiveEncoding:
@@ -420,91 +273,35 @@ class NoPE(PositionalEncoding):
         return x
 
 
-# --------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One registered scheme."""
-
-    name: str
-    cls: type[PositionalEncoding]
-    summary: str
-
-    @property
-    def family(self) -> Family:
-        return self.cls.family
-
-    @property
-    def paper(self) -> str:
-        return self.cls.paper
-
-
-_REGISTRY: dict[str, Entry] = {}
-
-
-def register(name: str, summary: str) -> Callable[[type[PositionalEncoding]], Any]:
-    """Class decorator: make ``cls`` available as ``build(name, ...)``."""
-
-    def wrap(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
-        if name in _REGISTRY and _REGISTRY[name].cls is not cls:
-            raise PosencValueError(f"encoding name {name!r} is already registered")
-        _REGISTRY[name] = Entry(name, cls, summary)
-        return cls
-
-    return wrap
-
-
-def available() -> list[str]:
-    """Names of every registered encoding, sorted."""
-    return sorted(_REGISTRY)
-
-
-def entry(name: str) -> Entry:
-    """The registry entry for ``name``; an unknown name lists the known ones."""
-    if not isinstance(name, str):
-        raise PosencTypeError(f"encoding name must be a str, got {type(name).__name__}")
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise PosencValueError(
-            f"unknown positional encoding {name!r}; known: {', '.join(available())}"
-        ) from None
-
-
-def build(name: str, **kwargs: Any) -> PositionalEncoding:
-    """Construct the encoding registered as ``name`` with its own constructor's arguments.
-
-    >>> build("sinusoidal", dim=8)(torch.zeros(1, 3, 8)).shape
-    torch.Size([1, 3, 8])
-    """
-    cls = entry(name).cls
-    _check_arguments(name, cls, kwargs, partial=False)
-    return cls(**kwargs)
-
-
-def _check_arguments(name: str, cls: type, kwargs: dict[str, Any], *, partial: bool) -> None:
-    """Raise naming the encoding when its constructor cannot take ``kwargs`` (an unknown
-    keyword; with ``partial=False`` also a missing argument), before anything is built."""
-    signature = inspect.signature(cls)
-    try:
-        signature.bind_partial(**kwargs) if partial else signature.bind(**kwargs)
-    except TypeError as exc:
-        raise PosencTypeError(f"encoding {name!r}: {exc}") from None
-
-
-def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> PositionalEncoding:
-    """Construct ``name`` sized for a model: additive gets ``dim``, rotary ``dim // num_heads``,
-    bias ``num_heads``. Rotary and bias encodings need ``num_heads`` to divide ``dim``."""
-    cls = entry(name).cls
-    check_positive_int("dim", dim)
-    check_positive_int("num_heads", num_heads)
-    if cls.family in ("rotary", "bias") and dim % num_heads:
-        raise PosencValueError(
-            f"num_heads ({num_heads}) must divide dim ({dim}) for {cls.family} encoding {name!r}"
-        )
-    _check_arguments(name, cls, kwargs, partial=True)
-    return cls.for_model(dim, num_heads, **kwargs)
-
-
 register("none", "no positional information (NoPE)")(NoPE)
+
+__all__ = [
+    "BLOCK_ELEMENTS",
+    "FAMILIES",
+    "AdditiveEncoding",
+    "BiasEncoding",
+    "Entry",
+    "Family",
+    "NoPE",
+    "PositionalEncoding",
+    "RotaryEncoding",
+    "ScoreMod",
+    "add_encoding",
+    "available",
+    "block_rows",
+    "build",
+    "build_for_model",
+    "check_bool",
+    "check_finite",
+    "check_float_dtype",
+    "check_input",
+    "check_positive_float",
+    "check_positive_int",
+    "check_probability",
+    "compute_dtype",
+    "entry",
+    "register",
+    "resolve_positions",
+    "row_blocks",
+    "set_html_figure",
+]

@@ -53,6 +53,7 @@ __all__ = [
     "RopeInitFunction",
     "default_inv_freq",
     "rope_parameters",
+    "rope_type_keys",
     "validate_rope_scaling",
 ]
 
@@ -266,6 +267,19 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {  # rope_type -> (required, optio
         set(),
     ),
 }
+
+
+def rope_type_keys(rope_type: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The keys a ``rope_type``'s dictionary must have and those it may have, besides
+    ``rope_type``, ``rope_theta`` and ``partial_rotary_factor``.
+
+    >>> [sorted(keys) for keys in rope_type_keys("llama3")][0]
+    ['factor', 'high_freq_factor', 'low_freq_factor', 'original_max_position_embeddings']
+    """
+    if rope_type not in ROPE_TYPES:
+        raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+    required, optional = _KEYS[rope_type]
+    return frozenset(required), frozenset(optional)
 
 
 def _number(key: str, value: object, *, positive: bool = True, allow_none: bool = False) -> None:

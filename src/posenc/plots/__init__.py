@@ -8,16 +8,25 @@ the same on every run).
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+
+from ..encodings.base import FAMILIES, PositionalEncoding
+from ..encodings.checks import check_positive_int
+from ..encodings.registry import build_for_model, entry
+from ..errors import PosencValueError
+
+matplotlib.use("Agg")  # no window, ever: figures are returned or saved
+
+import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
-from ..encodings.base import PositionalEncoding, build_for_model, check_positive_int, entry
-from ..errors import PosencValueError
 from . import diagnostics
 from .absolute import dimension_waves, heatmap, permutation_weights
 
@@ -33,6 +42,14 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int) -> None:
     path = Path(path)
     with matplotlib.rc_context({"svg.hashsalt": "posenc"}):
         fig.savefig(path, dpi=dpi, metadata=_NO_DATES.get(path.suffix.lower()))
+
+
+def figure_to_data_uri(fig: Figure, *, dpi: int = 90) -> str:
+    """``fig`` as an inline PNG ``data:`` URI (for HTML that loads nothing), and close it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,7 @@ class Kind:
         return pe.family in self.families
 
 
-ALL = ("additive", "rotary", "bias", "none")
+ALL: tuple[str, ...] = FAMILIES  # kinds that work through every family's hook
 
 
 def _table(pe: PositionalEncoding, positions: int) -> torch.Tensor:
@@ -162,6 +179,11 @@ def kinds_for(pe: PositionalEncoding) -> list[str]:
     return [k.name for k in KINDS.values() if k.applies_to(pe)]
 
 
+def default_kind(pe: PositionalEncoding) -> str:
+    """The kind drawn when none is asked for: ``grid`` for grid encodings, else by family."""
+    return "grid" if pe.axes != 1 else DEFAULT_KIND[pe.family]
+
+
 def build_for_plot(name: str, dim: int | None = None, num_heads: int = 4) -> PositionalEncoding:
     """Build ``name`` at a size that suits a picture (width 64, or 96 for 3-axis encodings,
     whose head dim must split into three rotary pairs), seeded for learned weights."""
@@ -195,7 +217,7 @@ def plot_encoding(
         return diagnostics.compare(encodings, kind=kind or "similarity", positions=positions)
     name, pe = encodings[0]
     if kind is None:
-        kind = "grid" if pe.axes != 1 else DEFAULT_KIND[pe.family]
+        kind = default_kind(pe)
     offered = kinds_for(pe)
     if kind not in offered:
         raise PosencValueError(
@@ -209,7 +231,9 @@ __all__ = [
     "KINDS",
     "Kind",
     "build_for_plot",
+    "default_kind",
     "dimension_waves",
+    "figure_to_data_uri",
     "heatmap",
     "kinds_for",
     "permutation_weights",

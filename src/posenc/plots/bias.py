@@ -8,6 +8,7 @@ Schemes that read the queries and keys (Shaw, Transformer-XL, CoPE) are drawn fo
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 
 import matplotlib
@@ -23,9 +24,22 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ..encodings.base import BiasEncoding, build_for_model, check_positive_int
+from ..encodings.base import BiasEncoding
+from ..encodings.checks import check_positive_int
+from ..encodings.registry import available, build_for_model
 
-BIAS_SCHEMES: tuple[str, ...] = ("alibi", "t5", "kerple", "fire", "dpb", "shaw", "xl", "cope")
+
+def __getattr__(name: str) -> object:
+    """``BIAS_SCHEMES``, the hand-written list this module kept, is deprecated: the registry
+    knows every bias scheme (``posenc.available("bias")``)."""
+    if name == "BIAS_SCHEMES":
+        warnings.warn(
+            "posenc.plots.bias.BIAS_SCHEMES is deprecated; use posenc.available('bias')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return tuple(available("bias"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check(pe: object) -> BiasEncoding:
@@ -113,17 +127,20 @@ def bias_against_distance(
 
 
 def bias_gallery(
-    names: Sequence[str] = BIAS_SCHEMES,
+    names: Sequence[str] | None = None,
     *,
     positions: int = 32,
     max_distance: int = 64,
     dim: int = 64,
     num_heads: int = 4,
 ) -> Figure:
-    """One row per scheme: head 0's bias matrix, and every head's bias against distance.
-    Learned schemes are shown at their (seeded) initialisation."""
+    """One row per scheme (default: every registered bias scheme): head 0's bias matrix, and
+    every head's bias against distance. Learned schemes are shown at their (seeded)
+    initialisation."""
     check_positive_int("positions", positions)
     check_positive_int("max_distance", max_distance)
+    if names is None:
+        names = available("bias")
     if not names:
         raise PosencValueError("names must hold at least one bias scheme")
     fig, axes = plt.subplots(
@@ -140,4 +157,4 @@ def bias_gallery(
     return fig
 
 
-__all__ = ["BIAS_SCHEMES", "bias_against_distance", "bias_gallery", "bias_matrices", "bias_values"]
+__all__ = ["bias_against_distance", "bias_gallery", "bias_matrices", "bias_values"]

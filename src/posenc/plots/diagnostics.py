@@ -111,16 +111,21 @@ def compare(
     kind: str = "similarity",
     positions: int = 64,
 ) -> Figure:
-    """Several encodings side by side: one panel each, ``kind`` ``similarity`` or ``distance``."""
+    """Several encodings side by side: one panel each, four to a row, ``kind``
+    ``similarity`` or ``distance``."""
     if kind not in ("similarity", "distance"):
         raise PosencValueError(
             f"a side-by-side plot takes kind 'similarity' or 'distance', got {kind!r}"
         )
     count = len(encodings)
+    cols = min(count, 4)
+    rows = math.ceil(count / cols)
     fig, axes = plt.subplots(
-        1, count, figsize=(4.2 * count, 4.0), layout="constrained", squeeze=False
+        rows, cols, figsize=(4.2 * cols, 4.0 * rows), layout="constrained", squeeze=False
     )
-    for ax, (name, pe) in zip(axes[0], encodings, strict=True):
+    for ax in axes.flat[count:]:
+        ax.axis("off")
+    for ax, (name, pe) in zip(axes.flat, encodings, strict=False):
         m = contribution_matrix(pe, positions)
         if kind == "similarity":
             _draw_matrix(ax, m[0], name)

@@ -16,30 +16,40 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..encodings.base import check_positive_float, check_positive_int
-from ..encodings.rope_scaling import rope_parameters
+from ..encodings.checks import check_positive_float, check_positive_int
+from ..encodings.rope_scaling import ROPE_TYPES, rope_parameters, rope_type_keys
 
 
-def default_scalings(factor: float, original: int) -> dict[str, dict[str, Any]]:
-    """One Hugging Face scaling dict per method, extending ``original`` positions ``factor``
-    times (Llama 3.1's published parameters for ``llama3``)."""
-    return {
-        "linear (PI)": {"rope_type": "linear", "factor": factor},
-        "NTK-aware": {"rope_type": "ntk", "factor": factor},
-        f"dynamic NTK at {int(factor * original)}": {"rope_type": "dynamic", "factor": factor},
-        "YaRN": {
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": original,
-        },
-        "Llama 3": {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": original,
-        },
+def _example_value(key: str, factor: float, original: int, pairs: int) -> object | None:
+    """An example value of a scaling parameter, by its name (``None``: no example)."""
+    examples: dict[str, object] = {
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "low_freq_factor": 1.0,  # Llama 3.1's published values
+        "high_freq_factor": 4.0,
+        "short_factor": [1.0] * pairs,  # LongRoPE searches per-pair factors for each model;
+        "long_factor": [factor] * pairs,  # uniform ones stand in for them here
     }
+    return examples.get(key)
+
+
+def default_scalings(
+    factor: float, original: int, head_dim: int = 128
+) -> dict[str, dict[str, Any]]:
+    """One Hugging Face scaling dict per registered ``rope_type`` (:data:`ROPE_TYPES`, but
+    those without parameters), extending ``original`` positions ``factor`` times: the type's
+    required keys, and ``factor`` where it takes one, set to :func:`_example_value`'s values.
+    A type with a required key that has no example value is left out."""
+    scalings = {}
+    for rope_type in ROPE_TYPES:
+        required, optional = rope_type_keys(rope_type)
+        if not required | optional:
+            continue  # no parameters (``default``): the original frequencies, drawn anyway
+        keys = required | ({"factor"} & optional)
+        values = {key: _example_value(key, factor, original, head_dim // 2) for key in keys}
+        if all(value is not None for value in values.values()):
+            scalings[rope_type] = {"rope_type": rope_type, **dict(sorted(values.items()))}
+    return scalings
 
 
 def rope_scaling_spectrum(
@@ -55,16 +65,17 @@ def rope_scaling_spectrum(
     frequency over the original one (log scale): 1 where a pair is left alone (extrapolated),
     ``1 / factor`` where it is fully interpolated.
 
-    ``scalings`` maps a label to a Hugging Face ``rope_scaling`` dict (default: linear, NTK,
-    dynamic NTK at the extended length, YaRN and Llama 3 for ``factor``). The dynamic method is
-    drawn at ``seq_len = factor * original``. Frequencies come from :mod:`rope_scaling`.
+    ``scalings`` maps a label to a Hugging Face ``rope_scaling`` dict (default: every
+    registered ``rope_type`` for ``factor``, see :func:`default_scalings`). Every method is
+    drawn at ``seq_len = factor * original`` (only ``dynamic`` and ``longrope`` depend on it).
+    Frequencies come from :mod:`rope_scaling`.
     """
     check_positive_int("head_dim", head_dim)
     check_positive_float("factor", factor)
     original = check_positive_int(
         "original_max_position_embeddings", original_max_position_embeddings
     )
-    methods = default_scalings(factor, original) if scalings is None else dict(scalings)
+    methods = default_scalings(factor, original, head_dim) if scalings is None else dict(scalings)
     extended = factor * original
     reference, _ = rope_parameters(None, head_dim, base)
     index = np.arange(head_dim // 2)

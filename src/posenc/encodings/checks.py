@@ -1,0 +1,136 @@
+"""Validation of what users hand to an encoding: sizes, probabilities, flags, dtypes, input
+tensors and positions. Every check raises :class:`~posenc.errors.PosencValueError` or
+:class:`~posenc.errors.PosencTypeError` naming the argument and the bad value, before any work.
+
+Dimension legend: ``b`` batch, ``n`` sequence, ``d`` model or head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import PosencTypeError, PosencValueError
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive ``int``; raise naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PosencTypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 1:
+        raise PosencValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def check_positive_float(name: str, value: object) -> float:
+    """Return ``value`` as a float if it is a finite number > 0; raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    value = float(value)
+    if not value > 0 or value == float("inf"):
+        raise PosencValueError(f"{name} must be a finite number > 0, got {value}")
+    return value
+
+
+def check_probability(name: str, value: object) -> float:
+    """Return ``value`` if it is a number in [0, 1); raise naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PosencTypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    if not 0.0 <= float(value) < 1.0:
+        raise PosencValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``; raise naming ``name`` otherwise (``bool("no")`` is
+    True, so strings and numbers are refused rather than converted)."""
+    if not isinstance(value, bool):
+        raise PosencTypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_float_dtype(name: str, value: object) -> torch.dtype:
+    """Return ``value`` if it is a floating-point ``torch.dtype``; raise naming ``name``."""
+    if not isinstance(value, torch.dtype):
+        raise PosencTypeError(
+            f"{name} must be a torch.dtype, got {type(value).__name__} ({value!r})"
+        )
+    if not value.is_floating_point:
+        raise PosencTypeError(f"{name} must be a floating-point dtype, got {value}")
+    return value
+
+
+def check_finite(name: str, values: Tensor) -> Tensor:
+    """Raise naming ``name`` if a floating ``values`` holds NaN or ±inf (skipped where values
+    cannot be read: meta tensors, inside ``torch.compile``/export)."""
+    readable = _eager() and values.device.type != "meta"
+    if readable and values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        bad = values[~torch.isfinite(values)].flatten()[0].item()
+        raise PosencValueError(f"{name} must be finite, got {bad}")
+    return values
+
+
+def _eager() -> bool:
+    """True outside ``torch.compile`` / export tracing, where data-dependent checks are free."""
+    return not torch.compiler.is_compiling()
+
+
+def resolve_positions(
+    positions: Tensor | None,
+    seq_len: int,
+    *,
+    batch: int | None = None,
+    device: torch.device | None = None,
+    integer: bool = False,
+    name: str = "positions",
+) -> Tensor:
+    """Validate ``positions`` for a sequence of ``seq_len`` tokens, or make ``arange(seq_len)``.
+
+    Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
+    Positions must be non-negative; with ``integer=True`` they must also be whole numbers.
+    """
+    if positions is None:
+        return torch.arange(seq_len, device=device)
+    if not isinstance(positions, Tensor):
+        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PosencTypeError(
+            f"{name} must be an integer or float tensor, got dtype {positions.dtype}"
+        )
+    if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
+        raise PosencValueError(
+            f"{name} must have shape (seq,) or (batch, seq) with seq={seq_len}, "
+            f"got {tuple(positions.shape)}"
+        )
+    if positions.dim() == 2 and batch is not None and positions.shape[0] not in (1, batch):
+        raise PosencValueError(
+            f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
+        )
+    check_finite(name, positions)
+    checkable = _eager() and positions.device.type != "meta"
+    needs_whole_check = integer and checkable and positions.is_floating_point()
+    if needs_whole_check and not torch.equal(positions, positions.round()):
+        raise PosencValueError(f"{name} must hold whole numbers for this encoding")
+    if checkable and positions.numel():
+        smallest = positions.min()
+        if smallest < 0:
+            raise PosencValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
+    return positions
+
+
+def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tensor:
+    """Check that ``x`` is a floating tensor of rank ``rank`` whose last dimension is ``dim``."""
+    if not isinstance(x, Tensor):
+        raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise PosencTypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() != rank:
+        raise PosencValueError(f"{name} must have {rank} dimensions, got shape {tuple(x.shape)}")
+    if x.shape[-1] != dim:
+        raise PosencValueError(f"{name} has last dimension {x.shape[-1]}, expected dim={dim}")
+    return x
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype arithmetic is done in: fp32 for half types, the input's own otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

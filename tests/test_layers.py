@@ -1,0 +1,349 @@
+"""Layers point down only: every import inside the ``posenc`` package goes from a module to one
+in its own layer or a lower one, and no modules import each other in a circle.
+
+The imports are read from the source with ``ast``: module-level imports and those inside
+functions, relative and absolute, and the module names a module hands to
+``importlib.import_module``. The layers, lowest first, are data (:data:`LAYERS`); a new module
+must be placed in one.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+import posenc
+
+PACKAGE = "posenc"
+ROOT = Path(posenc.__file__).parent
+
+#: Lowest first. A module belongs to the entry that names it or a package holding it; the
+#: package's own ``__init__`` (its public face, ``posenc``) has its own layer, and every
+#: ``__main__`` module (an entry point) sits on top. Modules in one layer may import each
+#: other, as long as no circle forms.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("posenc.errors",),
+    ("posenc.encodings",),
+    ("posenc.attention",),
+    ("posenc.model", "posenc.fused"),
+    ("posenc.analysis",),
+    ("posenc.plots",),
+    ("posenc.notebook",),
+    ("posenc",),
+    ("posenc.bench", "posenc.extrapolate", "posenc.lengthgen"),
+    ("posenc.tour",),
+    ("posenc.report",),
+    ("posenc.cli",),
+    ("__main__",),
+)
+
+#: Within ``encodings``: the family protocol and its helpers (with ``state``, the per-forward
+#: position state, where present) import none of the scheme files.
+ENCODINGS_GROUND = frozenset(
+    f"posenc.encodings.{name}" for name in ("base", "checks", "registry", "blocks", "state")
+)
+
+Graph = Mapping[str, Mapping[str, int]]  # module -> imported module -> line of the import
+
+
+def module_files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of the package, by dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: Iterable[str]
+) -> list[str]:
+    """The package modules an import statement loads (``from a import b`` loads ``a.b`` when
+    that is a module, ``a`` otherwise)."""
+    known = set(known)
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = module.split(".")
+            if not is_package:
+                base.pop()
+            base = base[: len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        names = []
+        for alias in node.names:
+            candidate = f"{source}.{alias.name}"
+            names.append(candidate if candidate in known else source)
+    return [n for n in names if n == PACKAGE or n.startswith(PACKAGE + ".")]
+
+
+def _dynamic_targets(tree: ast.AST, known: Iterable[str]) -> list[tuple[str, int]]:
+    """Module names written as strings in a module that calls ``import_module``/``__import__``."""
+    calls_importer = any(
+        isinstance(node, (ast.Name, ast.Attribute))
+        and (getattr(node, "id", None) or getattr(node, "attr", None))
+        in ("import_module", "__import__")
+        for node in ast.walk(tree)
+    )
+    if not calls_importer:
+        return []
+    known = set(known)
+    return [
+        (node.value, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known
+    ]
+
+
+def import_graph(modules: Mapping[str, Path]) -> dict[str, dict[str, int]]:
+    """``module -> {imported module: line}`` for every import inside the package."""
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        edges: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(node, module, _is_package(path), modules):
+                    edges.setdefault(target, node.lineno)
+        for target, line in _dynamic_targets(tree, modules):
+            edges.setdefault(target, line)
+        edges.pop(module, None)
+        graph[module] = edges
+    return graph
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """The index of ``module``'s layer; raises for a module no layer names."""
+    if module.rsplit(".", 1)[-1] == "__main__":
+        return next(i for i, names in enumerate(layers) if "__main__" in names)
+    best: tuple[int, int] | None = None  # (length of the matching name, layer)
+    for index, names in enumerate(layers):
+        for name in names:
+            exact = module == name
+            inside = name != PACKAGE and module.startswith(name + ".")
+            if (exact or inside) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    if best is None:
+        raise AssertionError(f"module {module} is in no layer: add it to LAYERS in {__file__}")
+    return best[1]
+
+
+def upward_imports(graph: Graph, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every import from a module to one in a higher layer, as readable lines."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        for target, line in sorted(edges.items()):
+            low, high = layer_of(module, layers), layer_of(target, layers)
+            if high > low:
+                found.append(
+                    f"{module} (layer {low}: {', '.join(layers[low])}) imports {target} "
+                    f"(layer {high}: {', '.join(layers[high])}) at line {line}"
+                )
+    return found
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """Every circle of imports: for each strongly connected component of more than one
+    module, one closed path through it (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+    nodes = sorted(set(graph) | {t for edges in graph.values() for t in edges})
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, {}))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        components.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter
+                counter += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph.get(child, {})))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return [_closed_path(graph, component) for component in components]
+
+
+def _closed_path(graph: Graph, component: list[str]) -> list[str]:
+    """A path ``a -> b -> ... -> a`` inside ``component`` (breadth-first from its first
+    module back to itself)."""
+    members = set(component)
+    start = component[0]
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph.get(node, {})):
+                if child not in members:
+                    continue
+                if child == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"no circle through {component}")  # a component always has one
+
+
+def _describe(graph: Graph, path: list[str]) -> str:
+    return (
+        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(path))
+        + f" -> {path[-1]}"
+    )
+
+
+# --------------------------------------------------------------------------- the package
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, dict[str, int]]:
+    return import_graph(module_files())
+
+
+def test_the_walk_sees_every_module_and_every_kind_of_import(graph: Graph) -> None:
+    modules = module_files()
+    assert set(graph) == set(modules)
+    assert {"posenc", "posenc.encodings.base", "posenc.cli", "posenc.lengthgen.__main__"} <= set(
+        graph
+    )
+    # a relative import at module level, one inside a function, and a string import_module
+    assert "posenc.encodings.registry" in graph["posenc.encodings.base"]
+    assert "posenc.plots.diagnostics" in graph["posenc.notebook"]  # inside a function
+    assert "posenc.report" in graph["posenc.cli"]  # importlib.import_module("posenc.report")
+    assert "posenc" in graph["posenc.report"]  # from . import __version__
+
+
+def test_every_module_has_a_layer(graph: Graph) -> None:
+    for module in graph:
+        layer_of(module)
+
+
+def test_no_module_imports_a_higher_layer(graph: Graph) -> None:
+    upward = upward_imports(graph)
+    assert not upward, "imports that point up:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles(graph: Graph) -> None:
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(_describe(graph, c) for c in found)
+
+
+def test_encodings_import_nothing_above_them(graph: Graph) -> None:
+    allowed = {"posenc.errors"}
+    for module, edges in graph.items():
+        if module == "posenc.encodings" or module.startswith("posenc.encodings."):
+            outside = {
+                t for t in edges if t not in allowed and not t.startswith("posenc.encodings")
+            }
+            assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_the_family_protocol_imports_no_scheme(graph: Graph) -> None:
+    present = ENCODINGS_GROUND & set(graph)
+    assert {f"posenc.encodings.{n}" for n in ("base", "checks", "registry", "blocks")} <= present
+    for module in present:
+        others = set(graph[module]) - ENCODINGS_GROUND - {"posenc.errors"}
+        assert not others, f"{module} imports {sorted(others)}"
+
+
+# --------------------------------------------------------------------------- the checker
+
+
+def _fake_package(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
+    root = tmp_path / PACKAGE
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return module_files(root)
+
+
+def test_the_checker_finds_an_upward_import_inside_a_function(tmp_path: Path) -> None:
+    modules = _fake_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "errors.py": "",
+            "encodings/__init__.py": "",
+            "encodings/base.py": "def f():\n    from ..plots import diagnostics\n",
+            "plots/__init__.py": "",
+            "plots/diagnostics.py": "from ..encodings.base import f\n",
+        },
+    )
+    graph = import_graph(modules)
+    upward = upward_imports(graph)
+    assert upward == [
+        "posenc.encodings.base (layer 1: posenc.encodings) imports posenc.plots.diagnostics "
+        "(layer 5: posenc.plots) at line 2"
+    ]
+    assert cycles(graph) == [
+        ["posenc.encodings.base", "posenc.plots.diagnostics", "posenc.encodings.base"]
+    ]
+
+
+def test_the_checker_finds_a_cycle_within_a_layer_and_a_string_import(tmp_path: Path) -> None:
+    modules = _fake_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "bench/__init__.py": "",
+            "bench/a.py": "import posenc.bench.b\n",
+            "bench/b.py": "from . import c\n",
+            "bench/c.py": (
+                "import importlib\nM = ('posenc.bench.a',)\nimportlib.import_module(M[0])\n"
+            ),
+        },
+    )
+    graph = import_graph(modules)
+    assert graph["posenc.bench.c"] == {"posenc.bench.a": 2}
+    assert upward_imports(graph) == []
+    (cycle,) = cycles(graph)
+    assert cycle == ["posenc.bench.a", "posenc.bench.b", "posenc.bench.c", "posenc.bench.a"]
+
+
+def test_a_module_outside_every_layer_is_named() -> None:
+    with pytest.raises(AssertionError, match=r"posenc\.newthing is in no layer"):
+        layer_of("posenc.newthing")
+    assert layer_of("posenc.lengthgen.__main__") == len(LAYERS) - 1
+    assert layer_of("posenc") == LAYERS.index(("posenc",))
