@@ -207,8 +207,9 @@ def test_training_step_learns() -> None:
 def test_encoder_every_encoding_shape_finite_and_explicit_arange(
     name: str, heads: int, batch: int, seq: int, dtype: torch.dtype, causal: bool
 ) -> None:
-    """The whole ``Encoder`` with each scheme: ``(b, n, D)`` in the input's dtype, finite, and
-    explicit positions (``arange``, or coordinates for N-D schemes) equal to the default."""
+    """The whole ``Encoder`` with each scheme: ``(b, n, D)`` in the input's dtype, finite,
+    explicit positions (``arange``, or coordinates for N-D schemes) equal to the default, and
+    each row of the batch equal to that row run alone."""
     cls = posenc.entry(name).cls
     head_dim = 2 * cls.axes * 2 if cls.family == "rotary" else 4
     dim = heads * head_dim
@@ -224,6 +225,8 @@ def test_encoder_every_encoding_shape_finite_and_explicit_arange(
         assert torch.isfinite(out).all()
         if cls.axes == 1 or cls.family == "rotary":  # N-D tables need coordinates
             torch.testing.assert_close(encoder(x), out, atol=0.0, rtol=0.0)
+        for b in range(batch):  # the batch is a batch: each row is that row run alone
+            torch.testing.assert_close(encoder(x[b : b + 1], positions=explicit), out[b : b + 1])
 
 
 def _model(name: str) -> posenc.TransformerModel:
