@@ -8,11 +8,18 @@
   reproduction blob. ``HYPOTHESIS_PROFILE=fuzz`` draws fresh random examples, twenty times
   as many (``tests/fuzzing.py``), for a fuzzing session; keep every failure it finds as an
   ``@example`` on its test.
+
+Shared helpers live beside this file: ``fuzzing.py`` (example counts), ``misuse.py`` (bad
+calls and what their errors must say), ``schemes.py`` (the registered schemes and what the
+tests must know about each), ``commands.py`` (running the ``posenc`` command).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("POSENC_MEMORY_BUDGET", "2G")
 
@@ -50,3 +57,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Replace the expensive bodies of the commands (training, benchmarks, the tour, the
+    report, the analysis) by raising ``tests.commands.Ran``, and work in a temporary folder:
+    a command that gets that far validated its arguments."""
+    import posenc.analysis
+    import posenc.bench.harness
+    import posenc.lengthgen.train
+    import posenc.report
+    import posenc.tour
+
+    from .commands import Ran
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        raise Ran
+
+    monkeypatch.setattr(posenc.lengthgen.train, "run_sweep", stop)
+    monkeypatch.setattr(posenc.bench.harness, "environment", stop)
+    monkeypatch.setattr(posenc.tour, "run_tour", stop)
+    monkeypatch.setattr(posenc.report, "_tour_section", stop)
+    monkeypatch.setattr(posenc.analysis, "analyze", stop)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path

@@ -1,7 +1,8 @@
-"""Every attention backend against attention written out by hand in float64,
-``softmax(q kᵀ / sqrt(d) + bias) v``, for every bias scheme, with and without causal and
-key-padding masks; the backend choice; gradients into every learned bias; the encoder end to
-end."""
+"""Attention of ``posenc.attention`` against attention written out by hand in float64,
+``softmax(q kᵀ / sqrt(d) + bias) v``: every backend for every registered bias scheme, with
+and without causal and key-padding masks; the weights it returns; compiled flex attention; the
+backend choice; gradients into every learned bias; the encoder end to end against the same
+reference; and bad input."""
 
 from __future__ import annotations
 
@@ -14,13 +15,27 @@ from torch.testing import assert_close
 
 import posenc
 import posenc.attention as attention_module
-from posenc import Encoder, MultiHeadAttention, TransformerModel
+from posenc import (
+    Encoder,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    scaled_dot_product_attention,
+)
 from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
 from posenc.encodings.state import BiasState
+from posenc.errors import MemoryBudgetError
+from tests.misuse import Misuse, cases, check
+from tests.schemes import BIAS, FACTS
 
-BIAS_NAMES = ["alibi", "t5", "kerple", "fire", "shaw", "xl", "dpb", "cope"]
-SCHEMES = ["none", *BIAS_NAMES, "shaw-values"]
-LEARNED = ["t5", "kerple", "fire", "shaw", "shaw-values", "xl", "dpb", "cope"]
+#: Every bias scheme, no scheme, and Shaw with its value-side term as well.
+SCHEMES = ["none", *BIAS, "shaw-values"]
+#: The schemes with learned parameters (every bias scheme but ALiBi, today).
+LEARNED = [
+    name
+    for name in [*BIAS, "shaw-values"]
+    if any(True for _ in posenc.build_for_model(name.removesuffix("-values"), 16, 4).parameters())
+]
 
 
 def make_pe(name: str, dim: int, heads: int) -> BiasEncoding | None:
@@ -67,6 +82,87 @@ def by_hand(
     return out @ attn.out.weight.T + attn.out.bias
 
 
+# --------------------------------------------------------------------------- no bias
+
+
+def reference_mha(
+    attn: MultiHeadAttention, x: torch.Tensor, allowed: torch.Tensor | None
+) -> torch.Tensor:
+    """softmax(q kᵀ/√d + mask) v per head, written out, float64."""
+    b, n, dim = x.shape
+    h, d = attn.num_heads, attn.head_dim
+    w, bias = attn.qkv.weight.double(), attn.qkv.bias.double()
+    qkv = x.double() @ w.T + bias
+    q, k, v = qkv[..., :dim], qkv[..., dim : 2 * dim], qkv[..., 2 * dim :]
+    out = torch.zeros(b, n, dim, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            cols = slice(hi * d, (hi + 1) * d)
+            scores = q[bi, :, cols] @ k[bi, :, cols].T / math.sqrt(d)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed[bi], float("-inf"))
+            out[bi, :, cols] = scores.softmax(-1) @ v[bi, :, cols]
+    return out @ attn.out.weight.double().T + attn.out.bias.double()
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_attention_matches_reference(backend: str, causal: bool, padded: bool) -> None:
+    attn = MultiHeadAttention(24, 3, causal=causal, backend=backend).double()
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    if padded:
+        padding[1, 5:] = True
+    allowed = torch.ones(2, 7, 7, dtype=torch.bool)
+    if causal:
+        allowed &= torch.ones(7, 7, dtype=torch.bool).tril()
+    allowed &= ~padding[:, None, :]
+    out = attn(x, key_padding_mask=padding if padded else None)
+    assert_close(out, reference_mha(attn, x, allowed), rtol=0, atol=1e-12)
+
+
+def test_weights_returned_and_fp16_safe() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    out, w = scaled_dot_product_attention(q, q, q, mask)
+    assert_close(w.sum(-1), torch.ones(1, 2, 4))
+    assert (w[..., ~mask] == 0).all()
+    half = q.half()
+    out_h, _ = scaled_dot_product_attention(half, half, half, mask)
+    assert out_h.dtype == torch.float16 and torch.isfinite(out_h).all()
+    assert_close(out_h.float(), out, rtol=0, atol=2e-3)
+    # a fully masked row gives uniform weights, never NaN
+    _, w0 = scaled_dot_product_attention(q, q, q, torch.zeros(4, 4, dtype=torch.bool))
+    assert_close(w0, torch.full_like(w0, 0.25))
+
+
+def test_need_weights_equals_fused_path() -> None:
+    attn = MultiHeadAttention(16, 4, causal=True)
+    x = torch.randn(2, 5, 16)
+    fused = attn(x)
+    out, weights = attn(x, need_weights=True)
+    assert_close(out, fused, rtol=1e-5, atol=1e-6)
+    # the weights are softmax(q kᵀ / sqrt(d)) under the causal mask, per head
+    q, k, _ = (t.transpose(1, 2) for t in attn.qkv(x).view(2, 5, 3, 4, 4).unbind(2))
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    want = (q @ k.transpose(-2, -1) / 2.0).masked_fill(future, float("-inf")).softmax(-1)
+    assert_close(weights, want)
+
+
+def test_attention_residual_is_deprecated_and_added_once() -> None:
+    attn = MultiHeadAttention(16, 4).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    r = torch.randn(2, 5, 16, dtype=torch.float64)
+    plain = attn(x)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad), pytest.warns(DeprecationWarning, match="residual"):
+            assert_close(attn(x, residual=r), r + plain, rtol=0, atol=1e-14)
+
+
+# --------------------------------------------------------------------------- every bias scheme
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("backend", ["math", "sdpa", "flex", "auto"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -104,7 +200,7 @@ def test_backend_matches_attention_by_hand(
 def test_batched_positions_every_backend() -> None:
     dim, heads, n = 16, 4, 7
     pos = torch.stack([torch.arange(n), torch.arange(n) * 2 + 1])
-    for name in BIAS_NAMES:
+    for name in BIAS:
         pe = make_pe(name, dim, heads)
         for backend in ("math", "sdpa", "flex"):
             attn = MultiHeadAttention(dim, heads, pe=pe, backend=backend, compile_flex=False)  # type: ignore[arg-type]
@@ -134,6 +230,25 @@ def test_need_weights_returns_the_biased_weights() -> None:
 
 
 # --------------------------------------------------------------------------- compiled flex
+
+
+@pytest.mark.slow
+def test_compiled_flex_matches_math_with_masks() -> None:
+    """One compilation (tens of seconds on a CPU): ALiBi, causal and padding, a length that
+    is not a multiple of the 128 block, so full, partial and skipped blocks all occur."""
+    dim, heads, n = 32, 4, 200
+    pe = ALiBi(heads)
+    flex = MultiHeadAttention(dim, heads, pe=pe, causal=True, backend="flex")
+    math_ = MultiHeadAttention(dim, heads, pe=pe, causal=True, backend="math")
+    math_.load_state_dict(flex.state_dict())
+    x = torch.randn(2, n, dim)
+    padding = torch.zeros(2, n, dtype=torch.bool)
+    padding[1, 150:] = True
+    with torch.no_grad():
+        got = flex(x, key_padding_mask=padding)
+        want = math_(x, key_padding_mask=padding)
+    assert flex.last_backend == "flex"
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_flex_compile_failure_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,19 +342,41 @@ def test_gradients_reach_every_learned_parameter(name: str, backend: str) -> Non
 # --------------------------------------------------------------------------- model
 
 
-@pytest.mark.parametrize("name", BIAS_NAMES)
+def encoder_by_hand(
+    enc: Encoder, x: torch.Tensor, *, causal: bool, padding: torch.Tensor | None
+) -> torch.Tensor:
+    """A pre-norm encoder stack written out from its weights, in float64:
+    ``x += attention(norm1(x))``, ``x += W2 relu(W1 norm2(x))`` per layer, a final norm."""
+
+    def norm(module: torch.nn.LayerNorm, t: torch.Tensor) -> torch.Tensor:
+        mean, var = t.mean(-1, keepdim=True), t.var(-1, unbiased=False, keepdim=True)
+        return (t - mean) / torch.sqrt(var + module.eps) * module.weight + module.bias
+
+    pe = enc.pe if isinstance(enc.pe, BiasEncoding) else None
+    positions = torch.arange(x.shape[1])
+    for layer in enc.layers:
+        x = x + by_hand(layer.attn, norm(layer.norm1, x), pe, positions, causal=causal,
+                        padding=padding)  # fmt: skip
+        up, down = layer.ffn.up, layer.ffn.down
+        x = x + torch.relu(norm(layer.norm2, x) @ up.weight.T + up.bias) @ down.weight.T + down.bias
+    return norm(enc.norm, x)
+
+
+@pytest.mark.parametrize("name", BIAS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_encoder_end_to_end(name: str, causal: bool) -> None:
-    enc = Encoder(16, 2, 4, pe=name, causal=causal)
+    """Two layers sharing one bias module, with padding: the encoder written out by hand."""
+    enc = Encoder(16, 2, 4, pe=name, causal=causal).double().eval()
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 5:] = True
-    out = enc(torch.randn(2, 8, 16), key_padding_mask=padding)
-    assert out.shape == (2, 8, 16) and torch.isfinite(out).all()
-    model = TransformerModel(20, 16, 1, 4, pe=name)
-    assert model(torch.randint(0, 20, (2, 6))).shape == (2, 6, 20)
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    with torch.no_grad():
+        got = enc(x, key_padding_mask=padding)
+        want = encoder_by_hand(enc, x, causal=causal, padding=padding)
+    assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "shaw", "xl", "dpb", "cope"])
+@pytest.mark.parametrize("name", [name for name in BIAS if FACTS[name].relative])
 def test_relative_schemes_ignore_a_shift_of_every_position(name: str) -> None:
     """Schemes of ``i - j`` alone (and CoPE, which reads no positions) give the same output
     for positions shifted by a constant; explicit ``arange`` equals the default."""
@@ -258,25 +395,62 @@ def test_fire_depends_on_the_query_position() -> None:
 
 # --------------------------------------------------------------------------- bad input
 
+NAN = float("nan")
+X = torch.randn(2, 5, 8)
+Q = torch.randn(2, 2, 5, 4)
 
-def test_head_count_mismatch_is_rejected() -> None:
-    with pytest.raises(ValueError, match="pe=ALiBi has num_heads=2 but attention has num_heads=4"):
-        MultiHeadAttention(16, 4, pe=ALiBi(2))
-    attn = MultiHeadAttention(16, 4)
-    with pytest.raises(ValueError, match="has num_heads=8 but attention has num_heads=4"):
-        attn(torch.randn(1, 3, 16), pe=posenc.build("t5", num_heads=8))
-    with pytest.raises(ValueError, match="has num_heads=3 but attention has num_heads=4"):
-        Encoder(16, 1, 4, pe=posenc.build("alibi", num_heads=3))
+MISUSE = [
+    Misuse("heads-indivisible", lambda: MultiHeadAttention(10, 3), ValueError, "num_heads", 3),
+    Misuse("dim-zero", lambda: MultiHeadAttention(0, 1), ValueError, "dim", 0),
+    Misuse("backend", lambda: MultiHeadAttention(8, 2, backend="cuda"), ValueError, "backend",
+           "cuda"),
+    Misuse("dropout-nan", lambda: MultiHeadAttention(8, 2, dropout=NAN), ValueError, "dropout",
+           NAN),
+    Misuse("pe-additive", lambda: MultiHeadAttention(8, 2, pe=SinusoidalPositionalEncoding(8)),
+           TypeError, "pe", "SinusoidalPositionalEncoding"),
+    Misuse("pe-heads", lambda: MultiHeadAttention(16, 4, pe=ALiBi(2)), ValueError, "num_heads",
+           2),
+    Misuse("pe-heads-in-forward",
+           lambda: MultiHeadAttention(16, 4)(torch.randn(1, 3, 16),
+                                             pe=posenc.build("t5", num_heads=8)),
+           ValueError, "num_heads", 8),
+    Misuse("pe-head-dim", lambda: MultiHeadAttention(8, 2, pe=RotaryEmbedding(8)), ValueError,
+           "head_dim", 8),
+    Misuse("pe-str", lambda: MultiHeadAttention(8, 2, pe="rope"), TypeError, "pe", "str"),
+    Misuse("causal-str", lambda: MultiHeadAttention(8, 2, causal="yes"), TypeError, "causal",
+           "yes"),
+    Misuse("mask-shape",
+           lambda: MultiHeadAttention(8, 2)(X,
+                                            key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)),
+           ValueError, "key_padding_mask", (2, 4)),
+    Misuse("mask-float", lambda: MultiHeadAttention(8, 2)(X, key_padding_mask=torch.zeros(2, 5)),
+           TypeError, "key_padding_mask", torch.float32),
+    Misuse("positions-length",
+           lambda: MultiHeadAttention(8, 2, pe=ALiBi(2))(torch.randn(1, 4, 8),
+                                                         positions=torch.arange(5)),
+           ValueError, "positions", (5,)),
+    Misuse("positions-nan",
+           lambda: MultiHeadAttention(8, 2, pe=RotaryEmbedding(4))(
+               X, positions=torch.tensor([0.0, 1.0, NAN, 3.0, 4.0])),
+           ValueError, "positions", NAN),
+    Misuse("sdpa-q-list", lambda: posenc.scaled_dot_product_attention([1.0], Q, Q), TypeError,
+           "q", [1.0]),
+    Misuse("sdpa-shapes", lambda: posenc.scaled_dot_product_attention(Q, Q[..., :3], Q),
+           ValueError, "k", (2, 2, 5, 3)),
+    Misuse("sdpa-dropout", lambda: posenc.scaled_dot_product_attention(Q, Q, Q, dropout_p=2.0),
+           ValueError, "dropout_p", 2.0),
+    Misuse("sdpa-size",
+           lambda: posenc.scaled_dot_product_attention(*(torch.zeros(1, 10**5, 1),) * 3),
+           MemoryBudgetError, "q x k", "100000 x 100000"),
+]  # fmt: skip
 
 
-def test_bad_backend_and_positions() -> None:
-    with pytest.raises(
-        ValueError, match="backend must be one of auto, flex, sdpa, math; got 'fast'"
-    ):
-        MultiHeadAttention(8, 2, backend="fast")  # type: ignore[arg-type]
-    attn = MultiHeadAttention(8, 2, pe=ALiBi(2))
-    with pytest.raises(ValueError, match=r"positions must have shape \(seq,\) or \(batch, seq\)"):
-        attn(torch.randn(1, 4, 8), positions=torch.arange(5))
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)
+
+
+def test_t5_refuses_fractional_positions_inside_attention() -> None:
     t5 = MultiHeadAttention(8, 2, pe=posenc.build("t5", num_heads=2))
-    with pytest.raises(ValueError, match="whole numbers"):
+    with pytest.raises(ValueError, match="positions"):
         t5(torch.randn(1, 3, 8), positions=torch.tensor([0.0, 0.5, 1.0]))

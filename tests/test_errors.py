@@ -26,8 +26,9 @@ from posenc.errors import (
     physical_memory,
     set_memory_budget,
 )
+from tests.misuse import Misuse, check
 
-ROOT = Path(posenc.__file__).resolve().parents[1]
+ROOT = Path(posenc.__file__).resolve().parents[1]  # the folder that holds posenc
 
 
 @pytest.fixture
@@ -41,8 +42,7 @@ def test_error_classes_are_the_builtin_ones_too() -> None:
     assert issubclass(PosencValueError, ValueError) and issubclass(PosencValueError, PosencError)
     assert issubclass(PosencTypeError, TypeError) and issubclass(PosencTypeError, PosencError)
     assert issubclass(MemoryBudgetError, PosencValueError)
-    with pytest.raises(ValueError, match="dim must be >= 1, got 0"):
-        posenc.sinusoidal_table(4, 0)
+    check(Misuse("dim-zero", lambda: posenc.sinusoidal_table(4, 0), ValueError, "dim", 0))
 
 
 @pytest.mark.parametrize(
@@ -75,19 +75,19 @@ def test_budget_comes_from_function_then_environment_then_machine(
 
 
 @pytest.mark.parametrize(
-    ("value", "error", "match"),
+    ("value", "error", "shown"),
     [
-        (0, PosencValueError, r"nbytes must be >= 1, got 0"),
-        (1.5, PosencTypeError, r"nbytes must be an int, a str .* got float"),
-        (True, PosencTypeError, r"got bool"),
-        ("many", PosencValueError, r"nbytes must be a number of bytes .* got 'many'"),
+        (0, PosencValueError, 0),
+        (1.5, PosencTypeError, "float"),
+        (True, PosencTypeError, "bool"),
+        ("many", PosencValueError, "many"),
     ],
 )
 def test_set_memory_budget_refuses_bad_values(
-    budget: None, value: object, error: type[Exception], match: str
+    budget: None, value: object, error: type[Exception], shown: object
 ) -> None:
-    with pytest.raises(error, match=match):
-        set_memory_budget(value)  # type: ignore[arg-type]
+    call = lambda: set_memory_budget(value)  # type: ignore[arg-type]  # noqa: E731
+    check(Misuse(str(value), call, error, "nbytes", shown))
 
 
 def test_check_bytes_names_argument_value_and_bytes(budget: None) -> None:
@@ -102,10 +102,19 @@ def test_check_bytes_names_argument_value_and_bytes(budget: None) -> None:
 def test_a_lower_budget_refuses_what_the_machine_would_allow(budget: None) -> None:
     posenc.sinusoidal_table(1000, 64)
     set_memory_budget("1M")
-    with pytest.raises(MemoryBudgetError, match=r"num_positions x dim=10000 x 64"):
-        posenc.sinusoidal_table(10_000, 64)
+    check(
+        Misuse(
+            "over",
+            lambda: posenc.sinusoidal_table(10_000, 64),
+            MemoryBudgetError,
+            "num_positions x dim",
+            "10000 x 64",
+        )
+    )
     set_memory_budget(None)
-    assert posenc.sinusoidal_table(10_000, 64).shape == (10_000, 64)
+    assert torch.equal(
+        posenc.sinusoidal_table(10_000, 64)[:1000], posenc.sinusoidal_table(1000, 64)
+    )
 
 
 def test_meta_modules_are_exempt() -> None:

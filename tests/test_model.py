@@ -1,87 +1,55 @@
-"""Attention, feed-forward, encoder layer and stack against independent references:
-attention written out by hand in float64, and torch.nn.TransformerEncoderLayer with the same
-weights."""
+"""The feed-forward, encoder layer, encoder stack and model of ``posenc.model`` against
+independent references (the layer against ``torch.nn.TransformerEncoderLayer`` with the same
+weights, the feed-forward written out in float64), paths that must agree (inference and
+autograd, explicit and default positions), the encoder with every registered scheme
+(properties, ``torch.compile(fullgraph=True)``, ``torch.export`` and ONNX, safetensors), and
+bad input.
+
+Compilation (issue #8, part 2): one small encoder per family is compiled with the **inductor**
+backend (real C++ code generation on this CPU, about 5-10 s per graph), every other scheme
+with ``aot_eager`` (dynamo and AOTAutograd tracing, 1-2 s each): the compiled output equals
+eager, the whole forward is one graph (``fullgraph=True`` raises on a graph break and
+dynamo's counters show one graph), and a new batch size does not recompile.
+
+Export (issue #8, part 3): encoders with the sinusoidal, learned, RoPE and ALiBi encodings are
+exported with a dynamic sequence length (``torch.export.Dim``) and run at other lengths: the
+exported program and the ONNX model (torch's dynamo exporter, run by onnxruntime; all in the
+``test`` extra) give the eager output.
+"""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo as dynamo
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
+from torch._dynamo.utils import counters
+from torch.export import Dim
 from torch.testing import assert_close
 
 import posenc
 from posenc import (
+    ALiBi,
     Encoder,
     EncoderLayer,
     FeedForward,
-    MultiHeadAttention,
+    RotaryEmbedding,
     TransformerModel,
     fused,
-    scaled_dot_product_attention,
 )
+from posenc.errors import MemoryBudgetError
+from tests.fuzzing import examples
+from tests.misuse import Misuse, cases, check
+from tests.schemes import NAMES, SEQUENCE, of_family
 
-
-def reference_mha(
-    attn: MultiHeadAttention, x: torch.Tensor, allowed: torch.Tensor | None
-) -> torch.Tensor:
-    """softmax(q kᵀ/√d + mask) v per head, written out, float64."""
-    b, n, dim = x.shape
-    h, d = attn.num_heads, attn.head_dim
-    w, bias = attn.qkv.weight.double(), attn.qkv.bias.double()
-    qkv = x.double() @ w.T + bias
-    q, k, v = qkv[..., :dim], qkv[..., dim : 2 * dim], qkv[..., 2 * dim :]
-    out = torch.zeros(b, n, dim, dtype=torch.float64)
-    for bi in range(b):
-        for hi in range(h):
-            cols = slice(hi * d, (hi + 1) * d)
-            scores = q[bi, :, cols] @ k[bi, :, cols].T / math.sqrt(d)
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed[bi], float("-inf"))
-            out[bi, :, cols] = scores.softmax(-1) @ v[bi, :, cols]
-    return out @ attn.out.weight.double().T + attn.out.bias.double()
-
-
-@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("padded", [False, True])
-def test_attention_matches_reference(backend: str, causal: bool, padded: bool) -> None:
-    attn = MultiHeadAttention(24, 3, causal=causal, backend=backend).double()
-    x = torch.randn(2, 7, 24, dtype=torch.float64)
-    padding = torch.zeros(2, 7, dtype=torch.bool)
-    if padded:
-        padding[1, 5:] = True
-    allowed = torch.ones(2, 7, 7, dtype=torch.bool)
-    if causal:
-        allowed &= torch.ones(7, 7, dtype=torch.bool).tril()
-    allowed &= ~padding[:, None, :]
-    out = attn(x, key_padding_mask=padding if padded else None)
-    assert_close(out, reference_mha(attn, x, allowed), rtol=0, atol=1e-12)
-
-
-def test_weights_returned_and_fp16_safe() -> None:
-    q = torch.randn(1, 2, 4, 8)
-    mask = torch.ones(4, 4, dtype=torch.bool).tril()
-    out, w = scaled_dot_product_attention(q, q, q, mask)
-    assert_close(w.sum(-1), torch.ones(1, 2, 4))
-    assert (w[..., ~mask] == 0).all()
-    half = q.half()
-    out_h, _ = scaled_dot_product_attention(half, half, half, mask)
-    assert out_h.dtype == torch.float16 and torch.isfinite(out_h).all()
-    assert_close(out_h.float(), out, rtol=0, atol=2e-3)
-    # a fully masked row gives uniform weights, never NaN
-    _, w0 = scaled_dot_product_attention(q, q, q, torch.zeros(4, 4, dtype=torch.bool))
-    assert_close(w0, torch.full_like(w0, 0.25))
-
-
-def test_need_weights_equals_fused_path() -> None:
-    attn = MultiHeadAttention(16, 4, causal=True)
-    x = torch.randn(2, 5, 16)
-    fused = attn(x)
-    out, weights = attn(x, need_weights=True)
-    assert_close(out, fused, rtol=1e-5, atol=1e-6)
-    assert weights.shape == (2, 4, 5, 5)
+#: Schemes the encoder adds to its input (and NoPE): explicit positions through ``pe(x)``.
+ADDED = [n for n in SEQUENCE if posenc.entry(n).family in ("additive", "none")]
+ATOL, RTOL = 1e-5, 1e-5  # float32 against float32: compiled kernels may sum in another order
 
 
 @pytest.mark.parametrize("grad", [True, False])
@@ -141,16 +109,6 @@ def test_fused_residual_linear_equals_linear_plus_residual() -> None:
     assert_close(got, r + h @ linear.weight.T + linear.bias, rtol=0, atol=1e-14)
 
 
-def test_attention_residual_is_deprecated_and_added_once() -> None:
-    attn = MultiHeadAttention(16, 4).double()
-    x = torch.randn(2, 5, 16, dtype=torch.float64)
-    r = torch.randn(2, 5, 16, dtype=torch.float64)
-    plain = attn(x)
-    for grad in (True, False):
-        with torch.set_grad_enabled(grad), pytest.warns(DeprecationWarning, match="residual"):
-            assert_close(attn(x, residual=r), r + plain, rtol=0, atol=1e-14)
-
-
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_encoder_inference_equals_autograd_path(dropout: float) -> None:
     """Eval mode: the fused inference path equals the autograd path; train mode with dropout
@@ -186,7 +144,7 @@ def test_encoder_adds_additive_encoding_once() -> None:
     assert_close(enc(x), enc.norm(manual), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("pe", ["none", "sinusoidal", "learned", "scaled-sinusoidal"])
+@pytest.mark.parametrize("pe", ADDED)
 def test_encoder_positions_paths_agree(pe: str) -> None:
     enc = Encoder(16, 2, 2, pe=pe).eval()
     x = torch.randn(2, 6, 16)
@@ -221,8 +179,9 @@ def test_nope_encoder_is_permutation_equivariant() -> None:
     assert (enc_pe(x[:, perm]) - enc_pe(x)[:, perm]).abs().max() > 1e-3
 
 
-def test_model_embeds_scaled_and_predicts() -> None:
-    model = TransformerModel(50, 16, 1, 2, pe="none", num_outputs=7).eval()
+@pytest.mark.parametrize("pe", [of_family(family)[0] for family in posenc.FAMILIES])
+def test_model_embeds_scaled_and_predicts(pe: str) -> None:
+    model = TransformerModel(50, 16, 1, 2, pe=pe, num_outputs=7).eval()
     tokens = torch.randint(0, 50, (3, 5))
     logits = model(tokens)
     assert logits.shape == (3, 5, 7)
@@ -246,68 +205,304 @@ def test_training_step_learns() -> None:
     assert losses[-1] < 0.2 * losses[0]
 
 
-def test_registry() -> None:
-    names = posenc.available()
-    for name in ("none", "sinusoidal", "learned"):
-        assert name in names
-    assert isinstance(posenc.build("none"), posenc.NoPE)
-    with pytest.raises(
-        ValueError, match=r"unknown positional encoding 'nope'; known: .*sinusoidal"
-    ):
-        posenc.build("nope")
-    for name in names:
-        assert posenc.entry(name).family in posenc.FAMILIES
+# --------------------------------------------------------------------------- every scheme
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "match"),
-    [
-        (lambda: MultiHeadAttention(10, 3), ValueError, r"num_heads \(3\) must divide dim \(10\)"),
-        (lambda: MultiHeadAttention(0, 1), ValueError, "dim must be >= 1, got 0"),
-        (lambda: MultiHeadAttention(8, 2, backend="fast"), ValueError, "backend must be one of"),
-        (
-            lambda: MultiHeadAttention(8, 2, pe=posenc.build("sinusoidal", dim=8)),
-            TypeError,
-            "additive",
-        ),
-        (lambda: Encoder(12, 2, 5), ValueError, r"num_heads \(5\) must divide dim \(12\)"),
-        (lambda: Encoder(12, 0, 3), ValueError, "depth must be >= 1, got 0"),
-        (lambda: Encoder(12, 1, 3, pe="bogus"), ValueError, "unknown positional encoding 'bogus'"),
-        (lambda: Encoder(12, 1, 3, pe=3), TypeError, "pe must be"),
-        (
-            lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 9)),
-            ValueError,
-            "last dimension 9, expected dim=8",
-        ),
-        (lambda: Encoder(8, 1, 2)(torch.zeros(3, 8)), ValueError, "must have 3 dimensions"),
-        (
-            lambda: Encoder(8, 1, 2)(
-                torch.zeros(1, 3, 8), key_padding_mask=torch.zeros(1, 4, dtype=torch.bool)
-            ),
-            ValueError,
-            "key_padding_mask must have shape",
-        ),
-        (
-            lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 8), key_padding_mask=torch.zeros(1, 3)),
-            TypeError,
-            "bool",
-        ),
-        (
-            lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 8), positions=torch.arange(4)),
-            ValueError,
-            "positions must have shape",
-        ),
-        (
-            lambda: TransformerModel(5, 8, 1, 2)(torch.tensor([[0, 5]])),
-            ValueError,
-            r"token ids must be in \[0, 5\)",
-        ),
-        (lambda: TransformerModel(5, 8, 1, 2)(torch.zeros(1, 2)), TypeError, "tokens must be"),
-    ],
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    name=st.sampled_from(NAMES),
+    heads=st.integers(1, 3),
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 7),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    causal=st.booleans(),
 )
-def test_bad_input(call, error, match) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(error, match=match):
-        call()
+def test_encoder_every_encoding_shape_finite_and_explicit_arange(
+    name: str, heads: int, batch: int, seq: int, dtype: torch.dtype, causal: bool
+) -> None:
+    """The whole ``Encoder`` with each scheme: ``(b, n, D)`` in the input's dtype, finite,
+    explicit positions (``arange``, or coordinates for N-D schemes) equal to the default, and
+    each row of the batch equal to that row run alone."""
+    cls = posenc.entry(name).cls
+    head_dim = 2 * cls.axes * 2 if cls.family == "rotary" else 4
+    dim = heads * head_dim
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(dim, 1, heads, pe=name, causal=causal).to(dtype).eval()
+    x = torch.randn(batch, seq, dim, dtype=dtype)
+    coords = torch.zeros(seq, cls.axes, dtype=torch.long)
+    coords[:, 0] = torch.arange(seq)
+    explicit = torch.arange(seq) if cls.axes == 1 else coords
+    with torch.no_grad():
+        out = encoder(x, positions=explicit)
+        assert out.shape == x.shape and out.dtype == dtype
+        assert torch.isfinite(out).all()
+        if cls.axes == 1 or cls.family == "rotary":  # N-D tables need coordinates
+            torch.testing.assert_close(encoder(x), out, atol=0.0, rtol=0.0)
+        for b in range(batch):  # the batch is a batch: each row is that row run alone
+            torch.testing.assert_close(encoder(x[b : b + 1], positions=explicit), out[b : b + 1])
+
+
+def _model(name: str) -> posenc.TransformerModel:
+    return posenc.TransformerModel(50, 24, 2, 2, pe=name, causal=True).eval()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_safetensors_save_and_load_model(name: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_model, save_model
+
+    torch.manual_seed(0)
+    model = _model(name)
+    path = tmp_path / "model.safetensors"
+    save_model(model, str(path))
+    torch.manual_seed(99)
+    fresh = _model(name)
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(3))
+    positions = None
+    if fresh.encoder.pe.axes > 1:
+        positions = torch.stack([torch.arange(9) + a for a in range(fresh.encoder.pe.axes)], -1)
+    missing, unexpected = load_model(fresh, str(path))
+    assert not missing and not unexpected
+    with torch.no_grad():
+        torch.testing.assert_close(
+            fresh(tokens, positions=positions),
+            model(tokens, positions=positions),
+            atol=0.0,
+            rtol=0.0,
+        )
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+#: One encoding per family, compiled with inductor.
+FAMILY_REPRESENTATIVES = {
+    "additive": "sinusoidal",
+    "rotary": "rope",
+    "bias": "alibi",
+    "none": "none",
+}
+OTHERS = [n for n in NAMES if n not in FAMILY_REPRESENTATIVES.values()]
+
+
+def _small_encoder(name: str) -> tuple[posenc.Encoder, torch.Tensor | None]:
+    """A small encoder (width 24, 2 heads, head dim 12: even and divisible by 6, so the 3-D
+    axial RoPE fits) and the positions its scheme needs (coordinates for N-D tables)."""
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(24, 2, 2, pe=name, causal=False).eval()
+    axes = encoder.pe.axes
+    positions = None
+    if encoder.pe.family == "additive" and axes > 1:
+        positions = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+    return encoder, positions
+
+
+def _check_compiled(name: str, backend: str) -> None:
+    dynamo.reset()
+    counters.clear()
+    encoder, positions = _small_encoder(name)
+    compiled = torch.compile(encoder, fullgraph=True, backend=backend)
+    first = torch.randn(2, 8, 24)
+    dynamo.mark_dynamic(first, 0)  # the batch dimension: one graph for every batch size
+    with torch.no_grad():
+        torch.testing.assert_close(
+            compiled(first, positions=positions),
+            encoder(first, positions=positions),
+            atol=ATOL,
+            rtol=RTOL,
+        )
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        with dynamo.config.patch(error_on_recompile=True):
+            for batch in (3, 5):
+                x = torch.randn(batch, 8, 24)
+                torch.testing.assert_close(
+                    compiled(x, positions=positions),
+                    encoder(x, positions=positions),
+                    atol=ATOL,
+                    rtol=RTOL,
+                )
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILY_REPRESENTATIVES))
+def test_encoder_compiles_fullgraph_with_inductor(family: str) -> None:
+    _check_compiled(FAMILY_REPRESENTATIVES[family], "inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHERS)
+def test_every_other_encoding_compiles_fullgraph_aot_eager(name: str) -> None:
+    _check_compiled(name, "aot_eager")
+
+
+def test_explicit_positions_compile_without_graph_breaks() -> None:
+    """Per-batch offsets (a KV cache, packing) through a compiled rotary encoder: one graph,
+    the eager output."""
+    dynamo.reset()
+    counters.clear()
+    encoder, _ = _small_encoder("rope")
+    compiled = torch.compile(encoder, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 8, 24)
+    positions = torch.arange(8) + torch.tensor([[0], [100]])  # (b, n)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            compiled(x, positions=positions), encoder(x, positions=positions), atol=ATOL, rtol=RTOL
+        )
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    dynamo.reset()
+
+
+# --------------------------------------------------------------------------- torch.export and ONNX
+
+
+EXPORTED = ["sinusoidal", "learned", "rope", "alibi"]
+TRACE_LEN, RUN_LENS = 8, (5, 13)
+
+
+def _export_encoder(name: str, *, causal: bool = False) -> posenc.Encoder:
+    torch.manual_seed(0)
+    return posenc.Encoder(16, 2, 2, pe=name, causal=causal).eval()
+
+
+def _dynamic_seq() -> dict[str, object]:
+    # the learned table has 2048 rows: the exported program may be asked for at most that
+    return {"x": {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=2, max=1024)}}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", EXPORTED)
+def test_torch_export_dynamic_sequence_length(name: str, causal: bool) -> None:
+    encoder = _export_encoder(name, causal=causal)
+    program = torch.export.export(
+        encoder, (torch.randn(2, TRACE_LEN, 16),), dynamic_shapes=_dynamic_seq()
+    )
+    exported = program.module()
+    for batch, n in ((2, RUN_LENS[0]), (3, RUN_LENS[1])):
+        x = torch.randn(batch, n, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(exported(x), encoder(x), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
+@pytest.mark.parametrize("name", EXPORTED)
+def test_onnx_export_runs_in_onnxruntime_at_other_lengths(name: str, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    pytest.importorskip("onnxscript", reason="torch's dynamo ONNX exporter needs onnxscript")
+    encoder = _export_encoder(name)
+    path = tmp_path / f"{name}.onnx"
+    torch.onnx.export(
+        encoder,
+        (torch.randn(2, TRACE_LEN, 16),),
+        str(path),
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_shapes=_dynamic_seq(),
+        dynamo=True,
+        verbose=False,
+    )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch, n in ((2, RUN_LENS[0]), (3, RUN_LENS[1])):
+        x = torch.randn(batch, n, 16)
+        (y,) = session.run(["y"], {"x": x.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(y), encoder(x), atol=ATOL, rtol=RTOL)
+
+
+def test_exported_learned_encoder_still_refuses_past_its_table() -> None:
+    """The learned table's length check survives export as a runtime assertion rather than
+    reading garbage rows: asking the exported program for more positions than the table has
+    fails."""
+    encoder = posenc.Encoder(16, 1, 2, pe="learned", pe_kwargs={"max_len": 32}).eval()
+    program = torch.export.export(
+        encoder,
+        (torch.randn(1, TRACE_LEN, 16),),
+        dynamic_shapes={"x": {1: Dim("seq", min=2, max=32)}},
+    )
+    with torch.no_grad():
+        x = torch.randn(1, 20, 16)
+        torch.testing.assert_close(program.module()(x), encoder(x), atol=ATOL, rtol=RTOL)
+        with pytest.raises((RuntimeError, AssertionError, ValueError)):
+            program.module()(torch.randn(1, 40, 16))
+
+
+# --------------------------------------------------------------------------- bad input
+
+NAN = float("nan")
+X = torch.randn(2, 5, 8)
+TOKENS_DTYPE_GAP = "model.py: 'tokens must be an int64 or int32 tensor' does not show the dtype"
+PE_KWARGS_GAP = "model.py: 'pe_kwargs apply only when pe is a registry name' does not show them"
+
+MISUSE = [
+    Misuse("encoder-heads-indivisible", lambda: Encoder(12, 2, 5), ValueError, "num_heads", 5),
+    Misuse("encoder-depth-zero", lambda: Encoder(8, 0, 2), ValueError, "depth", 0),
+    Misuse("encoder-pe-unknown", lambda: Encoder(8, 1, 2, pe="nope"), ValueError,
+           "positional encoding", "nope"),
+    Misuse("encoder-pe-int", lambda: Encoder(8, 1, 2, pe=3), TypeError, "pe", "int"),
+    Misuse("encoder-ffn-zero", lambda: Encoder(8, 1, 2, ffn_dim=0), ValueError, "ffn_dim", 0),
+    Misuse("encoder-dropout-nan", lambda: Encoder(8, 1, 2, dropout=NAN), ValueError, "dropout",
+           NAN),
+    Misuse("encoder-activation", lambda: Encoder(8, 1, 2, activation="tanh"), ValueError,
+           "activation", "tanh"),
+    Misuse("encoder-pe-head-dim", lambda: Encoder(8, 1, 2, pe=RotaryEmbedding(8)), ValueError,
+           "head_dim", 8),
+    Misuse("encoder-pe-heads", lambda: Encoder(16, 1, 4, pe=posenc.build("alibi", num_heads=3)),
+           ValueError, "num_heads", 3),
+    Misuse("encoder-norm-first-str", lambda: Encoder(8, 1, 2, norm_first="no"), TypeError,
+           "norm_first", "no"),
+    Misuse("encoder-causal-int", lambda: Encoder(8, 1, 2, causal=1), TypeError, "causal", 1),
+    Misuse("encoder-pe-kwargs-list", lambda: Encoder(8, 1, 2, pe="rope", pe_kwargs=[1]),
+           TypeError, "pe_kwargs", "list"),
+    Misuse("encoder-pe-kwargs-module", lambda: Encoder(8, 1, 2, pe=ALiBi(2), pe_kwargs={"a": 1}),
+           TypeError, "pe_kwargs", {"a": 1}, gap=PE_KWARGS_GAP),
+    Misuse("encoder-size", lambda: Encoder(10**6, 2, 4), MemoryBudgetError,
+           "dim x depth x ffn_dim", "1000000 x 2 x 4000000"),
+    Misuse("encoder-x-width", lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 9)), ValueError, "x", 9),
+    Misuse("encoder-x-rank", lambda: Encoder(8, 1, 2)(torch.zeros(3, 8)), ValueError, "x",
+           (3, 8)),
+    Misuse("encoder-mask-shape",
+           lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 8),
+                                    key_padding_mask=torch.zeros(1, 4, dtype=torch.bool)),
+           ValueError, "key_padding_mask", (1, 4)),
+    Misuse("encoder-mask-float",
+           lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 8), key_padding_mask=torch.zeros(1, 3)),
+           TypeError, "key_padding_mask", torch.float32),
+    Misuse("encoder-positions-length",
+           lambda: Encoder(8, 1, 2)(torch.zeros(1, 3, 8), positions=torch.arange(4)),
+           ValueError, "positions", (4,)),
+    Misuse("encoder-learned-too-long",
+           lambda: Encoder(8, 1, 2, pe="learned", pe_kwargs={"max_len": 4})(X), ValueError,
+           "input has", 5),
+    Misuse("encoder-positions-negative", lambda: Encoder(8, 1, 2)(X, positions=torch.arange(-2, 3)),
+           ValueError, "positions", -2),
+    Misuse("encoder-alibi-positions-inf",
+           lambda: Encoder(8, 1, 2, pe="alibi")(X,
+                                                positions=torch.tensor([0.0, 1, math.inf, 3, 4])),
+           ValueError, "positions", math.inf),
+    Misuse("model-vocab-zero", lambda: TransformerModel(0, 8, 1, 2), ValueError, "vocab_size", 0),
+    Misuse("model-dim-zero", lambda: TransformerModel(10, 0, 1, 2), ValueError, "dim", 0),
+    Misuse("model-padding-idx", lambda: TransformerModel(10, 8, 1, 2, padding_idx=20),
+           ValueError, "padding_idx", 20),
+    Misuse("model-num-outputs-zero", lambda: TransformerModel(10, 8, 1, 2, num_outputs=0),
+           ValueError, "num_outputs", 0),
+    Misuse("model-tokens-float", lambda: TransformerModel(10, 8, 1, 2)(torch.zeros(2, 3)),
+           TypeError, "tokens", torch.float32, gap=TOKENS_DTYPE_GAP),
+    Misuse("model-tokens-range", lambda: TransformerModel(5, 8, 1, 2)(torch.tensor([[0, 5]])),
+           ValueError, "token ids", "[0, 5]"),
+    Misuse("model-size-vocab", lambda: TransformerModel(10**9, 64, 2, 4), MemoryBudgetError,
+           "vocab_size x dim", "1000000000 x 64"),
+    Misuse("ffn-hidden-zero", lambda: FeedForward(8, 0), ValueError, "hidden", 0),
+    Misuse("layer-norm-first-str", lambda: EncoderLayer(8, 2, norm_first="yes"), TypeError,
+           "norm_first", "yes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)
 
 
 # --------------------------------------------------------------------------- positions once

@@ -11,6 +11,7 @@ import pytest
 
 from posenc.cli import main
 from posenc.report import build_report, markdown_to_html
+from tests.misuse import Misuse, check
 
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -68,8 +69,8 @@ def test_markdown_links_and_remote_images_are_dropped() -> None:
 
 
 def test_unknown_name_fails_first() -> None:
-    with pytest.raises(ValueError, match="unknown positional encoding 'nope'"):
-        build_report(["sinusoidal", "nope"])
+    check(Misuse("unknown", lambda: build_report(["sinusoidal", "nope"]), ValueError,
+                 "positional encoding", "nope"))  # fmt: skip
 
 
 @pytest.mark.slow

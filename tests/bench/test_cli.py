@@ -1,41 +1,22 @@
-"""``posenc bench``: a regression guard that runs every suite on tiny sizes through the entry
-point and checks the tables are produced (never the timings), the reference tables the
-``table`` suite times against, the fitted exponent, and bad arguments (exit 2, one line)."""
+"""``posenc bench`` through its entry point (``posenc.bench.cli``): a regression guard that
+runs every suite on tiny sizes and checks the tables are produced (never the timings), and
+bad arguments (status 2, one line naming the argument and the value)."""
 
 from __future__ import annotations
 
-import math
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
-from posenc.bench.harness import Case, fit_exponent, round_robin
-from posenc.bench.suites import (
-    SUITES,
-    float64_table,
-    numpy_table_fp32,
-    run_suites,
-    settings_for,
-    torch_table_fp32,
-)
-from posenc.bench.worker import alibi_bias_reference
-from posenc.cli import main
-
-
-def _posenc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "posenc.cli", *args], capture_output=True, text=True, timeout=240
-    )
+from posenc.bench.suites import SUITES
+from tests.commands import posenc_cli
+from tests.misuse import BadCommand, check_command, commands
 
 
 @pytest.mark.slow
 def test_quick_run_of_every_suite_writes_the_tables(tmp_path: Path) -> None:
     out = tmp_path / "RESULTS.md"
-    done = _posenc("bench", "--quick", "--output", str(out))
+    done = posenc_cli("bench", "--quick", "--output", str(out), timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     text = out.read_text()
     assert done.stdout.count("## ") == len(SUITES)  # the tables are printed too
@@ -75,76 +56,19 @@ def test_quick_run_of_every_suite_writes_the_tables(tmp_path: Path) -> None:
         assert f"]({name})" in text
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["bench", "nosuch"], "unknown bench suite 'nosuch'"),
-        (["bench", "--quick", "table", "tabel"], "unknown bench suite 'tabel'"),
-        (["bench", "--output", "out.txt"], "'out.txt'"),
-        (["bench", "--repeats", "0"], "--repeats must be a positive number, got '0'"),
-        (["bench", "--threads", "two"], "--threads must be a positive number, got 'two'"),
-        (["bench", "--max-call-seconds", "-1"], "got '-1'"),
-    ],
-)
-def test_bad_arguments_exit_2_with_one_line(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+BAD_COMMANDS = [
+    BadCommand(["bench", "nosuch"], "bench suite", "nosuch"),
+    BadCommand(["bench", "--quick", "table", "tabel"], "bench suite", "tabel"),
+    BadCommand(["bench", "--output", "out.txt"], "--output", "out.txt"),
+    BadCommand(["bench", "--repeats", "0"], "--repeats", "0"),
+    BadCommand(["bench", "--threads", "two"], "--threads", "two"),
+    BadCommand(["bench", "--max-call-seconds", "-1"], "--max-call-seconds", "-1"),
+    BadCommand(["bench", "--max-call-seconds", "nan"], "--max-call-seconds", "nan"),
+]
+
+
+@pytest.mark.parametrize("case", commands(BAD_COMMANDS))
+def test_bad_arguments_exit_2_with_one_line_naming_them(
+    case: BadCommand, stubbed: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message in err[0]
-
-
-def test_run_suites_rejects_unknown_names_before_any_work() -> None:
-    with pytest.raises(ValueError, match="'nope'"):
-        run_suites(["table", "nope"], settings_for(True))
-
-
-@pytest.mark.parametrize(("n", "d"), [(50, 16), (7, 9)])
-def test_reference_tables_are_the_formula(n: int, d: int) -> None:
-    """The float32 versions the table suite times follow the formula (to float32 angle
-    rounding), and the float64 reference is the formula entry by entry."""
-    exact = np.array(
-        [
-            [
-                (math.sin if c % 2 == 0 else math.cos)(p / 10000.0 ** ((c - c % 2) / d))
-                for c in range(d)
-            ]
-            for p in range(n)
-        ]
-    )
-    np.testing.assert_allclose(float64_table(n, d), exact, rtol=0, atol=1e-15)
-    np.testing.assert_allclose(numpy_table_fp32(n, d), exact, rtol=0, atol=2e-5)
-    torch.testing.assert_close(
-        torch_table_fp32(n, d), torch.from_numpy(exact).float(), rtol=0, atol=2e-5
-    )
-
-
-def test_alibi_reference_bias_matches_posenc() -> None:
-    import posenc
-
-    pe = posenc.ALiBi(5)
-    pos = torch.arange(12)
-    torch.testing.assert_close(
-        alibi_bias_reference(pe.slopes, 12), pe.bias(pos, pos).float(), rtol=0, atol=1e-6
-    )
-
-
-def test_fit_exponent_recovers_a_power_law() -> None:
-    sizes = [512, 1024, 2048, 4096]
-    assert fit_exponent(sizes, [3e-6 * n**2 for n in sizes]) == pytest.approx(2.0)
-    assert fit_exponent(sizes, [5.0 * n for n in sizes]) == pytest.approx(1.0)
-    assert fit_exponent([512], [1.0]) is None
-
-
-def test_round_robin_calls_each_case_warmup_plus_repeats_times() -> None:
-    calls = {"a": 0, "b": 0}
-
-    def bump(name: str) -> None:
-        calls[name] += 1
-
-    timings = round_robin(
-        [Case("a", lambda: bump("a")), Case("b", lambda: bump("b"))], warmup=2, repeats=3
-    )
-    assert calls == {"a": 5, "b": 5}
-    assert [t.label for t in timings] == ["a", "b"] and all(t.repeats == 3 for t in timings)
-    assert all(t.low <= t.median <= t.high for t in timings)
+    check_command(case, capsys)

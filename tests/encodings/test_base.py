@@ -1,13 +1,20 @@
-"""Property-based tests over every registered encoding (issue #8, part 1).
+"""The family protocol of ``posenc.encodings.base``, checked for every registered scheme
+(parametrised from the registry, see ``tests/schemes.py``).
 
-Hypothesis draws the encoding, the sizes (odd model widths where the scheme allows them),
-the head count, the dtype (fp32, fp64, bf16, fp16), the device (``cpu``, ``meta``), the batch
-and sequence lengths and the kind of positions (default, an offset, per-batch, float). Every
-call must give the right shape and dtype, finite values, and an explicit ``arange`` must give
-exactly (``torch.equal``) what the default positions give.
-
-Encodings are built the two public ways, ``posenc.build(name, ...)`` with each class's own
-arguments and ``build_for_model(name, dim, num_heads)``.
+- **Properties** (hypothesis, issue #8 part 1): the encoding, the sizes (odd model widths
+  where the scheme allows them), the head count, the dtype (fp32, fp64, bf16, fp16), the
+  device (``cpu``, ``meta``), the batch and sequence lengths and the kind of positions
+  (default, an offset, per-batch, float) are drawn. Every call must give the right shape and
+  dtype and finite values; an explicit ``arange`` must give exactly (``torch.equal``) what the
+  default positions give, and per-batch positions what each row gives alone. Encodings are
+  built the two public ways, ``posenc.build(name, ...)`` with each class's own arguments and
+  ``build_for_model(name, dim, num_heads)``.
+- **State** (issue #8 part 4): a ``state_dict`` round trip gives exactly the first module's
+  outputs; fixed tables (sinusoid rows, cos/sin caches, frequencies, slopes, axis indices)
+  are never persisted; a module built on the ``meta`` device, materialised with
+  ``to_empty(device="cpu")`` and its public re-initialisation, equals one built on the CPU.
+- **The registry**: names, families, ``build`` and ``build_for_model``, and the misuse of
+  each; the checks every family shares on ``x`` and on positions.
 """
 
 from __future__ import annotations
@@ -17,18 +24,20 @@ from typing import Any
 
 import pytest
 import torch
-from fuzzing import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import posenc
 from posenc.encodings.base import build_for_model, compute_dtype
+from tests.fuzzing import examples
+from tests.misuse import Misuse, check
+from tests.misuse import cases as misuse_cases
+from tests.schemes import FACTS, NAMES, SEQUENCE
 
-NAMES = posenc.available()
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: Schemes that read a table by integer position or distance: float positions must hold
 #: whole numbers.
-INTEGER_ONLY = {"learned", "t5", "shaw", "xl"}
+INTEGER_ONLY = sorted(name for name in NAMES if FACTS[name].integer_positions)
 PROPERTY_SETTINGS = settings(
     max_examples=examples(150),
     deadline=None,
@@ -86,17 +95,7 @@ def build(case: Case) -> posenc.PositionalEncoding:
     with torch.device(case.device):
         if not case.via_build:
             return build_for_model(case.name, case.dim, case.heads)
-        cls = posenc.entry(case.name).cls
-        head_dim = case.dim // case.heads
-        if cls.family == "additive":
-            return posenc.build(case.name, dim=case.dim)
-        if cls.family == "rotary":
-            return posenc.build(case.name, head_dim=head_dim)
-        if cls.family == "none":
-            return posenc.build(case.name)
-        if case.name in ("cope", "shaw", "xl"):
-            return posenc.build(case.name, num_heads=case.heads, head_dim=head_dim)
-        return posenc.build(case.name, num_heads=case.heads)
+        return posenc.build(case.name, **FACTS[case.name].arguments(case.dim, case.heads))
 
 
 def positions_for(case: Case, axes: int) -> torch.Tensor | None:
@@ -194,6 +193,14 @@ def test_every_encoding_shape_dtype_finite_and_explicit_arange(case: Case) -> No
         return  # no values on meta: shapes and dtypes are all there is
     for out in outputs:
         assert torch.isfinite(out.float()).all(), case
+    if case.kind == "batched" and pe.family != "none":
+        # per-batch positions: row b is what row b's positions give alone
+        for b in range(case.batch):
+            row = {key: value[b : b + 1] for key, value in inputs.items()}
+            with torch.no_grad():
+                alone = call(pe, case, positions[b], row)
+            for out, one in zip(outputs, alone, strict=True):
+                torch.testing.assert_close(out[b], one.reshape(out[b].shape), msg=str(case))
     if case.kind != "default" or pe.family == "none":
         return
     # an explicit arange (or the equivalent coordinates) must give exactly the default
@@ -214,19 +221,20 @@ def test_every_encoding_shape_dtype_finite_and_explicit_arange(case: Case) -> No
     frac=st.floats(0.05, 0.95),
 )
 def test_integer_schemes_reject_fractional_positions(name: str, seq: int, frac: float) -> None:
-    """Table lookups cannot take a fractional position: a ValueError naming the positions."""
+    """Table lookups cannot take a fractional position: a ValueError naming the positions
+    (the value is not shown yet: see the ``fractional`` misuse cases)."""
     case = Case(name, 8, 2, torch.float32, "cpu", "float", 1, seq, False)
     pe = build(case)
     inputs = make_inputs(case, pe)
     positions = torch.arange(seq, dtype=torch.float64)
     positions[-1] += frac
-    with pytest.raises(ValueError, match="positions must hold whole numbers"):
+    with pytest.raises(ValueError, match="positions"):
         call(pe, case, positions, inputs)
 
 
 @settings(max_examples=examples(40), deadline=None)
 @given(
-    name=st.sampled_from([n for n in NAMES if posenc.entry(n).cls.axes == 1]),
+    name=st.sampled_from(SEQUENCE),
     bad=st.sampled_from([float("nan"), float("inf"), float("-inf")]),
     where=st.integers(0, 4),
 )
@@ -240,36 +248,183 @@ def test_non_finite_positions_are_rejected(name: str, bad: float, where: int) ->
     inputs = make_inputs(case, pe)
     positions = torch.arange(5, dtype=torch.float64)
     positions[where] = bad
-    with pytest.raises(ValueError, match=r"positions must be finite, got (nan|inf|-inf)"):
+    with pytest.raises(ValueError, match="positions") as info:
         call(pe, case, positions, inputs)
+    assert repr(bad) in str(info.value)
 
 
-@settings(max_examples=examples(40), deadline=None)
-@given(
-    name=st.sampled_from(NAMES),
-    heads=st.integers(1, 3),
-    batch=st.integers(1, 3),
-    seq=st.integers(1, 7),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
-    causal=st.booleans(),
-)
-def test_encoder_every_encoding_shape_finite_and_explicit_arange(
-    name: str, heads: int, batch: int, seq: int, dtype: torch.dtype, causal: bool
-) -> None:
-    """The whole ``Encoder`` with each scheme: ``(b, n, D)`` in the input's dtype, finite, and
-    explicit positions (``arange``, or coordinates for N-D schemes) equal to the default."""
-    cls = posenc.entry(name).cls
-    head_dim = 2 * cls.axes * 2 if cls.family == "rotary" else 4
-    dim = heads * head_dim
-    torch.manual_seed(0)
-    encoder = posenc.Encoder(dim, 1, heads, pe=name, causal=causal).to(dtype).eval()
-    x = torch.randn(batch, seq, dim, dtype=dtype)
-    coords = torch.zeros(seq, cls.axes, dtype=torch.long)
-    coords[:, 0] = torch.arange(seq)
-    explicit = torch.arange(seq) if cls.axes == 1 else coords
+# --------------------------------------------------------------------------- state
+
+DIM, HEADS = 24, 2  # head dim 12: even, and divisible by 2 * 3 for the 3-D axial RoPE
+#: Names of the fixed (derived) buffers the library keeps; none may reach a checkpoint.
+TABLE_NAMES = ("table", "cos_cached", "sin_cached", "inv_freq", "slopes", "axis_of_pair")
+REINIT_METHODS = ("reset_tables", "reset_slopes", "reset_parameters")
+
+
+def _probe(pe: posenc.PositionalEncoding) -> tuple[torch.Tensor, ...]:
+    """The encoding's output on fixed inputs, through its family hook (positions past the
+    initial tables' ends too, so a table rebuilt wrongly or grown wrongly shows)."""
+    gen = torch.Generator().manual_seed(1)
+    n = 6
+    positions = torch.arange(n) + 3
+    if pe.axes > 1:
+        positions = torch.stack([positions + a for a in range(pe.axes)], dim=-1)
+    head_dim = DIM // HEADS
     with torch.no_grad():
-        out = encoder(x, positions=explicit)
-        assert out.shape == x.shape and out.dtype == dtype
-        assert torch.isfinite(out).all()
-        if cls.axes == 1 or cls.family == "rotary":  # N-D tables need coordinates
-            torch.testing.assert_close(encoder(x), out, atol=0.0, rtol=0.0)
+        if pe.family == "additive":
+            return (pe(torch.randn(2, n, DIM, generator=gen), positions),)
+        if pe.family == "rotary":
+            q = torch.randn(2, HEADS, n, head_dim, generator=gen)
+            k = torch.randn(2, HEADS, n, head_dim, generator=gen)
+            return tuple(pe(q, k, positions)) + tuple(pe(q, k))
+        if pe.family == "bias":
+            q = torch.randn(2, HEADS, n, head_dim, generator=gen)
+            k = torch.randn(2, HEADS, n, head_dim, generator=gen)
+            return (pe.bias(positions, positions, q=q, k=k),)
+        x = torch.randn(2, n, DIM, generator=gen)
+        return (pe(x),)
+
+
+def _assert_same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dict_round_trip(name: str) -> None:
+    torch.manual_seed(0)
+    original = build_for_model(name, DIM, HEADS)
+    torch.manual_seed(1234)  # a different initialisation, overwritten by the checkpoint
+    restored = build_for_model(name, DIM, HEADS)
+    state = original.state_dict()
+    restored.load_state_dict(state)  # strict: every key matches
+    for key, value in restored.state_dict().items():
+        torch.testing.assert_close(value, state[key], atol=0.0, rtol=0.0)
+    _assert_same(_probe(restored), _probe(original))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixed_tables_are_never_persisted(name: str) -> None:
+    pe = build_for_model(name, DIM, HEADS)
+    _probe(pe)  # grow the caches first: a grown table must not be persisted either
+    state = pe.state_dict()
+    parameters = {key for key, _ in pe.named_parameters()}
+    assert set(state) <= parameters, f"buffers in the checkpoint: {set(state) - parameters}"
+    for key in state:
+        assert key.rsplit(".", 1)[-1] not in TABLE_NAMES, key
+    buffers = {key for key, _ in pe.named_buffers()}
+    assert not buffers & set(state)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_then_materialised_equals_built_directly(name: str) -> None:
+    torch.manual_seed(0)
+    direct = build_for_model(name, DIM, HEADS)
+    with torch.device("meta"):
+        lazy = build_for_model(name, DIM, HEADS)
+    assert all(t.is_meta for t in [*lazy.parameters(), *lazy.buffers()])
+    lazy = lazy.to_empty(device="cpu")
+    for method in REINIT_METHODS:  # the public re-initialisation, where the class has one
+        if hasattr(lazy, method):
+            getattr(lazy, method)()
+    # the fixed buffers come back exactly, without any checkpoint
+    direct_buffers = dict(direct.named_buffers())
+    lazy_buffers = dict(lazy.named_buffers())
+    assert direct_buffers.keys() == lazy_buffers.keys()
+    for key, value in direct_buffers.items():
+        assert lazy_buffers[key].dtype == value.dtype, key
+        torch.testing.assert_close(lazy_buffers[key], value, atol=0.0, rtol=0.0)
+    # learned weights come from the checkpoint, as they would after meta initialisation
+    lazy.load_state_dict(direct.state_dict())
+    _assert_same(_probe(lazy), _probe(direct))
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if any(True for _ in build_for_model(n, DIM, HEADS).buffers())]
+)
+def test_reset_after_to_empty_is_public_and_idempotent(name: str) -> None:
+    """Calling the public re-initialisation again changes nothing (no hidden state)."""
+    with torch.device("meta"):
+        lazy = build_for_model(name, DIM, HEADS)
+    lazy = lazy.to_empty(device="cpu")
+    method = next(m for m in REINIT_METHODS if hasattr(lazy, m))
+    before = {k: v.clone() for k, v in lazy.named_buffers()}
+    getattr(lazy, method)()
+    for key, value in lazy.named_buffers():
+        torch.testing.assert_close(value, before[key], atol=0.0, rtol=0.0)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_every_registered_scheme_is_described_for_the_tests() -> None:
+    """A newcomer's scheme is tested everywhere once ``tests/schemes.py`` says what the tests
+    must know about it: its constructor arguments and which properties to check."""
+    missing = sorted(set(NAMES) - set(FACTS))
+    assert not missing, f"add {missing} to FACTS in tests/schemes.py"
+    stale = sorted(set(FACTS) - set(NAMES))
+    assert not stale, f"{stale} are in FACTS in tests/schemes.py but not registered"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registry_entry_builds_its_class_both_ways(name: str) -> None:
+    entry = posenc.entry(name)
+    assert entry.family in posenc.FAMILIES and entry.summary
+    assert entry.paper == entry.cls.paper
+    built = posenc.build(name, **FACTS[name].arguments(24, 2))
+    sized = build_for_model(name, 24, 2)
+    assert type(built) is entry.cls and type(sized) is entry.cls
+    assert built.registry_name() == name and built.family == entry.family
+
+
+def test_known_names_and_nope() -> None:
+    assert {"none", "sinusoidal", "learned", "rope", "alibi", "t5"} <= set(posenc.available())
+    assert isinstance(posenc.build("none"), posenc.NoPE)
+
+
+# --------------------------------------------------------------------------- bad input
+
+NAN, INF = float("nan"), float("inf")
+X = torch.randn(2, 5, 8)
+SINUSOIDAL = posenc.SinusoidalPositionalEncoding(8)
+
+MISUSE = [
+    # the registry
+    Misuse("build-unknown", lambda: posenc.build("nope"), ValueError, "positional encoding",
+           "nope"),
+    Misuse("build-name-int", lambda: posenc.build(3), TypeError, "encoding name", "int"),
+    Misuse("build-bad-keyword", lambda: posenc.build("sinusoidal", dim=8, foo=1), TypeError,
+           "keyword argument", "foo"),
+    Misuse("build-for-model-heads-zero", lambda: build_for_model("rope", 8, 0), ValueError,
+           "num_heads", 0),
+    Misuse("build-for-model-dim-str", lambda: build_for_model("rope", "8", 2), TypeError, "dim",
+           "8"),
+    Misuse("build-for-model-indivisible", lambda: build_for_model("rope", 10, 3), ValueError,
+           "num_heads", 3),
+    # the input x of an additive encoding (check_input)
+    Misuse("x-list", lambda: SINUSOIDAL([[1.0]]), TypeError, "x", "list"),
+    Misuse("x-int", lambda: SINUSOIDAL(X.long()), TypeError, "x", torch.int64),
+    Misuse("x-rank", lambda: SINUSOIDAL(X[0]), ValueError, "x", (5, 8)),
+    Misuse("x-width", lambda: posenc.SinusoidalPositionalEncoding(7)(X), ValueError, "x", 8),
+    # positions (resolve_positions)
+    Misuse("positions-length", lambda: SINUSOIDAL(X, torch.arange(4)), ValueError, "positions",
+           (4,)),
+    Misuse("positions-negative", lambda: SINUSOIDAL(X, torch.arange(-1, 4)), ValueError,
+           "positions", -1),
+    Misuse("positions-nan", lambda: SINUSOIDAL(X, torch.tensor([0.0, 1.0, NAN, 3.0, 4.0])),
+           ValueError, "positions", NAN),
+    Misuse("positions-inf", lambda: SINUSOIDAL(X, torch.tensor([0.0, 1.0, INF, 3.0, 4.0])),
+           ValueError, "positions", INF),
+    Misuse("positions-bool", lambda: SINUSOIDAL(X, torch.ones(5, dtype=torch.bool)), TypeError,
+           "positions", torch.bool),
+    Misuse("positions-batch", lambda: SINUSOIDAL(X, torch.zeros(3, 5, dtype=torch.long)),
+           ValueError, "positions", 3),
+    Misuse("positions-list", lambda: SINUSOIDAL(X, [0, 1, 2, 3, 4]), TypeError, "positions",
+           "list"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", misuse_cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)

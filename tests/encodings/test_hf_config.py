@@ -30,6 +30,7 @@ importlib.import_module("transformers.models.gptj.modeling_gptj")
 
 from posenc import RotaryEmbedding  # noqa: E402
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
+from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -731,137 +732,98 @@ def _namespace(**fields: Any) -> SimpleNamespace:
     return SimpleNamespace(hidden_size=64, num_attention_heads=4, **fields)
 
 
-@pytest.mark.parametrize(
-    ("make", "match"),
-    [
-        (
-            lambda: transformers.GPT2Config(n_embd=64, n_head=4),
-            r"model_type 'gpt2' describes no rotary",
-        ),
-        (
-            lambda: transformers.BloomConfig(hidden_size=64, n_head=4),
-            r"'bloom' describes no rotary",
-        ),
-        (lambda: transformers.MptConfig(d_model=64, n_heads=4), r"'mpt' describes no rotary"),
-        (lambda: transformers.FalconConfig(**_tiny(alibi=True)), r"alibi=True: it uses ALiBi"),
-        (
-            lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=80),
-            r"rotary_dim \(80, from rotary_dim\) must be <= head_dim \(64\)",
-        ),
-        (
-            lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=15),
-            r"rotary dimension 15 \(from rotary_dim\) must be even",
-        ),
-        (  # head_dim 50, half of it rotated: transformers would round 25 up to 26
-            lambda: transformers.PhiConfig(
-                hidden_size=100, num_attention_heads=2, partial_rotary_factor=0.5
-            ),
-            r"rotary dimension 25 \(from rope_parameters\['partial_rotary_factor'\]=0.5 of "
-            r"head_dim=50\) must be even",
-        ),
-        (
-            lambda: _namespace(model_type="mystery", rotary_dim=8, partial_rotary_factor=0.25),
-            r"contradict each other: rotary_dim=8 but partial_rotary_factor=0.25 gives "
-            r"int\(16 \* 0.25\) = 4",
-        ),
-        (
-            lambda: _namespace(model_type="mystery", rotary_pct=0.5, partial_rotary_factor=0.25),
-            r"rotated fraction contradict each other: partial_rotary_factor=0.25, rotary_pct=0.5",
-        ),
-        (
-            lambda: _namespace(model_type="mystery", rope_theta=1e4, rotary_emb_base=500),
-            r"RoPE base contradict each other: rope_theta=10000.0, rotary_emb_base=500.0",
-        ),
-        (
-            lambda: _namespace(
-                rope_parameters={"rope_type": "linear", "factor": 2.0},
-                rope_scaling={"rope_type": "linear", "factor": 4.0},
-            ),
-            r"both rope_parameters and rope_scaling and they differ",
-        ),
-        (
-            lambda: _namespace(model_type="mystery", partial_rotary_factor=1.5),
-            r"partial_rotary_factor must be in \(0, 1\], got 1.5",
-        ),
-        (
-            lambda: transformers.LlamaConfig(
-                **_tiny(
-                    rope_parameters={
-                        "rope_type": "proportional",
-                        "rope_theta": 1e4,
-                        "partial_rotary_factor": 0.5,
-                    }
-                )
-            ),
-            r"config rope_parameters: unknown rope_type 'proportional'",
-        ),
-        (
-            lambda: _namespace(
-                model_type="qwen2_vl",
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]},
-            ),
-            r"config rope_parameters: unknown key\(s\) \['mrope_section'\]",
-        ),
-        (
-            lambda: transformers.Gemma3TextConfig(**_tiny(head_dim=32)),
-            r"nested by layer type \['full_attention', 'sliding_attention'\]; pass layer_type=",
-        ),
-        (
-            lambda: _namespace(model_type="phi", rope_theta=1e4),
-            r"model_type 'phi' names no partial_rotary_factor or rotary_pct",
-        ),
-        (
-            lambda: _namespace(model_type="gptj", rotary_dim=8, rope_theta=5e5),
-            r"model_type 'gptj' sets rope_theta=500000.0, but transformers' gptj code ignores",
-        ),
-        (  # Qwen2-VL: M-RoPE even without an mrope_section key (the code defaults it)
-            lambda: transformers.Qwen2VLConfig(),
-            r"model_type 'qwen2_vl_text' uses multimodal RoPE",
-        ),
-        (  # DeepSeek-V4 rotates the trailing 64 channels of its 512-channel heads
-            lambda: transformers.DeepseekV4Config(),
-            r"qk_rope_head_dim=64 != head_dim=512: its attention rotates a separate slice",
-        ),
-        (  # Gemma 4: head_dim differs per layer
-            lambda: transformers.Gemma4TextConfig(),
-            r"config head_dim cannot be read as one value \(AmbiguousGlobalPerLayerAttributeError",
-        ),
-        (  # Ministral 3: an attention temperature beside YaRN that is not a rotation
-            lambda: transformers.Ministral3Config(),
-            r"config rope_parameters: unknown key\(s\) \['llama_4_scaling_beta'",
-        ),
-        (
-            lambda: _namespace(
-                model_type="esm", rope_theta=1e4, position_embedding_type="absolute"
-            ),
-            r"position_embedding_type='absolute', not rotary",
-        ),
-    ],
-)
-def test_configs_that_cannot_be_mapped_are_refused_naming_the_field(
-    make: Callable[[], Any], match: str
-) -> None:
-    with pytest.raises(PosencValueError, match=match):
-        RotaryEmbedding.from_hf_config(make())
+def _from(make: Callable[[], Any], **kwargs: Any) -> Callable[[], object]:
+    return lambda: RotaryEmbedding.from_hf_config(make(), **kwargs)
 
 
-def test_layer_type_errors_name_the_layer_type() -> None:
-    config = transformers.Gemma3TextConfig(**_tiny(head_dim=32))
-    with pytest.raises(PosencValueError, match=r"no RoPE parameters for layer_type='chunked'"):
-        RotaryEmbedding.from_hf_config(config, layer_type="chunked")
-    with pytest.raises(
-        PosencValueError, match=r"layer_type='full_attention' \(rope_parameters is not nested"
-    ):
-        RotaryEmbedding.from_hf_config(
-            transformers.LlamaConfig(**_tiny()), layer_type="full_attention"
-        )
+#: Configs that cannot be mapped: each is refused naming the config field and its value.
+MISUSE = [
+    Misuse("gpt2", _from(lambda: transformers.GPT2Config(n_embd=64, n_head=4)), PosencValueError,
+           "model_type", "gpt2"),
+    Misuse("bloom", _from(lambda: transformers.BloomConfig(hidden_size=64, n_head=4)),
+           PosencValueError, "model_type", "bloom"),
+    Misuse("mpt", _from(lambda: transformers.MptConfig(d_model=64, n_heads=4)), PosencValueError,
+           "model_type", "mpt"),
+    Misuse("falcon-alibi", _from(lambda: transformers.FalconConfig(**_tiny(alibi=True))),
+           PosencValueError, "alibi", True),
+    Misuse("gptj-rotary-dim-wide",
+           _from(lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=80)),
+           PosencValueError, "rotary_dim", 80),
+    Misuse("gptj-rotary-dim-odd",
+           _from(lambda: transformers.GPTJConfig(n_embd=256, n_head=4, rotary_dim=15)),
+           PosencValueError, "rotary_dim", 15),
+    # head_dim 50, half of it rotated: transformers would round 25 up to 26
+    Misuse("phi-odd-rotary-dimension",
+           _from(lambda: transformers.PhiConfig(hidden_size=100, num_attention_heads=2,
+                                                partial_rotary_factor=0.5)),
+           PosencValueError, "partial_rotary_factor", 0.5),
+    Misuse("rotary-dim-contradicts-partial",
+           _from(lambda: _namespace(model_type="mystery", rotary_dim=8,
+                                    partial_rotary_factor=0.25)),
+           PosencValueError, "rotary_dim", 8),
+    Misuse("rotary-pct-contradicts-partial",
+           _from(lambda: _namespace(model_type="mystery", rotary_pct=0.5,
+                                    partial_rotary_factor=0.25)),
+           PosencValueError, "rotary_pct", 0.5),
+    Misuse("base-contradicts",
+           _from(lambda: _namespace(model_type="mystery", rope_theta=1e4, rotary_emb_base=500)),
+           PosencValueError, "rotary_emb_base", 500.0),
+    Misuse("parameters-and-scaling-differ",
+           _from(lambda: _namespace(rope_parameters={"rope_type": "linear", "factor": 2.0},
+                                    rope_scaling={"rope_type": "linear", "factor": 4.0})),
+           PosencValueError, "rope_scaling", MISSING),
+    Misuse("partial-above-one",
+           _from(lambda: _namespace(model_type="mystery", partial_rotary_factor=1.5)),
+           PosencValueError, "partial_rotary_factor", 1.5),
+    Misuse("unknown-rope-type",
+           _from(lambda: transformers.LlamaConfig(**_tiny(rope_parameters={
+               "rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}))),
+           PosencValueError, "rope_type", "proportional"),
+    Misuse("unknown-key",
+           _from(lambda: _namespace(model_type="qwen2_vl", rope_parameters={
+               "rope_type": "default", "mrope_section": [2, 3, 3]})),
+           PosencValueError, "rope_parameters", "mrope_section"),
+    Misuse("nested-by-layer-type",
+           _from(lambda: transformers.Gemma3TextConfig(**_tiny(head_dim=32))), PosencValueError,
+           "layer_type", MISSING),
+    Misuse("phi-without-fraction", _from(lambda: _namespace(model_type="phi", rope_theta=1e4)),
+           PosencValueError, "partial_rotary_factor", MISSING),
+    Misuse("gptj-ignores-rope-theta",
+           _from(lambda: _namespace(model_type="gptj", rotary_dim=8, rope_theta=5e5)),
+           PosencValueError, "rope_theta", 500000.0),
+    # Qwen2-VL: M-RoPE even without an mrope_section key (the code defaults it)
+    Misuse("multimodal-rope", _from(lambda: transformers.Qwen2VLConfig()), PosencValueError,
+           "model_type", "qwen2_vl_text"),
+    # DeepSeek-V4 rotates the trailing 64 channels of its 512-channel heads
+    Misuse("separate-rope-slice", _from(lambda: transformers.DeepseekV4Config()),
+           PosencValueError, "qk_rope_head_dim", 64),
+    # Gemma 4: head_dim differs per layer
+    Misuse("head-dim-per-layer", _from(lambda: transformers.Gemma4TextConfig()), PosencValueError,
+           "head_dim", MISSING),
+    # Ministral 3: an attention temperature beside YaRN that is not a rotation
+    Misuse("attention-temperature", _from(lambda: transformers.Ministral3Config()),
+           PosencValueError, "rope_parameters", "llama_4_scaling_beta"),
+    Misuse("absolute-esm",
+           _from(lambda: _namespace(model_type="esm", rope_theta=1e4,
+                                    position_embedding_type="absolute")),
+           PosencValueError, "position_embedding_type", "absolute"),
+    Misuse("layer-type-unknown",
+           _from(lambda: transformers.Gemma3TextConfig(**_tiny(head_dim=32)), layer_type="chunked"),
+           PosencValueError, "layer_type", "chunked"),
+    Misuse("layer-type-not-nested",
+           _from(lambda: transformers.LlamaConfig(**_tiny()), layer_type="full_attention"),
+           PosencValueError, "layer_type", "full_attention"),
+    Misuse("rotary-dim-str", _from(lambda: _namespace(model_type="gptj", rotary_dim="16")),
+           PosencTypeError, "rotary_dim", "16"),
+    Misuse("rope-interleave-str",
+           _from(lambda: _namespace(rope_theta=1e4, rope_interleave="yes")), PosencTypeError,
+           "rope_interleave", "yes"),
+]  # fmt: skip
 
 
-def test_wrongly_typed_fields_are_type_errors() -> None:
-    with pytest.raises(PosencTypeError, match=r"config rotary_dim must be an int, got '16'"):
-        RotaryEmbedding.from_hf_config(_namespace(model_type="gptj", rotary_dim="16"))
-    with pytest.raises(PosencTypeError, match=r"config rope_interleave must be a bool"):
-        RotaryEmbedding.from_hf_config(_namespace(rope_theta=1e4, rope_interleave="yes"))
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_configs_that_cannot_be_mapped_are_refused_naming_the_field(case: Misuse) -> None:
+    check(case)
 
 
 def test_explicit_keyword_arguments_override_the_config() -> None:

@@ -1,3 +1,6 @@
+"""The learned absolute table (BERT, GPT-2): rows added by position, initialisations,
+gradients, precision, and bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -5,6 +8,8 @@ import torch
 from torch.testing import assert_close
 
 from posenc import LearnedPositionalEncoding
+from posenc.errors import MemoryBudgetError
+from tests.misuse import Misuse, cases, check
 
 
 def test_adds_rows_of_the_table() -> None:
@@ -50,38 +55,37 @@ def test_half_input_computed_in_fp32() -> None:
     assert torch.equal(out, (x.float() + pe.weight[:5]).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "match"),
-    [
-        (
-            lambda pe: pe(torch.zeros(1, 25, 8)),
-            ValueError,
-            "input has 25 positions but the learned table has max_len=20",
-        ),
-        (
-            lambda pe: pe(torch.zeros(1, 3, 8), torch.tensor([0, 1, 20])),
-            ValueError,
-            "position 20 is past the learned table \\(max_len=20\\)",
-        ),
-        (
-            lambda pe: pe(torch.zeros(1, 3, 8), torch.tensor([0.0, 1.5, 2.0])),
-            ValueError,
-            "whole numbers",
-        ),
-        (
-            lambda pe: pe(torch.zeros(1, 3, 8), torch.tensor([0, -2, 1])),
-            ValueError,
-            "minimum of -2",
-        ),
-        (
-            lambda pe: LearnedPositionalEncoding(8, max_len=0),
-            ValueError,
-            "max_len must be >= 1, got 0",
-        ),
-        (lambda pe: LearnedPositionalEncoding(8, init="zeros"), ValueError, "init must be"),
-    ],
+NAN = float("nan")
+WHOLE_NUMBERS_GAP = (
+    "base.resolve_positions does not show the fractional value (the message says 'positions "
+    "must hold whole numbers for this encoding')"
 )
-def test_bad_input(call, error, match) -> None:  # type: ignore[no-untyped-def]
-    pe = LearnedPositionalEncoding(8, max_len=20)
-    with pytest.raises(error, match=match):
-        call(pe)
+
+
+def _learned(positions: torch.Tensor) -> object:
+    return LearnedPositionalEncoding(8, max_len=20)(torch.zeros(1, 3, 8), positions)
+
+
+MISUSE = [
+    Misuse("too-long", lambda: LearnedPositionalEncoding(8, max_len=20)(torch.zeros(1, 25, 8)),
+           ValueError, "input has", 25),
+    Misuse("position-past-the-table", lambda: _learned(torch.tensor([0, 1, 20])), ValueError,
+           "position", 20),
+    Misuse("fractional", lambda: _learned(torch.tensor([0.0, 1.5, 2.0])), ValueError,
+           "positions", 1.5, gap=WHOLE_NUMBERS_GAP),
+    Misuse("negative", lambda: _learned(torch.tensor([0, -2, 1])), ValueError, "positions", -2),
+    Misuse("nan", lambda: _learned(torch.tensor([0.0, NAN, 1.0])), ValueError, "positions", NAN),
+    Misuse("max-len-zero", lambda: LearnedPositionalEncoding(8, max_len=0), ValueError,
+           "max_len", 0),
+    Misuse("max-len-none", lambda: LearnedPositionalEncoding(8, max_len=None), TypeError,
+           "max_len", None),
+    Misuse("init", lambda: LearnedPositionalEncoding(8, init="zeros"), ValueError, "init",
+           "zeros"),
+    Misuse("size", lambda: LearnedPositionalEncoding(64, max_len=10**10), MemoryBudgetError,
+           "max_len x dim", "10000000000 x 64"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)

@@ -19,6 +19,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 )
 
 from posenc import ROPE_TYPES, RotaryEmbedding, rope_parameters, validate_rope_scaling  # noqa: E402
+from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -259,71 +260,81 @@ def test_from_hf_config_reads_theta_partial_rotary_and_phi3_original_length() ->
 # --------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize(
-    ("scaling", "match"),
-    [
-        (
-            {"rope_type": "yarnn", "factor": 2.0},
-            r"unknown rope_type 'yarnn'; known: default, linear",
-        ),
-        ({"rope_type": "linear", "factor": 0.0}, r"'factor' must be a finite number > 0, got 0.0"),
-        ({"rope_type": "linear", "factor": -2.0}, r"'factor' must be a finite number > 0"),
-        ({"rope_type": "linear"}, r"needs the key\(s\) \['factor'\]"),
-        ({"rope_type": "linear", "factr": 2.0}, r"unknown key\(s\) \['factr'\]"),
-        ({"rope_type": "dynamic", "factor": 2.0}, "needs max_position_embeddings"),
-        (
-            {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 4.0,
-                "high_freq_factor": 1.0,
-                "original_max_position_embeddings": 32,
-            },
-            r"high_freq_factor \(1.0\) must be > low_freq_factor \(4.0\)",
-        ),
-        (_longrope(3, factor=4.0), r"'short_factor' must be a list of rotary_dim // 2 = 8 numbers"),
-        (
-            {**_longrope(8, factor=4.0), "long_factor": [1.0] * 7 + [0.0]},
-            r"'long_factor\[7\]' must be a finite",
-        ),
-        (
-            {
-                "rope_type": "yarn",
-                "factor": 4.0,
-                "original_max_position_embeddings": 8,
-                "beta_fast": 1,
-                "beta_slow": 32,
-            },
-            r"beta_fast \(1\) must be >= beta_slow \(32\)",
-        ),
-        (
-            {
-                "rope_type": "yarn",
-                "factor": 4.0,
-                "attention_factor": -1.0,
-                "original_max_position_embeddings": 8,
-            },
-            "'attention_factor' must be a finite number > 0",
-        ),
-        ({"type": "linear", "rope_type": "yarn"}, "type='linear' and rope_type='yarn'"),
-    ],
-)
-def test_bad_scaling_raises_value_error_naming_it(scaling: dict[str, Any], match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        validate_rope_scaling(scaling, rotary_dim=16, max_position_embeddings=None)
+NAN = float("nan")
 
 
-def test_bad_scaling_types_raise_type_error() -> None:
-    with pytest.raises(TypeError, match="'factor' must be a number, got '2'"):
-        validate_rope_scaling({"rope_type": "linear", "factor": "2"}, rotary_dim=16)
-    with pytest.raises(TypeError, match="scaling must be a dict or None, got list"):
-        validate_rope_scaling([("rope_type", "linear")], rotary_dim=16)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="'truncate' must be a bool"):
-        validate_rope_scaling(
-            {"rope_type": "yarn", "factor": 2.0, "truncate": 1},
-            rotary_dim=16,
-            max_position_embeddings=64,
-        )
+def _validate(scaling: object, **kwargs: object) -> object:
+    return validate_rope_scaling(scaling, rotary_dim=16, **kwargs)  # type: ignore[arg-type]
+
+
+def _yarn(**extra: Any) -> dict[str, Any]:
+    return {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, **extra}
+
+
+LLAMA3_ORDER = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                "high_freq_factor": 1.0, "original_max_position_embeddings": 32}  # fmt: skip
+
+MISUSE = [
+    Misuse("unknown-rope-type", lambda: _validate({"rope_type": "yarnn", "factor": 2.0}),
+           ValueError, "rope_type", "yarnn"),
+    Misuse("factor-zero", lambda: _validate({"rope_type": "linear", "factor": 0.0}), ValueError,
+           "'factor'", 0.0),
+    Misuse("factor-negative", lambda: _validate({"rope_type": "linear", "factor": -2.0}),
+           ValueError, "'factor'", -2.0),
+    Misuse("factor-nan", lambda: RotaryEmbedding(8, scaling={"rope_type": "linear", "factor": NAN}),
+           ValueError, "'factor'", NAN),
+    Misuse("factor-str", lambda: _validate({"rope_type": "linear", "factor": "2"}), TypeError,
+           "'factor'", "2"),
+    Misuse("factor-missing", lambda: _validate({"rope_type": "linear"}), ValueError, "'factor'",
+           MISSING),
+    Misuse("unknown-key", lambda: _validate({"rope_type": "linear", "factr": 2.0}), ValueError,
+           "unknown key", "factr"),
+    Misuse("dynamic-without-max-position",
+           lambda: _validate({"rope_type": "dynamic", "factor": 2.0}), ValueError,
+           "max_position_embeddings", MISSING),
+    Misuse("yarn-without-original",
+           lambda: RotaryEmbedding(8, scaling={"rope_type": "yarn", "factor": 2}), ValueError,
+           "original_max_position_embeddings", MISSING),
+    Misuse("yarn-original-float",
+           lambda: RotaryEmbedding(8, scaling=_yarn(original_max_position_embeddings=16.0)),
+           ValueError, "original_max_position_embeddings", 16.0),
+    Misuse("yarn-beta-order", lambda: _validate(_yarn(beta_fast=1, beta_slow=32)), ValueError,
+           "beta_fast", 1),
+    Misuse("yarn-beta-nan", lambda: _validate(_yarn(beta_fast=NAN)), ValueError, "'beta_fast'",
+           NAN),
+    Misuse("yarn-attention-factor", lambda: _validate(_yarn(attention_factor=-1.0)),
+           ValueError, "'attention_factor'", -1.0),
+    Misuse("yarn-truncate", lambda: _validate(_yarn(truncate=1), max_position_embeddings=64),
+           TypeError, "'truncate'", 1),
+    Misuse("llama3-order", lambda: _validate(LLAMA3_ORDER), ValueError, "high_freq_factor", 1.0),
+    Misuse("longrope-length", lambda: _validate(_longrope(3, factor=4.0)), ValueError,
+           "'short_factor'", [1.0, 1.05, 1.1]),
+    Misuse("longrope-entry",
+           lambda: _validate({**_longrope(8, factor=4.0), "long_factor": [1.0] * 7 + [0.0]}),
+           ValueError, "'long_factor[7]'", 0.0),
+    Misuse("type-conflict", lambda: _validate({"type": "linear", "rope_type": "yarn"}),
+           ValueError, "rope_type", "yarn"),
+    Misuse("not-a-dict", lambda: _validate([("rope_type", "linear")]), TypeError, "scaling",
+           "list"),
+    Misuse("parameters-dim-zero", lambda: rope_parameters(None, 0, 10000.0), ValueError, "dim",
+           0),
+    Misuse("parameters-dim-odd", lambda: rope_parameters(None, 7, 10000.0), ValueError, "dim",
+           7),
+    Misuse("parameters-base-nan", lambda: rope_parameters(None, 8, NAN), ValueError, "base",
+           NAN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)
+
+
+def test_an_unknown_rope_type_lists_every_known_one() -> None:
+    with pytest.raises(ValueError, match="ntk-by-parts") as info:
+        _validate({"rope_type": "ntk-by-parts"})
+    for rope_type in ROPE_TYPES:
+        assert rope_type in str(info.value)
 
 
 def test_legacy_type_key_and_filled_original_length() -> None:

@@ -19,6 +19,9 @@ from posenc import (
     build_for_model,
 )
 from posenc.encodings import rotary
+from posenc.errors import MemoryBudgetError
+from tests.misuse import Misuse, cases, check
+from tests.schemes import SEQUENCE, of_family
 
 # --------------------------------------------------------------------------- reference
 
@@ -458,80 +461,103 @@ def test_eager_fallback_when_compilation_is_disabled(monkeypatch: pytest.MonkeyP
 # --------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"head_dim": 15}, ValueError, r"head_dim \(15\) must be divisible by 2"),
-        ({"head_dim": 16, "rotary_dim": 7}, ValueError, r"rotary_dim \(7\) must be divisible by 2"),
-        ({"head_dim": 16, "rotary_dim": 32}, ValueError, r"rotary_dim \(32\) must be <= head_dim"),
-        ({"head_dim": 0}, ValueError, "head_dim must be >= 1, got 0"),
-        ({"head_dim": 16.0}, TypeError, "head_dim must be an int"),
-        ({"head_dim": 16, "base": 1.0}, ValueError, "base must not be 1.0"),
-        ({"head_dim": 16, "base": -5}, ValueError, "base must be a finite number > 0"),
-        ({"head_dim": 16, "scaling": "yarn"}, TypeError, "scaling must be a dict or None, got str"),
-        (
-            {"head_dim": 16, "scaling": {"rope_type": "ntk-by-parts"}},
-            ValueError,
-            "unknown rope_type 'ntk-by-parts'; known: default, linear, ntk, dynamic, yarn",
-        ),
-        (
-            {"head_dim": 16, "scaling": {"rope_type": "linear", "factor": -1}},
-            ValueError,
-            "'factor' must be a finite number > 0, got -1",
-        ),
-        (
-            {
-                "head_dim": 16,
-                "scaling": {"rope_type": "linear", "factor": 2, "rope_theta": 5.0},
-                "base": 7.0,
-            },
-            ValueError,
-            r"base=7.0 conflicts with scaling\['rope_theta'\]=5.0",
-        ),
-        (
-            {"head_dim": 16, "rotary_dim": 4, "scaling": {"partial_rotary_factor": 0.5}},
-            ValueError,
-            "rotary_dim=4 conflicts with partial_rotary_factor=0.5",
-        ),
-    ],
-)
-def test_bad_constructor_arguments(kwargs: dict, error: type, match: str) -> None:
-    with pytest.raises(error, match=match):
-        RotaryEmbedding(**kwargs)
+NAN, INF = float("nan"), float("inf")
+Q = torch.randn(2, 2, 5, 4)
+COS_DTYPE_GAP = "rotary.apply_rotary: 'cos must be a floating-point tensor' does not show the dtype"
 
 
-def test_bad_forward_arguments() -> None:
-    rope = RotaryEmbedding(16)
-    q, k = qk()
-    with pytest.raises(ValueError, match=r"positions must have shape \(seq,\) or \(batch, seq\)"):
-        rope(q, k, torch.arange(9))
-    with pytest.raises(
-        ValueError, match="positions has batch size 3 but the input has batch size 2"
-    ):
-        rope(q, k, torch.zeros(3, 10, dtype=torch.long))
-    with pytest.raises(ValueError, match="positions must be >= 0"):
-        rope(q, k, torch.arange(10) - 1)
-    with pytest.raises(TypeError, match="positions must be an integer or float tensor"):
-        rope(q, k, torch.ones(10, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"q and k must share batch and seq"):
-        rope(q, k[:, :, :5])
-    with pytest.raises(ValueError, match="k has head_dim 8, expected 16"):
-        rope(q, k[..., :8])
-    with pytest.raises(ValueError, match=r"q must have shape \(batch, heads, seq, head_dim\)"):
-        rope(q[0], k)
-    with pytest.raises(TypeError, match="q must be a floating-point tensor"):
-        rope(q.long(), k)
-    with pytest.raises(TypeError, match=r"k must be a torch\.Tensor"):
-        rope(q, k.tolist())
-    axial = AxialRotaryEmbedding(16, ndim=2)
-    with pytest.raises(ValueError, match=r"coordinates of shape \(seq, 2\) or \(batch, seq, 2\)"):
-        axial(q, k, torch.zeros(10, 3))
-    with pytest.raises(ValueError, match=r"ndim \(16\) must be divisible by 4|divisible by 4"):
-        AxialRotaryEmbedding(14, ndim=2)
-    with pytest.raises(ValueError, match="cos and sin differ in shape"):
-        apply_rotary(q, torch.zeros(10, 8), torch.zeros(10, 4))
-    with pytest.raises(ValueError, match=r"need x with at least 2 \* 9 channels"):
-        apply_rotary(q, torch.zeros(10, 9), torch.zeros(10, 9))
+def _rope(**kwargs: object) -> RotaryEmbedding:
+    return RotaryEmbedding(**{"head_dim": 16, **kwargs})  # type: ignore[arg-type]
+
+
+def _forward(q: object, k: object, positions: object = None) -> object:
+    return RotaryEmbedding(16)(q, k, positions)
+
+
+Q16, K16 = torch.randn(2, 3, 10, 16), torch.randn(2, 3, 10, 16)
+
+MISUSE = [
+    # construction
+    Misuse("head-dim-odd", lambda: RotaryEmbedding(15), ValueError, "head_dim", 15),
+    Misuse("head-dim-zero", lambda: RotaryEmbedding(0), ValueError, "head_dim", 0),
+    Misuse("head-dim-float", lambda: RotaryEmbedding(16.0), TypeError, "head_dim", 16.0),
+    Misuse("rotary-dim-odd", lambda: _rope(rotary_dim=7), ValueError, "rotary_dim", 7),
+    Misuse("rotary-dim-wide", lambda: _rope(rotary_dim=32), ValueError, "rotary_dim", 32),
+    Misuse("base-one", lambda: _rope(base=1.0), ValueError, "base", 1.0),
+    Misuse("base-negative", lambda: _rope(base=-5), ValueError, "base", -5),
+    Misuse("base-nan", lambda: _rope(base=NAN), ValueError, "base", NAN),
+    Misuse("max-position-zero", lambda: _rope(max_position_embeddings=0), ValueError,
+           "max_position_embeddings", 0),
+    Misuse("scaling-str", lambda: _rope(scaling="yarn"), TypeError, "scaling", "str"),
+    Misuse("scaling-list", lambda: _rope(scaling=[1]), TypeError, "scaling", "list"),
+    Misuse("theta-conflict",
+           lambda: _rope(base=7.0, scaling={"rope_type": "linear", "factor": 2, "rope_theta": 5.0}),
+           ValueError, "rope_theta", 5.0),
+    Misuse("theta-nan", lambda: _rope(scaling={"rope_theta": NAN}), ValueError, "base", NAN),
+    Misuse("partial-conflict", lambda: _rope(rotary_dim=4, scaling={"partial_rotary_factor": 0.5}),
+           ValueError, "partial_rotary_factor", 0.5),
+    Misuse("partial-zero", lambda: _rope(scaling={"partial_rotary_factor": 0.0}), ValueError,
+           "partial_rotary_factor", 0.0),
+    Misuse("partial-nan", lambda: _rope(scaling={"partial_rotary_factor": NAN}), ValueError,
+           "partial_rotary_factor", NAN),
+    Misuse("learned-freq-dynamic",
+           lambda: _rope(learned_freq=True, max_position_embeddings=16,
+                         scaling={"rope_type": "dynamic", "factor": 2}),
+           ValueError, "learned_freq", "dynamic"),
+    Misuse("size-head-dim", lambda: RotaryEmbedding(10**10), MemoryBudgetError, "head_dim",
+           10**10),
+    Misuse("xpos-scale-base-zero", lambda: XPos(8, scale_base=0), ValueError, "scale_base", 0.0),
+    Misuse("xpos-center-nan", lambda: XPos(8, center=NAN), ValueError, "center", NAN),
+    Misuse("xpos-center-str", lambda: XPos(8, center="0"), TypeError, "center", "0"),
+    Misuse("axial-ndim-zero", lambda: AxialRotaryEmbedding(8, ndim=0), ValueError, "ndim", 0),
+    Misuse("axial-head-dim", lambda: AxialRotaryEmbedding(14, ndim=2), ValueError, "head_dim",
+           14),
+    Misuse("rope2d-head-dim", lambda: posenc.Rotary2DEmbedding(6), ValueError, "head_dim", 6),
+    # forward
+    Misuse("positions-length", lambda: _forward(Q16, K16, torch.arange(9)), ValueError,
+           "positions", (9,)),
+    Misuse("positions-batch", lambda: _forward(Q16, K16, torch.zeros(3, 10, dtype=torch.long)),
+           ValueError, "positions", 3),
+    Misuse("positions-negative", lambda: _forward(Q16, K16, torch.arange(10) - 1), ValueError,
+           "positions", -1),
+    Misuse("positions-bool", lambda: _forward(Q16, K16, torch.ones(10, dtype=torch.bool)),
+           TypeError, "positions", torch.bool),
+    Misuse("positions-nan",
+           lambda: RotaryEmbedding(4)(Q, Q, torch.tensor([0.0, 1.0, NAN, 3.0, 4.0])),
+           ValueError, "positions", NAN),
+    Misuse("rotate-positions-inf",
+           lambda: RotaryEmbedding(4).rotate(Q, torch.tensor([0.0, 1.0, INF, 3.0, 4.0])),
+           ValueError, "positions", INF),
+    Misuse("seq-mismatch", lambda: _forward(Q16, K16[:, :, :5]), ValueError, "k",
+           (2, 3, 5, 16)),
+    Misuse("k-head-dim", lambda: _forward(Q16, K16[..., :8]), ValueError, "k", 8),
+    Misuse("q-head-dim", lambda: RotaryEmbedding(8)(Q, Q), ValueError, "q", 4),
+    Misuse("q-rank", lambda: _forward(Q16[0], K16), ValueError, "q", (3, 10, 16)),
+    Misuse("q-int", lambda: _forward(Q16.long(), K16), TypeError, "q", torch.int64),
+    Misuse("q-list", lambda: _forward([1.0], [1.0]), TypeError, "q", "list"),
+    Misuse("k-list", lambda: _forward(Q16, K16.tolist()), TypeError, "k", "list"),
+    Misuse("axial-positions-shape",
+           lambda: AxialRotaryEmbedding(16, ndim=2)(Q16, K16, torch.zeros(10, 3)), ValueError,
+           "positions", (10, 3)),
+    Misuse("axial-positions-nan",
+           lambda: posenc.Rotary2DEmbedding(4)(Q, Q, torch.full((5, 2), NAN)), ValueError,
+           "positions", NAN),
+    # apply_rotary
+    Misuse("apply-cos-sin-differ",
+           lambda: apply_rotary(Q16, torch.zeros(10, 8), torch.zeros(10, 4)), ValueError, "cos",
+           (10, 8)),
+    Misuse("apply-too-wide", lambda: apply_rotary(Q16, torch.zeros(10, 9), torch.zeros(10, 9)),
+           ValueError, "cos/sin", (10, 9)),
+    Misuse("apply-cos-int",
+           lambda: apply_rotary(Q, torch.ones(5, 2, dtype=torch.long),
+                                torch.ones(5, 2, dtype=torch.long)),
+           TypeError, "cos", torch.int64, gap=COS_DTYPE_GAP),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)
 
 
 # --------------------------------------------------------------------------- wired in
@@ -553,7 +579,7 @@ def _encoder(pe: str, **kwargs: object) -> Encoder:
     return Encoder(32, 2, 4, pe=pe, **kwargs).eval()  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("pe", ["rope", "rope-interleaved", "xpos"])
+@pytest.mark.parametrize("pe", [name for name in of_family("rotary") if name in SEQUENCE])
 def test_encoder_with_rotary_is_shift_invariant_and_order_aware(pe: str) -> None:
     enc = _encoder(pe)
     if pe == "xpos":
@@ -593,7 +619,9 @@ def test_encoder_with_rope2d_takes_coordinates() -> None:
     shifted = enc(x, positions=batched)
     assert_close(shifted, out, rtol=1e-4, atol=1e-4)  # a 2-D shift changes nothing
     assert not torch.allclose(enc(x, positions=coords.flip(-1)), out, atol=1e-3)
-    assert enc(x).shape == (2, 12, 32)  # no coordinates: one row
+    # no coordinates: one row, (t, 0) for token t
+    row = torch.stack((torch.arange(12), torch.zeros(12, dtype=torch.long)), dim=-1)
+    assert_close(enc(x), enc(x, positions=row), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- drop-in proof

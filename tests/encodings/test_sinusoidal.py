@@ -20,6 +20,9 @@ from posenc import (
     sinusoidal_table,
     sinusoidal_table_np,
 )
+from posenc.errors import MemoryBudgetError
+from tests.misuse import MISSING, Misuse, cases, check
+from tests.schemes import of_family
 
 
 def formula(positions: list[int], dim: int, base: float = 10000.0) -> np.ndarray:
@@ -143,10 +146,24 @@ def test_nd_modules_grid_and_flat_agree() -> None:
     pe3 = Sinusoidal3DPositionalEncoding(12)
     vol = torch.zeros(1, 2, 3, 4, 12)
     assert_close(pe3(vol)[0], sinusoidal_nd_table((2, 3, 4), 12))
-    with pytest.raises(ValueError, match="positions"):
-        pe2(torch.zeros(1, 15, 16))
-    with pytest.raises(ValueError, match=r"shape \(15, 2\)"):
-        pe2(torch.zeros(1, 15, 16), torch.zeros(15, 3))
+    check(
+        Misuse(
+            "flat-without-positions",
+            lambda: pe2(torch.zeros(1, 15, 16)),
+            ValueError,
+            "positions",
+            MISSING,
+        )
+    )
+    check(
+        Misuse(
+            "wrong-coordinates",
+            lambda: pe2(torch.zeros(1, 15, 16), torch.zeros(15, 3)),
+            ValueError,
+            "positions",
+            (15, 3),
+        )
+    )
 
 
 def test_module_adds_table() -> None:
@@ -225,9 +242,7 @@ def test_output_dtype_follows_input(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    "name", ["sinusoidal", "scaled-sinusoidal", "learned", "sinusoidal-2d", "sinusoidal-3d"]
-)
+@pytest.mark.parametrize("name", of_family("additive"))
 def test_half_precision_add_rounds_once(name: str, dtype: torch.dtype) -> None:
     """The one-pass add (no autograd) and the autograd path both equal x + pe computed in
     float32 and rounded once, bit for bit (1-D encodings at an offset; N-D ones on a grid)."""
@@ -277,59 +292,75 @@ def test_scaled_sinusoidal_matches_x_transformers() -> None:
     assert ours.scale.grad is not None and ours.scale.grad != 0
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "match"),
-    [
-        (lambda: sinusoidal_table(10, 0), ValueError, "dim must be >= 1, got 0"),
-        (lambda: sinusoidal_table(10, 2.5), TypeError, "dim must be an int"),
-        (lambda: sinusoidal_table(-1, 4), ValueError, "num_positions must be >= 0"),
-        (lambda: sinusoidal_table(4, 4, base=-2.0), ValueError, "base must be"),
-        (lambda: SinusoidalPositionalEncoding(-3), ValueError, "dim must be >= 1, got -3"),
-        (lambda: SinusoidalPositionalEncoding(8, dropout=1.5), ValueError, "dropout"),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 6)),
-            ValueError,
-            "last dimension 6, expected dim=8",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(torch.zeros(4, 8)),
-            ValueError,
-            "must have 3 dimensions",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 8, dtype=torch.long)),
-            TypeError,
-            "floating-point",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 8), torch.arange(5)),
-            ValueError,
-            r"seq=4, got \(5,\)",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(
-                torch.zeros(1, 4, 8), torch.tensor([0, -1, 2, 3])
-            ),
-            ValueError,
-            ">= 0, got a minimum of -1",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(
-                torch.zeros(2, 4, 8), torch.zeros(3, 4, dtype=torch.long)
-            ),
-            ValueError,
-            "batch size 3",
-        ),
-        (
-            lambda: SinusoidalPositionalEncoding(8)(torch.zeros(1, 4, 8), [0, 1, 2, 3]),
-            TypeError,
-            "positions must be a torch.Tensor",
-        ),
-    ],
-)
-def test_bad_input(call, error, match) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(error, match=match):
-        call()
+NAN, INF = float("nan"), float("inf")
+X = torch.randn(2, 5, 8)
+
+MISUSE = [
+    # tables
+    Misuse("table-num-positions-float", lambda: sinusoidal_table(4.0, 8), TypeError,
+           "num_positions", 4.0),
+    Misuse("table-num-positions-negative", lambda: sinusoidal_table(-1, 4), ValueError,
+           "num_positions", -1),
+    Misuse("table-dim-zero", lambda: sinusoidal_table(10, 0), ValueError, "dim", 0),
+    Misuse("table-dim-float", lambda: sinusoidal_table(10, 2.5), TypeError, "dim", 2.5),
+    Misuse("table-dim-nan", lambda: sinusoidal_table(4, NAN), TypeError, "dim", NAN),
+    Misuse("table-base-negative", lambda: sinusoidal_table(4, 4, base=-2.0), ValueError, "base",
+           -2.0),
+    Misuse("table-base-nan", lambda: sinusoidal_table(4, 8, base=NAN), ValueError, "base", NAN),
+    Misuse("table-base-inf", lambda: sinusoidal_table(4, 8, base=INF), ValueError, "base", INF),
+    Misuse("table-base-one", lambda: sinusoidal_table(4, 8, base=1.0), ValueError, "base", 1.0),
+    Misuse("table-dtype-str", lambda: sinusoidal_table(4, 8, dtype="float32"), TypeError,
+           "dtype", "float32"),
+    Misuse("table-dtype-int", lambda: sinusoidal_table(4, 8, dtype=torch.int64), TypeError,
+           "dtype", torch.int64),
+    Misuse("table-size", lambda: sinusoidal_table(10**9, 64), MemoryBudgetError,
+           "num_positions x dim", "1000000000 x 64"),
+    Misuse("encode-positions-list", lambda: posenc.sinusoidal_encode([1, 2], 4), TypeError,
+           "positions", "list"),
+    Misuse("encode-dim-zero", lambda: posenc.sinusoidal_encode(torch.arange(3), 0), ValueError,
+           "dim", 0),
+    Misuse("encode-base-zero", lambda: posenc.sinusoidal_encode(torch.arange(3), 4, base=0.0),
+           ValueError, "base", 0.0),
+    Misuse("numpy-table-dim-zero", lambda: sinusoidal_table_np(3, 0), ValueError, "dim", 0),
+    Misuse("nd-table-empty-shape", lambda: sinusoidal_nd_table((), 4), ValueError, "shape", ()),
+    Misuse("nd-table-axis-zero", lambda: sinusoidal_nd_table((2, 0), 4), ValueError, "shape[1]",
+           0),
+    Misuse("nd-table-dim-zero", lambda: sinusoidal_nd_table((2, 2), 0), ValueError, "dim", 0),
+    Misuse("nd-table-base-nan", lambda: sinusoidal_nd_table((2, 2), 4, base=NAN), ValueError,
+           "base", NAN),
+    Misuse("nd-table-size", lambda: sinusoidal_nd_table((10**5, 10**5), 8), MemoryBudgetError,
+           "shape x dim", (100000, 100000)),
+    # modules
+    Misuse("dim-negative", lambda: SinusoidalPositionalEncoding(-3), ValueError, "dim", -3),
+    Misuse("dim-str", lambda: SinusoidalPositionalEncoding("8"), TypeError, "dim", "8"),
+    Misuse("dim-bool", lambda: SinusoidalPositionalEncoding(True), TypeError, "dim", True),
+    Misuse("max-len-zero", lambda: SinusoidalPositionalEncoding(8, max_len=0), ValueError,
+           "max_len", 0),
+    Misuse("dropout-nan", lambda: SinusoidalPositionalEncoding(8, dropout=NAN), ValueError,
+           "dropout", NAN),
+    Misuse("dropout-one", lambda: SinusoidalPositionalEncoding(8, dropout=1.0), ValueError,
+           "dropout", 1.0),
+    Misuse("dropout-above-one", lambda: SinusoidalPositionalEncoding(8, dropout=1.5), ValueError,
+           "dropout", 1.5),
+    Misuse("size-dim", lambda: SinusoidalPositionalEncoding(10**9), MemoryBudgetError,
+           "max_len x dim", "2048 x 1000000000"),
+    Misuse("size-max-len", lambda: SinusoidalPositionalEncoding(64, max_len=10**9),
+           MemoryBudgetError, "max_len x dim", "1000000000 x 64"),
+    Misuse("scaled-dim-zero", lambda: ScaledSinusoidalPositionalEncoding(0), ValueError, "dim",
+           0),
+    Misuse("2d-flat-without-positions", lambda: Sinusoidal2DPositionalEncoding(8)(X),
+           ValueError, "positions", MISSING),
+    Misuse("2d-positions-shape", lambda: Sinusoidal2DPositionalEncoding(8)(X, torch.zeros(5, 3)),
+           ValueError, "positions", (5, 3)),
+    Misuse("2d-positions-nan",
+           lambda: Sinusoidal2DPositionalEncoding(8)(X, torch.full((5, 2), NAN)), ValueError,
+           "positions", NAN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)
 
 
 def test_registry_builds_sinusoidal() -> None:

@@ -1,4 +1,5 @@
-"""The bias figures: they draw what the schemes compute, and leave the module untouched."""
+"""The bias figures (``posenc.plots.bias``): they draw what the schemes compute, every
+registered bias scheme appears in the gallery, and the module drawn is left untouched."""
 
 from __future__ import annotations
 
@@ -11,13 +12,9 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.encodings import ALiBi, CoPE
-from posenc.plots.bias import (
-    BIAS_SCHEMES,
-    bias_against_distance,
-    bias_gallery,
-    bias_matrices,
-    bias_values,
-)
+from posenc.plots.bias import bias_against_distance, bias_gallery, bias_matrices, bias_values
+from tests.misuse import Misuse, cases, check
+from tests.schemes import BIAS
 
 
 def test_bias_matrices_show_each_head() -> None:
@@ -45,10 +42,20 @@ def test_bias_against_distance_is_minus_slope_times_distance() -> None:
 
 
 def test_bias_values_leave_the_module_alone() -> None:
+    """CoPE reads q and k: the values are its float64 bias for the seeded q, k the docstring
+    promises, computed on a copy."""
     pe = CoPE(2, 4)
     before = pe.embeddings.detach().clone()
-    values = bias_values(pe, torch.arange(5), torch.arange(5))
-    assert values.shape == (2, 5, 5) and values.dtype == torch.float64
+    values = bias_values(pe, torch.arange(5), torch.arange(5), seed=3)
+    assert values.dtype == torch.float64
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 5, 4, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 2, 5, 4, generator=gen).double()
+    reference = CoPE(2, 4).double()
+    reference.load_state_dict(pe.state_dict())
+    with torch.no_grad():
+        want = reference.bias(torch.arange(5), torch.arange(5), q=q, k=k)[0]
+    assert_close(values, want, rtol=0, atol=0)
     assert pe.embeddings.dtype == torch.float32
     assert_close(pe.embeddings.detach(), before, rtol=0, atol=0)
 
@@ -56,18 +63,24 @@ def test_bias_values_leave_the_module_alone() -> None:
 def test_gallery_has_every_scheme() -> None:
     fig = bias_gallery(positions=8, max_distance=8)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    for name in BIAS_SCHEMES:
+    for name in BIAS:
         assert f"{name}: head 0" in titles
         assert f"{name}: bias against distance" in titles
     plt.close(fig)
 
 
-def test_plots_reject_bad_input() -> None:
-    with pytest.raises(
-        TypeError, match="pe must be a bias encoding, got SinusoidalPositionalEncoding"
-    ):
-        bias_matrices(posenc.build("sinusoidal", dim=8))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="positions must be >= 1, got 0"):
-        bias_matrices(ALiBi(2), positions=0)
-    with pytest.raises(ValueError, match="names must hold at least one bias scheme"):
-        bias_gallery(())
+MISUSE = [
+    Misuse("not-a-bias-encoding", lambda: bias_matrices(posenc.build("sinusoidal", dim=8)),
+           TypeError, "pe", "SinusoidalPositionalEncoding"),
+    Misuse("positions-zero", lambda: bias_matrices(ALiBi(2), positions=0), ValueError,
+           "positions", 0),
+    Misuse("max-distance-zero", lambda: bias_against_distance(ALiBi(2), max_distance=0),
+           ValueError, "max_distance", 0),
+    Misuse("gallery-empty", lambda: bias_gallery(()), ValueError, "names", (),
+           gap="plots/bias.py: 'names must hold at least one bias scheme' does not show them"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(MISUSE))
+def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
+    check(case)

@@ -1,4 +1,5 @@
-"""Rotary figures and the RoPE benchmark script (smoke-run on a tiny shape)."""
+"""The rotary figures (``posenc.plots.rotary``): the long-term decay bound against a direct
+transcription, and the scaling spectrum against ``rope_parameters``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from posenc.bench import rope as rope_bench
 from posenc.encodings.rope_scaling import ROPE_TYPES, rope_parameters
 from posenc.plots.rotary import (
     default_scalings,
@@ -54,13 +54,3 @@ def test_spectrum_plots_each_method_against_the_original() -> None:
         16, scalings={"mine": {"rope_type": "linear", "factor": 2.0}}, factor=2.0
     )
     assert len(custom.axes[1].lines) == 1 + 1  # the method and the 1/factor marker
-
-
-def test_benchmark_runs_and_writes_a_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    out = tmp_path / "rope.md"
-    rope_bench.main(["--shape", "1", "2", "16", "8", "--repeats", "1", "--out", str(out)])
-    text = out.read_text()
-    assert "| copy floor |" in text and "posenc RotaryEmbedding" in text
-    assert "| copy into existing buffers |" in text
-    assert "| posenc RotaryEmbedding, eager | half |" in text
-    assert "transformers" in text and "rotary-embedding-torch" in text

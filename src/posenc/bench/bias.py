@@ -1,8 +1,8 @@
 """Attention with a positional bias: time and peak extra memory per backend against sequence
 length, written to ``benchmarks/bias.md``.
 
-    /work/venv/bin/python -m posenc.bench.bias            # the full sweep (minutes)
-    /work/venv/bin/python -m posenc.bench.bias --quick    # n = 1024, 2048 only
+    python -m posenc.bench.bias            # the full sweep (minutes)
+    python -m posenc.bench.bias --quick    # n = 1024, 2048 only
 
 Backends (16 heads, head dim 64, batch 1, fp32, inference, no mask):
 

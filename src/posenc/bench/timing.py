@@ -1,13 +1,10 @@
-"""Timing helpers shared by every benchmark: warm-up, repeated runs, medians and spread.
-
-Speed is reported as ratios measured in one run: against a peer, and against the
-memory-bandwidth floor (a plain copy of the same bytes).
+"""What every benchmark reports a timing as (:class:`Timing`: the median and range of repeated
+calls; :func:`posenc.bench.harness.round_robin` takes them), and the memory-bandwidth floor
+the timings are compared with (:func:`copy_floor`, a plain copy of the same bytes).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,19 +24,6 @@ class Timing:
     def ratio(self, other: Timing) -> float:
         """How many times slower this is than ``other`` (median over median)."""
         return self.median / other.median
-
-
-def measure(label: str, fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10) -> Timing:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; median and range."""
-    with torch.inference_mode():
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-    return Timing(label, statistics.median(samples), min(samples), max(samples), repeats)
 
 
 def copy_floor(*tensors: torch.Tensor) -> Callable[[], object]:

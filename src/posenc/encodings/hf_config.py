@@ -3,8 +3,9 @@
 Model families state the same four RoPE facts (head dimension, rotated dimension, base, pair
 layout) plus the context-extension dictionary in different fields. This module reads every
 spelling found in transformers' configs and modeling code (checked against transformers 5.23,
-``tests/test_hf_configs.py``) and refuses, with a :class:`~posenc.errors.PosencValueError`
-naming the field and its value, any config it cannot map exactly.
+``tests/encodings/test_hf_config.py``) and refuses, with a
+:class:`~posenc.errors.PosencValueError` naming the field and its value, any config it cannot
+map exactly.
 
 ==================  =========================================================================
 fact                where transformers keeps it (first match wins unless stated)

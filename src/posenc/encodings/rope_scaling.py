@@ -6,8 +6,9 @@ Every function has one signature,
         -> (inv_freq: float64 Tensor[dim // 2], attention_factor: float)
 
 and reproduces the function of the same ``rope_type`` in transformers'
-``modeling_rope_utils`` (checked against transformers 5.23, ``tests/test_rope_scaling.py``),
-computed in float64 instead of float32. ``params`` is the Hugging Face ``rope_scaling`` /
+``modeling_rope_utils`` (checked against transformers 5.23,
+``tests/encodings/test_rope_scaling.py``), computed in float64 instead of float32.
+``params`` is the Hugging Face ``rope_scaling`` /
 ``rope_parameters`` dictionary; ``dim`` is the rotary dimension (``head_dim *
 partial_rotary_factor``). The attention factor multiplies cos and sin, as Hugging Face
 applies it.

@@ -1,0 +1,68 @@
+"""Sizes and repetitions of every ``posenc bench`` suite: :data:`DEFAULT`, :data:`QUICK` (the
+``--quick`` run) and :func:`settings_for`; and the sentences the suites share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and repetitions of every suite; :data:`DEFAULT` and :data:`QUICK` below."""
+
+    warmup: int = 2  # untimed calls per case before timing
+    repeats: int = 10  # timed calls per case (round-robin)
+    table: tuple[int, int] = (8192, 512)  # positions, width
+    add: tuple[int, int, int] = (8, 1024, 512)  # batch, n, width
+    rope: tuple[int, int, int, int] = (1, 16, 2048, 64)  # batch, heads, n, head dim
+    attn_dim: int = 128  # bias attention: width ...
+    attn_heads: int = 2  # ... and heads (head dim 64)
+    bias_sizes: tuple[int, ...] = (512, 1024, 2048)
+    # encoder: width, depth, heads, ffn width, batch, n
+    encoder: tuple[int, int, int, int, int, int] = (256, 2, 4, 1024, 4, 128)
+    encoder_repeats: int = 21
+    scaling_sizes: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+    rope_scaling_heads: int = 16  # RoPE scaling: q, k of shape (1, heads, n, 64)
+    max_call_s: float = 3.0  # scaling/bias: skip a size predicted slower than this per call
+    size_budget_s: float = 4.0  # scaling/bias: time spent on the timed rounds of one size
+    compile_flex: bool = True  # False runs flex_attention eagerly (no compilation)
+    threads: int = 0  # 0: torch's default
+
+
+DEFAULT = Settings()
+QUICK = Settings(
+    warmup=1,
+    repeats=2,
+    table=(128, 32),
+    add=(2, 32, 32),
+    rope=(1, 2, 16, 8),
+    attn_dim=32,
+    attn_heads=2,
+    bias_sizes=(32, 64),
+    encoder=(32, 1, 2, 64, 2, 16),
+    encoder_repeats=2,
+    scaling_sizes=(32, 64),
+    rope_scaling_heads=2,
+    max_call_s=1.0,
+    size_budget_s=0.2,
+    compile_flex=False,
+)
+
+
+def timing_line(s: Settings) -> str:
+    return (
+        f"Medians over {s.repeats} timed calls per case, taken round-robin (one call of each "
+        f"case per round) after {s.warmup} untimed warm-up call(s) of each; `range` is the "
+        "fastest and slowest call. Ratios compare medians from this one run."
+    )
+
+
+def missing_peer(dist: str, what: str) -> str:
+    return f"{what}: skipped, `{dist}` is not installed (`pip install posenc[bench]`)"
+
+
+def settings_for(quick: bool, **overrides: Any) -> Settings:
+    """:data:`QUICK` or :data:`DEFAULT`, with the given fields replaced (``None`` skipped)."""
+    base = QUICK if quick else DEFAULT
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,99 @@
+"""The registered schemes as the tests parametrise over them, and the few facts about each
+that the registry does not hold.
+
+Names, families and axes come from the registry (``posenc.available()``,
+``posenc.entry(name)``), so a scheme registered in ``src/posenc`` is tested everywhere with no
+edit here, except one: :data:`FACTS` must describe it (its constructor arguments and the
+properties the tests check it against); ``tests/encodings/test_base.py`` fails, naming this
+file, for a registered scheme without an entry. Schemes registered by tests (toy schemes)
+are left out: :data:`NAMES` holds only those whose class is defined inside ``posenc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import posenc
+
+#: Every scheme posenc itself registers, sorted.
+NAMES: list[str] = [
+    name for name in posenc.available() if posenc.entry(name).cls.__module__.startswith("posenc.")
+]
+
+
+def of_family(family: str) -> list[str]:
+    """The names in :data:`NAMES` of one family (``additive``, ``rotary``, ``bias``, ``none``)."""
+    return [name for name in NAMES if posenc.entry(name).family == family]
+
+
+#: The bias schemes.
+BIAS: list[str] = of_family("bias")
+#: Schemes on sequences (one coordinate per position), as opposed to 2-D/3-D grids.
+SEQUENCE: list[str] = [name for name in NAMES if posenc.entry(name).cls.axes == 1]
+
+
+def _width(dim: int, heads: int) -> dict[str, Any]:
+    return {"dim": dim}
+
+
+def _head_dim(dim: int, heads: int) -> dict[str, Any]:
+    return {"head_dim": dim // heads}
+
+
+def _heads(dim: int, heads: int) -> dict[str, Any]:
+    return {"num_heads": heads}
+
+
+def _heads_and_head_dim(dim: int, heads: int) -> dict[str, Any]:
+    return {"num_heads": heads, "head_dim": dim // heads}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the tests are told about one scheme."""
+
+    #: Its own constructor's arguments for a model of width ``dim`` with ``heads`` heads, as
+    #: ``posenc.build(name, **arguments(dim, heads))`` takes them.
+    arguments: Callable[[int, int], dict[str, Any]]
+    #: It reads a table by position or by distance: float positions must hold whole numbers.
+    integer_positions: bool = False
+    #: Its output depends on positions only through differences ``i - j`` (or not at all):
+    #: adding a constant to every position changes nothing.
+    relative: bool = False
+    #: Bias schemes: it can add its bias through a flex_attention ``score_mod`` (without one,
+    #: attention materialises the bias).
+    score_mod: bool = False
+
+
+FACTS: dict[str, Facts] = {
+    "none": Facts(lambda dim, heads: {}, relative=True),
+    "sinusoidal": Facts(_width),
+    "scaled-sinusoidal": Facts(_width),
+    "sinusoidal-2d": Facts(_width),
+    "sinusoidal-3d": Facts(_width),
+    "learned": Facts(_width, integer_positions=True),
+    "rope": Facts(_head_dim, relative=True),
+    "rope-interleaved": Facts(_head_dim, relative=True),
+    "xpos": Facts(_head_dim),  # its decay is centred on the sequence: relative only if fixed
+    "rope2d": Facts(_head_dim, relative=True),
+    "rope3d": Facts(_head_dim, relative=True),
+    "alibi": Facts(_heads, relative=True, score_mod=True),
+    "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
+    "kerple": Facts(_heads, relative=True, score_mod=True),
+    "fire": Facts(_heads, score_mod=True),  # normalised by the query position
+    "dpb": Facts(_heads, relative=True, score_mod=True),
+    "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
+    "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
+    "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
+}
+
+
+def qk(
+    b: int, h: int, n: int, d: int, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random queries and keys ``(b, h, n, d)`` from the test's seed."""
+    return torch.randn(b, h, n, d, dtype=dtype), torch.randn(b, h, n, d, dtype=dtype)
