@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from .errors import PosencError
+from .errors import PosencError, PosencValueError
 
 EXIT_USAGE = 2
 
@@ -105,7 +105,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     fig = plot_encoding(
         args.names, kind=args.kind, positions=args.positions, dim=args.dim, num_heads=args.heads
     )
-    args.output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PosencValueError(
+            f"-o/--output {str(args.output)!r}: cannot create its folder ({exc.strerror})"
+        ) from None
     save_figure(fig, args.output, dpi=args.dpi)
     plt.close(fig)
     print(f"wrote {args.output}")

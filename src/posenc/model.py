@@ -163,7 +163,10 @@ def resolve_pe(
         return build_for_model(pe, dim, num_heads, **{**defaults, **kwargs})
     if isinstance(pe, PositionalEncoding):
         if kwargs:
-            raise PosencTypeError("pe_kwargs apply only when pe is a registry name")
+            raise PosencTypeError(
+                f"pe_kwargs apply only when pe is a registry name, got pe_kwargs={kwargs!r} "
+                f"with pe={type(pe).__name__}"
+            )
         return pe
     raise PosencTypeError(
         f"pe must be a registry name or a PositionalEncoding, got {type(pe).__name__}"
@@ -385,7 +388,10 @@ class TransformerModel(nn.Module):
     ) -> Tensor:
         """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``."""
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
-            raise PosencTypeError("tokens must be an int64 or int32 tensor of token ids")
+            got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise PosencTypeError(
+                f"tokens must be an int64 or int32 tensor of token ids, got {got}"
+            )
         if tokens.dim() != 2:
             raise PosencValueError(
                 f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}"

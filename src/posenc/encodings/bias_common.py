@@ -93,8 +93,10 @@ def require_integral(name: str, positions: Tensor, scheme: str) -> None:
     tensors, inside ``torch.compile``/export) nothing is checked."""
     unreadable = torch.compiler.is_compiling() or positions.device.type == "meta"
     if positions.is_floating_point() and not unreadable and not is_integral(positions):
+        bad = positions[positions != positions.round()].flatten()[0].item()
         raise PosencValueError(
-            f"{name} must hold whole numbers for {scheme} (its table is indexed by distance)"
+            f"{name} must hold whole numbers for {scheme} (its table is indexed by distance), "
+            f"got {bad}"
         )
 
 

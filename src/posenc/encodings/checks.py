@@ -110,7 +110,8 @@ def resolve_positions(
     checkable = _eager() and positions.device.type != "meta"
     needs_whole_check = integer and checkable and positions.is_floating_point()
     if needs_whole_check and not torch.equal(positions, positions.round()):
-        raise PosencValueError(f"{name} must hold whole numbers for this encoding")
+        bad = positions[positions != positions.round()].flatten()[0].item()
+        raise PosencValueError(f"{name} must hold whole numbers for this encoding, got {bad}")
     if checkable and positions.numel():
         smallest = positions.min()
         if smallest < 0:

@@ -359,8 +359,8 @@ def build_configs(settings: dict[str, Any]) -> list:
     for key in ("random_positions", "coupled_positions", "seed"):
         if key in fields:
             raise PosencValueError(
-                f"{key!r} is set per run: use pe = 'NAME+random' or 'NAME+coupled' and seeds "
-                "instead"
+                f"{key!r} is set per run (got {key} = {fields[key]!r}): use pe = 'NAME+random' "
+                "or 'NAME+coupled' and seeds instead"
             )
     tasks = sweep["task"]
     if isinstance(tasks, str):

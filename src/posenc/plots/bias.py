@@ -142,7 +142,7 @@ def bias_gallery(
     if names is None:
         names = available("bias")
     if not names:
-        raise PosencValueError("names must hold at least one bias scheme")
+        raise PosencValueError(f"names must hold at least one bias scheme, got {names!r}")
     fig, axes = plt.subplots(
         len(names), 2, figsize=(10, 3.0 * len(names)), squeeze=False, layout="constrained"
     )
