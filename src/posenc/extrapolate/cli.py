@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..lengthgen.distributed import close_distributed, init_distributed, world
     from .corpus import prepare_corpus
-    from .sweep import eval_tokens, run_sweep
-    from .windows import check_lengths
+    from .sweep import check_sweep, eval_tokens, run_sweep
 
     console = Console(stderr=True)
     if args.threads < 0:
@@ -239,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     corpus = prepare_corpus(args.text, tokenizer=args.tokenizer, valid_fraction=args.valid_fraction)
     train_len = configs[0].train_len
     lengths = evaluation.lengths(train_len)
-    check_lengths(corpus, train_len, lengths)
+    check_sweep(configs, corpus, evaluation, out, jobs=jobs, resume=args.resume)
     joined = init_distributed()
     try:
         rank, _ = world()

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
-from ..lengthgen.checkpoint import write_json
 from .corpus import Corpus
 
 RESULTS = "results.json"
@@ -70,7 +70,7 @@ def check_results(results: Any) -> None:
             need(
                 all(len(b) == 2 and b[0].isdigit() and b[1].isdigit() for b in buckets), where, row
             )
-            need(int(buckets[-1][1]) == row["length"], where, row)
+            need(max(int(b[1]) for b in buckets) == row["length"], where, row)
 
 
 def write_results(
@@ -86,7 +86,9 @@ def write_results(
     check_results(results)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / RESULTS, results)
+    tmp = out / f".{RESULTS}.tmp"  # keys in their order: buckets by position, not by text
+    tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out / RESULTS)
     written = [out / RESULTS, out / MARKDOWN]
     if plot:
         from .plots import plot_extrapolation

@@ -167,23 +167,7 @@ def run_sweep(
     """:func:`run_one` for every config (``jobs`` at a time in separate processes, each with
     ``threads`` torch threads, default the cores divided by ``jobs``); returns their results
     in the order of ``configs`` (empty dicts on ranks other than 0)."""
-    for config in configs:  # every mistake surfaces before any training
-        config.validate()
-        settings.validate(config.train_len)
-        check_lengths(corpus, config.train_len, settings.lengths(config.train_len))
-    dirs = [run_dir_for(Path(out), c) for c in configs]
-    if len(set(dirs)) != len(dirs):
-        raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
-    if not resume:
-        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
-        if existing:
-            raise PosencValueError(
-                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
-                "pass --resume to continue them, or choose another --out"
-            )
-    _, world_size = world()
-    if jobs > 1 and world_size > 1:
-        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+    dirs = check_sweep(configs, corpus, settings, out, jobs=jobs, resume=resume)
     if jobs <= 1 or len(configs) == 1:
         results = []
         for config, run_dir in zip(configs, dirs, strict=True):
@@ -206,6 +190,38 @@ def run_sweep(
         for c, d in zip(configs, dirs, strict=True)
     ]
     return run_in_processes(_job, calls, jobs=jobs, on_done=lambda i, r: log_done(console, r))
+
+
+def check_sweep(
+    configs: list[ExtrapolateConfig],
+    corpus: Corpus,
+    settings: EvalSettings,
+    out: Path | str,
+    *,
+    jobs: int = 1,
+    resume: bool = False,
+) -> list[Path]:
+    """Every check of a sweep, before any work: the configs, the evaluation settings, the
+    corpus's size, the folders (one per run; started runs need ``resume``) and ``jobs``
+    under ``torchrun``. Returns the run folders."""
+    for config in configs:
+        config.validate()
+        settings.validate(config.train_len)
+        check_lengths(corpus, config.train_len, settings.lengths(config.train_len))
+    dirs = [run_dir_for(Path(out), c) for c in configs]
+    if len(set(dirs)) != len(dirs):
+        raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
+    if not resume:
+        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
+        if existing:
+            raise PosencValueError(
+                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
+                "pass --resume to continue them, or choose another --out"
+            )
+    _, world_size = world()
+    if jobs > 1 and world_size > 1:
+        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+    return dirs
 
 
 def log_done(console: Any, result: dict[str, Any]) -> None:
