@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from .results import curves, lengths_of, mean, position_curves
 
@@ -13,8 +14,8 @@ from .results import curves, lengths_of, mean, position_curves
 def plot_extrapolation(results: dict[str, Any], *, clip: float = 2.0) -> Figure:
     """Two panels: left, bits per byte (mean over seeds) against evaluation length; right,
     against the end of each position bucket at the longest length. A dotted line marks the
-    training length L. The y axis stops at ``clip`` times the best value at L (curves that
-    leave it are drawn to the edge)."""
+    training length L. The y axis stops at ``clip`` times the best value at L, or just above
+    the largest value (curves that leave it are drawn to the edge)."""
     L = results["config"]["train_len"]
     lengths = lengths_of(results)
     fig = Figure(figsize=(12, 4.6), layout="constrained")
@@ -31,13 +32,18 @@ def plot_extrapolation(results: dict[str, Any], *, clip: float = 2.0) -> Figure:
             right.plot(ends, [mean(v) for v in per.values()], label=label, **styles[label])
         right.set_title(f"by position, windows of {longest} tokens")
     at_l = [mean(per[L]) for per in table.values() if L in per]
+    values = [mean(v) for per in table.values() for v in per.values()]
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.axvline(L, color="0.6", linestyle=":", linewidth=1)
         ax.set_ylabel("bits per byte")
         ax.grid(True, alpha=0.3)
-        if at_l:
-            ax.set_ylim(0.9 * min(at_l), clip * min(at_l))
+        if at_l and values:
+            ax.set_ylim(0.95 * min(values), min(clip * min(at_l), 1.05 * max(values)))
+    if lengths:
+        left.set_xticks(lengths)
+        right.set_xticks([L * 2**k for k in range(len(lengths)) if L * 2**k <= max(lengths)])
     left.set_xlabel("evaluation length (tokens)")
     right.set_xlabel("position bucket end (tokens)")
     corpus = results["corpus"]["name"]

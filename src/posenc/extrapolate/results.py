@@ -152,7 +152,8 @@ def position_curves(results: dict[str, Any], length: int) -> dict[str, dict[str,
                 per_bucket = out.setdefault(run_label(run, train_len), {})
                 for bucket, value in row["by_position"].items():
                     per_bucket.setdefault(bucket, []).append(value)
-    return out
+    by_start = lambda item: int(item[0].split("-")[0])  # noqa: E731
+    return {label: dict(sorted(per.items(), key=by_start)) for label, per in out.items()}
 
 
 def mean(values: Sequence[float]) -> float:
