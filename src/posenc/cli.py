@@ -20,7 +20,12 @@ from .errors import PosencError, PosencValueError
 EXIT_USAGE = 2
 
 #: Modules that contribute subcommands through ``add_subcommand(subparsers)``.
-_SUBCOMMAND_MODULES = ("posenc.lengthgen.cli", "posenc.bench.cli", "posenc.report")
+_SUBCOMMAND_MODULES = (
+    "posenc.lengthgen.cli",
+    "posenc.extrapolate.cli",
+    "posenc.bench.cli",
+    "posenc.report",
+)
 
 
 class UsageError(Exception):

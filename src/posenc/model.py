@@ -9,6 +9,7 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabula
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Mapping
@@ -287,6 +288,56 @@ class Encoder(nn.Module):
             x = layer(x, key_padding_mask=key_padding_mask, state=state)
         return self.norm(x)
 
+    #: The sequence length this encoder was trained at, when known (``posenc extrapolate``
+    #: sets it and saves it with its checkpoints; it is not in the ``state_dict``). It fills
+    #: a missing ``original_max_position_embeddings`` in :meth:`with_rope_scaling`.
+    trained_length: int | None = None
+
+    def with_rope_scaling(self, scaling: Mapping[str, Any] | None) -> Encoder:
+        """This encoder with its rotary embedding's scaling replaced by ``scaling`` (a Hugging
+        Face ``rope_scaling`` dict, or ``None`` for plain RoPE): how a RoPE model trained at
+        length ``L`` is evaluated with position interpolation, dynamic NTK or YaRN.
+
+        The result is a new :class:`Encoder` that *shares* every layer, norm and weight with
+        this one (training either trains both; ``copy.deepcopy`` it to fine-tune apart); only
+        the rotary module is new (:meth:`posenc.RotaryEmbedding.with_scaling`). This encoder
+        is left as it is. A dictionary whose rope type needs the original context and lacks
+        ``original_max_position_embeddings`` gets :attr:`trained_length`.
+
+        >>> enc = Encoder(16, 1, 2, pe="rope")
+        >>> enc.trained_length = 64
+        >>> enc.with_rope_scaling({"rope_type": "yarn", "factor": 4.0}).pe.scaling["factor"]
+        4.0
+        """
+        with_scaling = getattr(self.pe, "with_scaling", None)
+        if with_scaling is None:
+            raise PosencValueError(
+                f"with_rope_scaling needs a rotary encoding; this encoder's pe is "
+                f"{type(self.pe).__name__}"
+            )
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        params = dict(scaling) if scaling else None
+        needs_original = ("dynamic", "yarn", "longrope", "llama3")
+        if params and self.trained_length and params.get("rope_type") in needs_original:
+            params.setdefault("original_max_position_embeddings", self.trained_length)
+        new = _sharing_copy(self)
+        new.pe = with_scaling(params)
+        return new
+
+    def extra_repr(self) -> str:
+        return "" if self.trained_length is None else f"trained_length={self.trained_length}"
+
+
+def _sharing_copy(module: nn.Module) -> Any:
+    """A new module object whose submodules, parameters and buffers are this one's (the
+    registries are new dicts, so replacing a submodule of the copy leaves ``module`` as is)."""
+    new = copy.copy(module)
+    new._modules = dict(module._modules)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    return new
+
 
 def randomize_positions(
     positions: Tensor | None,
@@ -405,3 +456,27 @@ class TransformerModel(nn.Module):
         x = self.embed(tokens) * self.scale  # (b, n, D)
         x = self.encoder(x, positions=positions, key_padding_mask=key_padding_mask)
         return self.head(x)
+
+    @property
+    def trained_length(self) -> int | None:
+        """The sequence length the model was trained at, if known
+        (:attr:`Encoder.trained_length`)."""
+        return self.encoder.trained_length
+
+    @trained_length.setter
+    def trained_length(self, value: int | None) -> None:
+        self.encoder.trained_length = value
+
+    def with_rope_scaling(self, scaling: Mapping[str, Any] | None) -> TransformerModel:
+        """This model with its rotary embedding's scaling replaced, sharing every weight with
+        it (see :meth:`Encoder.with_rope_scaling`).
+
+        >>> model = TransformerModel(50, 16, 1, 2, pe="rope", causal=True)
+        >>> model.trained_length = 64
+        >>> stretched = model.with_rope_scaling({"rope_type": "linear", "factor": 4.0})
+        >>> stretched.embed is model.embed, stretched.encoder.pe is model.encoder.pe
+        (True, False)
+        """
+        new = _sharing_copy(self)
+        new.encoder = self.encoder.with_rope_scaling(scaling)
+        return new

@@ -182,9 +182,23 @@ def _results_section(results: Path) -> str:
     parts = ["<h2>Benchmarks and length generalisation</h2>"]
     for path in files:
         parts.append(f"<section><p class='meta'>from {html.escape(path.name)}</p>")
-        parts.append(markdown_to_html(path.read_text()))
+        parts.append(markdown_to_html(inline_local_images(path.read_text(), results)))
         parts.append("</section>")
     return "\n".join(parts)
+
+
+def inline_local_images(text: str, folder: Path) -> str:
+    """Markdown images that name a PNG file in ``folder`` (``posenc extrapolate``'s figure,
+    say) become inline data, so the page still loads nothing from anywhere."""
+    import re
+
+    def inline(match: re.Match[str]) -> str:
+        path = folder / match.group(2)
+        if path.suffix.lower() == ".png" and path.is_file() and path.parent == folder:
+            return f"![{match.group(1)}]({png_to_data_uri(path)})"
+        return match.group(0)
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s/]+)\)", inline, text)
 
 
 def build_report(names: Sequence[str] | None = None, *, results: Path | None = None) -> str:
@@ -230,5 +244,10 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
         "names", nargs="*", metavar="NAME", help="encodings (default: every registered one)"
     )
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write")
-    p.add_argument("--results", default="benchmarks", help="folder of results (*.md) to include")
+    p.add_argument(
+        "--results",
+        default="benchmarks",
+        help="folder of results (*.md, and the PNG figures they show) to include, e.g. a "
+        "posenc extrapolate --out folder",
+    )
     p.set_defaults(func=cmd_report)

@@ -21,7 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.errors import PosencTypeError, PosencValueError
+from posenc.extrapolate import corpus as corpus_module
 from posenc.extrapolate import data
+from posenc.extrapolate import split as split_module
+from posenc.extrapolate import text as text_module
 from posenc.extrapolate.data import (
     STDLIB_EXCLUDED_DIRS,
     Corpus,
@@ -291,7 +294,7 @@ def test_stdlib_filter_leaves_out_tests_and_installed_packages(
     for relpath in kept + dropped:
         (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relpath).write_text(f"# {relpath}\n" * 100)
-    monkeypatch.setattr(data, "stdlib_root", lambda: tmp_path)
+    monkeypatch.setattr(text_module, "stdlib_root", lambda: tmp_path)
     scan = scan_text(None)
     assert [document.relpath for document in scan.documents] == kept
     assert scan.name == f"python{sys.version_info.major}.{sys.version_info.minor}-stdlib"
@@ -342,7 +345,7 @@ def test_a_second_prepare_opens_the_entry_without_tokenizing(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(data, "_write_tokens", refuse)
+    monkeypatch.setattr(corpus_module, "_write_tokens", refuse)
     second = prepare_corpus(tmp_path / "text")
     assert second.path == first.path
     assert (second.path / "train.bin").stat().st_mtime_ns == written
@@ -374,11 +377,11 @@ def test_a_failed_prepare_leaves_nothing_to_trust(
             raise KeyboardInterrupt
         yield from real(document, chunk_bytes)
 
-    monkeypatch.setattr(data, "read_units", dies_after_a_while)
+    monkeypatch.setattr(split_module, "read_units", dies_after_a_while)
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus(tmp_path / "text")
     assert list(cache.iterdir()) == []  # neither an entry nor a temporary folder
-    monkeypatch.setattr(data, "read_units", real)
+    monkeypatch.setattr(split_module, "read_units", real)
     assert len(prepare_corpus(tmp_path / "text").train) > 0
 
 
@@ -408,7 +411,9 @@ def test_an_unusable_cache_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_a_full_disk_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     many_small(tmp_path / "text", 50)
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
+    monkeypatch.setattr(
+        corpus_module.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0)
+    )
     with pytest.raises(PosencValueError, match=r"bytes free.*POSENC_CACHE_DIR"):
         prepare_corpus(tmp_path / "text")
 
@@ -549,14 +554,14 @@ def test_bpe_is_trained_on_training_text_and_counts_bytes_exactly(
     many_small(tmp_path / "text", 150)
     as_bytes = prepare_corpus(tmp_path / "text")
     seen: list[str] = []
-    real = data._train_bpe
+    real = corpus_module.train_bpe
 
     def spy(texts, vocab_size, spec):  # type: ignore[no-untyped-def]
         texts = list(texts)
         seen.extend(texts)
         return real(texts, vocab_size, spec)
 
-    monkeypatch.setattr(data, "_train_bpe", spy)
+    monkeypatch.setattr(corpus_module, "train_bpe", spy)
     corpus = prepare_corpus(tmp_path / "text", tokenizer="bpe:300")
     assert "".join(seen).encode() == as_bytes.train.tobytes()  # training text only
     assert corpus.tokenizer == "bpe:300" and 256 < corpus.vocab_size <= 300
@@ -579,7 +584,7 @@ def test_bpe_is_trained_on_training_text_and_counts_bytes_exactly(
     assert set(data.byte_level_alphabet()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     assert prepare_corpus(tmp_path / "text", tokenizer="bpe:0300").key == corpus.key
     # Deterministic: a fresh prepare elsewhere gives the same tokens.
-    monkeypatch.setattr(data, "_train_bpe", real)
+    monkeypatch.setattr(corpus_module, "train_bpe", real)
     again = prepare_corpus(tmp_path / "text", tokenizer="bpe:300", cache=tmp_path / "other")
     np.testing.assert_array_equal(again.train, corpus.train)
     np.testing.assert_array_equal(again.valid, corpus.valid)

@@ -370,6 +370,9 @@ def _scaling(
     original = cfg.get("original_max_position_embeddings")
     if not nested and original is not None and rope_type in ("llama3", "yarn", "longrope"):
         scaling["original_max_position_embeddings"] = original  # Phi-3: the top level wins
+    if rope_type == "dynamic":
+        # transformers takes dynamic NTK's original context from max_position_embeddings only
+        scaling.pop("original_max_position_embeddings", None)
     if rope_type == "default" and set(scaling) == {"rope_type"}:
         return None
     return scaling

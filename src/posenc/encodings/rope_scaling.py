@@ -21,7 +21,9 @@ linear     divides every frequency by ``factor`` (position interpolation, Chen e
 ntk        NTK-aware base scaling ``base * factor^(dim/(dim-2))`` (bloc97 2023; not an HF
            type; rotary-embedding-torch's ``theta_rescale_factor``)
 dynamic    NTK scaling whose factor follows the sequence length (emozilla 2023):
-           ``base * (factor * L / L0 - (factor - 1))^(dim/(dim-2))`` for ``L > L0``
+           ``base * (factor * L / L0 - (factor - 1))^(dim/(dim-2))`` for ``L > L0``, where
+           ``L0`` is ``original_max_position_embeddings`` (from the dictionary, else
+           ``max_position_embeddings``, which is all transformers reads)
 yarn       per-frequency blend of interpolation and extrapolation by a linear ramp between
            the dimensions that turn ``beta_fast`` and ``beta_slow`` times over the original
            context, plus the attention factor ``0.1 ln(factor) + 1`` (Peng et al. 2023, §3.4)
@@ -123,11 +125,17 @@ def _dynamic(
     max_position_embeddings: int | None = None,
     seq_len: float | None = None,
 ) -> tuple[Tensor, float]:
-    if max_position_embeddings is None:
-        raise PosencValueError("rope_type 'dynamic' needs max_position_embeddings")
+    # the original context: the dictionary's, else max_position_embeddings (transformers
+    # reads only the latter; validate_rope_scaling copies it into the dictionary)
+    original = params.get("original_max_position_embeddings", max_position_embeddings)
+    if original is None:
+        raise PosencValueError(
+            "rope_type 'dynamic' needs max_position_embeddings or "
+            "scaling['original_max_position_embeddings']"
+        )
     factor = float(params["factor"])
-    length = max_position_embeddings if seq_len is None else max(seq_len, max_position_embeddings)
-    stretch = factor * length / max_position_embeddings - (factor - 1)
+    length = original if seq_len is None else max(seq_len, original)
+    stretch = factor * length / original - (factor - 1)
     return default_inv_freq(dim, base * stretch ** (dim / (dim - 2))), 1.0
 
 
@@ -246,7 +254,7 @@ _KEYS: dict[str, tuple[set[str], set[str]]] = {  # rope_type -> (required, optio
     "default": (set(), set()),
     "linear": ({"factor"}, set()),
     "ntk": ({"factor"}, set()),
-    "dynamic": ({"factor"}, set()),
+    "dynamic": ({"factor"}, {"original_max_position_embeddings"}),
     "yarn": (
         {"original_max_position_embeddings"},
         {
@@ -301,7 +309,8 @@ def validate_rope_scaling(
     """Check a Hugging Face ``rope_scaling`` / ``rope_parameters`` dictionary and return a
     normalised copy (``"type"`` renamed ``"rope_type"``, a missing
     ``original_max_position_embeddings`` filled from ``max_position_embeddings`` as
-    transformers does). ``None`` means ``{"rope_type": "default"}``.
+    transformers does; for ``dynamic`` too, so that one dictionary shape, with the original
+    context in it, serves ``dynamic`` and ``yarn``). ``None`` means ``{"rope_type": "default"}``.
 
     Raises ``ValueError``/``TypeError`` naming the offending key and value.
     """
@@ -321,7 +330,8 @@ def validate_rope_scaling(
         raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
 
     required, optional = _KEYS[rope_type]
-    if rope_type in ("yarn", "longrope", "llama3") and max_position_embeddings is not None:
+    extended = ("dynamic", "yarn", "longrope", "llama3")
+    if rope_type in extended and max_position_embeddings is not None:
         params.setdefault("original_max_position_embeddings", max_position_embeddings)
     unknown = set(params) - required - optional - _COMMON
     if unknown:
@@ -352,9 +362,10 @@ def validate_rope_scaling(
 
     if rope_type in ("ntk", "dynamic") and rotary_dim <= 2:
         raise PosencValueError(f"rope_type {rope_type!r} needs rotary_dim > 2, got {rotary_dim}")
-    if rope_type == "dynamic" and max_position_embeddings is None:
+    if rope_type == "dynamic" and "original_max_position_embeddings" not in params:
         raise PosencValueError(
-            "rope_type 'dynamic' needs max_position_embeddings (the original context)"
+            "rope_type 'dynamic' needs max_position_embeddings or "
+            "scaling['original_max_position_embeddings'] (the original context)"
         )
     if rope_type in ("yarn", "longrope") and params.get("factor") is None:
         if max_position_embeddings is None:

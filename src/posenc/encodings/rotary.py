@@ -388,8 +388,8 @@ class RotaryEmbedding(RotaryEncoding):
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}``
             (types: ``default linear ntk dynamic yarn longrope llama3``). A ``rope_theta``
             or ``partial_rotary_factor`` in it sets ``base`` / ``rotary_dim``.
-        max_position_embeddings: the model's context length (HF's config field): needed by
-            ``dynamic`` and used to fill a missing ``original_max_position_embeddings``.
+        max_position_embeddings: the model's context length (HF's config field): fills a
+            missing ``original_max_position_embeddings`` (``dynamic`` needs one of the two).
         learned_freq: make the frequencies a trainable parameter (no cached tables).
 
     Positions are ``(n,)`` or ``(b, n)``, integer or float, defaulting to ``arange(n)``;
@@ -397,12 +397,13 @@ class RotaryEmbedding(RotaryEncoding):
     are evaluated in float64.
 
     Dynamic NTK (``rope_type="dynamic"``) follows Hugging Face: when a call's largest position
-    ``p`` has ``p + 1`` beyond both ``max_position_embeddings`` and the longest length seen so
-    far, the base grows to fit ``p + 1``; a call that fits in ``max_position_embeddings``
-    again resets it. Keys cached in an earlier call were rotated with the old base: they
-    no longer equal a recomputation with the new one, and their scores against new queries
-    are no longer a function of ``m - n`` alone (``tests/test_rotary.py`` shows both). Re-rotate
-    the cache (keep keys unrotated and call :meth:`rotate`) if that matters.
+    ``p`` has ``p + 1`` beyond both the original context (``original_max_position_embeddings``,
+    default ``max_position_embeddings``) and the longest length seen so far, the base grows to
+    fit ``p + 1``; a call that fits in the original context again resets it. Keys cached in
+    an earlier call were rotated with the old base: they no longer equal a recomputation with
+    the new one, and their scores against new queries are no longer a function of ``m - n``
+    alone (``tests/test_rotary.py`` shows both). Re-rotate the cache (keep keys unrotated and
+    call :meth:`rotate`) if that matters.
 
     >>> rope = RotaryEmbedding(8)
     >>> q, k = rope(torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8))
@@ -570,8 +571,7 @@ class RotaryEmbedding(RotaryEncoding):
         seq_len = float(n if positions is None else positions.max() + 1)
         new = self._seq_len
         if self.rope_type == "dynamic":
-            original = self.max_position_embeddings
-            assert original is not None
+            original = self.scaling["original_max_position_embeddings"]
             current = original if self._seq_len is None else self._seq_len
             if seq_len > current:  # grow
                 new = seq_len
@@ -710,6 +710,40 @@ class RotaryEmbedding(RotaryEncoding):
         if self.rope_type != "default":
             text += f", scaling={self.scaling}"
         return text
+
+    def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:
+        """A new rotary embedding with this one's ``head_dim``, ``base``, ``rotary_dim``,
+        layout, ``max_position_embeddings`` and device, and ``scaling`` in place of its own
+        (``None``: plain RoPE). This module is left as it is.
+
+        This is how a RoPE model trained at length ``L`` is evaluated with a context
+        extension (position interpolation, dynamic NTK, YaRN) without retraining; for a whole
+        model see :meth:`posenc.Encoder.with_rope_scaling`.
+
+        >>> rope = RotaryEmbedding(8)
+        >>> rope.with_scaling({"rope_type": "linear", "factor": 4.0}).inv_freq.tolist()
+        [0.25, 0.025, 0.0025, 0.00025]
+        """
+        if type(self) not in (RotaryEmbedding, InterleavedRotaryEmbedding):
+            raise PosencTypeError(
+                f"with_scaling rebuilds a RotaryEmbedding; {type(self).__name__} has settings "
+                "of its own that it would lose"
+            )
+        if self.learned_freq:
+            raise PosencValueError(
+                "with_scaling: learned_freq=True frequencies are trained, not derived from a "
+                "scaling"
+            )
+        new = RotaryEmbedding(
+            self.head_dim,
+            base=self.base,
+            rotary_dim=self.rotary_dim,
+            interleaved=self.interleaved,
+            scaling=scaling,
+            max_position_embeddings=self.max_position_embeddings,
+            device=self.inv_freq.device,
+        )
+        return new.train(self.training)
 
 
 @register("rope-interleaved", "rotary embedding, interleaved layout (GPT-J / RoFormer)")

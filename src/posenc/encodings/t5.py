@@ -101,7 +101,12 @@ class T5RelativeBias(DistanceBias):
         num_buckets: buckets in total (split between the two directions when bidirectional;
             must then be even); at least 2.
         max_distance: distance from which every position shares the last bucket; at least
-            ``num_buckets``.
+            ``num_buckets``. A model trained on sequences shorter than ``max_distance`` never
+            sees the buckets of the distances between its training length and
+            ``max_distance``: evaluated on longer sequences, those distances read buckets
+            that were never trained (their initial values). For training short and testing
+            long, choose ``max_distance`` at most the training length, so that every
+            distance past it falls in the last, trained bucket.
         bidirectional: tell keys before and after the query apart (encoders); ``False`` for
             decoders, where every key after the query shares bucket 0. A causal
             :class:`~posenc.Encoder` builds ``bidirectional=False`` unless told otherwise

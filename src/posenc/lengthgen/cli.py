@@ -397,18 +397,6 @@ def build_configs(settings: dict[str, Any]) -> list:
 # --------------------------------------------------------------------------- run
 
 
-def _init_distributed() -> bool:
-    """Join the torchrun process group (gloo) when launched by torchrun; True if joined here."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return False
-    dist.init_process_group("gloo")
-    return True
-
-
 def run(args: argparse.Namespace) -> int:
     """Carry out ``posenc lengthgen``; returns the exit status."""
     from rich.console import Console
@@ -428,11 +416,13 @@ def run(args: argparse.Namespace) -> int:
         config.validate()
     jobs = parse_jobs(settings["jobs"])
     out = Path(str(settings["out"]))
-    joined = _init_distributed()
-    try:
-        from .train import _world, run_sweep
+    from .distributed import close_distributed, init_distributed, world
 
-        rank, _ = _world()
+    joined = init_distributed()
+    try:
+        from .train import run_sweep
+
+        rank, _ = world()
         jobs = min(jobs, len(configs))
         if rank == 0:
             console.log(f"{len(configs)} run(s) into {out} ({jobs} at a time)")
@@ -455,10 +445,7 @@ def run(args: argparse.Namespace) -> int:
                 + ("" if args.no_plot else f", {out / 'accuracy.png'}")
             )
     finally:
-        if joined:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+        close_distributed(joined)
     return 0
 
 

@@ -3,7 +3,7 @@
 - The model is :class:`posenc.TransformerModel` (causal for decoder tasks), built from a
   registry name, so every encoding registered with posenc can be trained.
 - AdamW with linear warm-up then cosine (or linear, or no) decay, and global gradient-norm
-  clipping.
+  clipping (:mod:`~posenc.lengthgen.loop`).
 - Every ``checkpoint_every`` steps an atomic checkpoint (temp file, fsync, ``os.replace``)
   holds the model, optimiser, scheduler, the data generator and every RNG state (Python,
   NumPy, torch). A run killed at any moment, even by SIGKILL, and restarted with
@@ -15,19 +15,18 @@
   averaged gradient equals the single-process gradient of the same global batch.
 - Evaluation draws from generators of its own, so evaluating (or not) never changes
   training.
+
+The pieces live beside this file: the settings in :mod:`~posenc.lengthgen.config`, the loop
+in :mod:`~posenc.lengthgen.loop` (shared with ``posenc extrapolate``), checkpoints in
+:mod:`~posenc.lengthgen.checkpoint`, processes in :mod:`~posenc.lengthgen.distributed` and
+:mod:`~posenc.lengthgen.pool`, the bar in :mod:`~posenc.lengthgen.progress`. Their names
+stay importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import math
-import os
 import random
-import re
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,226 +35,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PosencError, PosencTypeError, PosencValueError, check_bytes
-from .data import (
-    Vocab,
-    check_coupling,
-    collate,
-    longest_model_length,
-    model_length,
-    sample_batch,
+from ..errors import PosencTypeError, PosencValueError
+from .checkpoint import (
+    CHECKPOINT,
+    CHECKPOINT_VERSION,
+    RESULT,
+    load_checkpoint,
+    prepare_run_dir,
+    save_checkpoint,
+    write_json,
 )
-from .evaluate import (
-    FINAL_SALT,
-    PERIODIC_SALT,
-    VALID_THRESHOLD,
-    evaluate_lengths,
-    mean_of,
-    run_record,
-)
-from .tasks import Task, get_task
+from .config import MAX_INPUT_LENGTH, TrainConfig, check_encoding
+from .data import Vocab, collate, longest_model_length, model_length, sample_batch
+from .distributed import all_reduce_sum, global_mean, torch_threads, world
+from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
+from .loop import DECAYS, Trainer, lr_multiplier, make_optimizer, optimizer_step
+from .pool import run_in_processes, slug, threads_per_job
+from .progress import Bar
+from .tasks import Task
 
-CHECKPOINT = "checkpoint.pt"
-RESULT = "result.json"
-CHECKPOINT_VERSION = 1
-DECAYS = ("cosine", "linear", "constant")
-#: Longest input length a sweep may train or test on.
-MAX_INPUT_LENGTH = 4096
+__all__ = [
+    "CHECKPOINT",
+    "CHECKPOINT_VERSION",
+    "DECAYS",
+    "MAX_INPUT_LENGTH",
+    "RESULT",
+    "TrainConfig",
+    "build_model",
+    "check_encoding",
+    "load_checkpoint",
+    "lr_factor",
+    "run_dir_for",
+    "run_sweep",
+    "save_checkpoint",
+    "slug",
+    "train",
+]
 
-
-@dataclass
-class TrainConfig:
-    """Everything that determines one run. The CLI and TOML files fill it field by field."""
-
-    task: str = "copy-v1"  # registry name, or path/to/file.py:ClassName
-    pe: str = "none"  # registry name of the positional encoding (posenc.available())
-    random_positions: bool = False  # randomized positions (Ruoss et al. 2023)
-    random_max: int = 256  # L: randomized positions are drawn from [0, L)
-    coupled_positions: bool = False  # position coupling (Cho et al. 2024; task-aware)
-    pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
-    seed: int = 0  # model init, data and evaluation all derive from it
-    dim: int = 64  # model width
-    depth: int = 2  # layers
-    heads: int = 4  # attention heads
-    ffn_dim: int = 0  # feed-forward width; 0 means 4 * dim
-    dropout: float = 0.0
-    steps: int = 1000  # optimiser steps
-    batch_size: int = 64  # global batch (split across torchrun processes)
-    lr: float = 1e-3  # peak learning rate
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    warmup: float = 0.1  # fraction of steps with linear warm-up from 0
-    decay: str = "cosine"  # after warm-up: "cosine" or "linear" to 0, or "constant"
-    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    train_min_length: int = 1  # training input lengths are uniform in [min, max]
-    train_max_length: int = 20
-    test_min_length: int = 21  # every length in [min, max] is tested
-    test_max_length: int = 40
-    eval_every: int = 250  # periodic evaluation every N steps; 0 disables
-    eval_samples: int = 16  # examples per length in periodic evaluation
-    test_samples: int = 100  # examples per length in the final evaluation
-    checkpoint_every: int = 100  # checkpoint every N steps (and at the end); 0 = only at the end
-    valid_threshold: float = VALID_THRESHOLD  # in-distribution exact match needed to be valid
-    greedy_eval: bool = False  # score decoder tasks by greedy decoding (slow; same exact match)
-
-    @property
-    def label(self) -> str:
-        """How the encoding is named in tables: ``rope``, ``rope+random``, ``rope+coupled``
-        or ``rope+random+coupled``."""
-        return (
-            self.pe
-            + ("+random" if self.random_positions else "")
-            + ("+coupled" if self.coupled_positions else "")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping, rejecting unknown keys and values of the wrong type."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise PosencValueError(
-                f"unknown training option(s) {', '.join(unknown)}; known: {', '.join(known)}"
-            )
-        defaults = cls()
-        for name, value in values.items():
-            _check_type(name, value, type(getattr(defaults, name)))
-        return cls(**values)
-
-    def step_bytes(self, length: int) -> int:
-        """A generous estimate of one training step's or evaluation batch's memory at model
-        sequence length ``length``: weights, gradients and two AdamW moments, plus the
-        activations autograd keeps per token and layer (projections, feed-forward, and the
-        ``heads x length`` attention scores, weights and their dropout)."""
-        ffn = self.ffn_dim or 4 * self.dim
-        params = self.depth * (4 * self.dim * self.dim + 2 * self.dim * ffn)
-        batch = max(self.batch_size, self.eval_samples, self.test_samples)
-        per_token = self.depth * (12 * self.dim + 3 * ffn + 4 * self.heads * length)
-        return 4 * (4 * params + batch * length * per_token)
-
-    def validate(self) -> Task:
-        """Check every field (types, ranges, the task, the encoding, the randomized-position
-        range) before any work; return the task."""
-        for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), type(getattr(TrainConfig(), f.name)))
-        positive = ("random_max", "dim", "depth", "heads", "steps", "batch_size")
-        positive += ("train_min_length", "test_min_length", "eval_samples", "test_samples")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise PosencValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("ffn_dim", "eval_every", "checkpoint_every", "seed"):
-            if getattr(self, name) < 0:
-                raise PosencValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.seed >= 2**32:  # numpy's legacy seeding takes 32 bits
-            raise PosencValueError(f"seed must be < 2**32, got {self.seed}")
-        if self.dim % self.heads:
-            raise PosencValueError(f"heads ({self.heads}) must divide dim ({self.dim})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise PosencValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise PosencValueError(f"lr must be a finite number > 0, got {self.lr}")
-        for name in ("weight_decay", "grad_clip"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):  # NaN fails both comparisons
-                raise PosencValueError(f"{name} must be a finite number >= 0, got {value}")
-        if not 0.0 <= self.warmup < 1.0:
-            raise PosencValueError(
-                f"warmup is a fraction of the steps in [0, 1), got {self.warmup}"
-            )
-        if self.decay not in DECAYS:
-            raise PosencValueError(f"decay must be one of {', '.join(DECAYS)}, got {self.decay!r}")
-        if not 0.0 < self.valid_threshold <= 1.0:
-            raise PosencValueError(f"valid_threshold must be in (0, 1], got {self.valid_threshold}")
-        for low, high in (("train_min_length", "train_max_length"),):
-            if getattr(self, high) < getattr(self, low):
-                raise PosencValueError(
-                    f"{high} ({getattr(self, high)}) < {low} ({getattr(self, low)})"
-                )
-        if self.test_max_length < self.test_min_length:
-            raise PosencValueError(
-                f"test_max_length ({self.test_max_length}) < test_min_length "
-                f"({self.test_min_length})"
-            )
-        for name in ("train_max_length", "test_max_length"):
-            if getattr(self, name) > MAX_INPUT_LENGTH:
-                raise PosencValueError(
-                    f"{name} must be <= {MAX_INPUT_LENGTH} (attention over a longer sequence "
-                    f"would not fit a tiny-model sweep), got {getattr(self, name)}"
-                )
-        from posenc import entry
-
-        axes = getattr(entry(self.pe).cls, "axes", 1)  # unknown names list the known ones
-        if axes != 1:
-            raise PosencValueError(
-                f"pe {self.pe!r} encodes {axes}-D coordinates; lengthgen needs an encoding "
-                "of sequence positions"
-            )
-        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options)
-        task = get_task(self.task)
-        probe = np.random.default_rng([self.seed, 99])
-        longest = longest_model_length(task, [self.train_max_length, self.test_max_length], probe)
-        check_bytes(
-            "batch_size x length x dim x depth",
-            f"{self.batch_size} x {longest} x {self.dim} x {self.depth}",
-            self.step_bytes(longest),
-        )
-        if table is not None:  # a learned table knows nothing past its rows
-            needed, why = (
-                (self.random_max, "random_max")
-                if self.random_positions
-                else (longest, "the longest sequence")
-            )
-            if needed > table:
-                raise PosencValueError(
-                    f"encoding {self.label!r} cannot handle the test sequences: its table holds "
-                    f"max_len={table} positions, the runs need {needed} ({why}); raise "
-                    f"pe_options.{self.pe}.max_len"
-                )
-        if self.random_positions and self.random_max < longest:
-            raise PosencValueError(
-                f"randomized positions need L (random_max={self.random_max}) at least as "
-                f"large as the longest sequence the model sees: {longest} tokens for "
-                f"{task.name} at input length {self.test_max_length}; "
-                f"use random_max >= {longest}"
-            )
-        if self.coupled_positions:
-            check_coupling(task)
-        return task
-
-
-def check_encoding(pe: str, dim: int, heads: int, options: dict[str, Any]) -> int | None:
-    """Build the encoding alone (cheap: no model) so that bad ``pe_options`` or a size it
-    cannot take fail before any run starts, naming the encoding and its options. Returns the
-    number of rows of a learned table (positions past it have no embedding), else ``None``."""
-    from posenc import LearnedPositionalEncoding, build_for_model
-
-    try:
-        module = build_for_model(pe, dim, heads, **options)
-    except (TypeError, ValueError) as exc:
-        if not isinstance(exc, PosencError) and not options:
-            raise  # not the settings' fault: a bug, keep its traceback
-        detail = f" with options {options}" if options else f" at dim={dim}, heads={heads}"
-        kind = PosencTypeError if isinstance(exc, TypeError) else PosencValueError
-        raise kind(f"pe {pe!r}{detail}: {exc}") from None
-    return module.max_len if isinstance(module, LearnedPositionalEncoding) else None
-
-
-def _check_type(name: str, value: object, expected: type) -> None:
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return  # ints are fine where floats are expected
-    if expected is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise PosencTypeError(f"{name} must be a table of options, got {value!r}")
-        return
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise PosencTypeError(
-            f"{name} must be {expected.__name__}, got {type(value).__name__} {value!r}"
-        )
-
-
-# --------------------------------------------------------------------------- pieces
+#: Fields that may differ between a run and its resumption (they do not change the numbers).
+_RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
@@ -286,99 +104,7 @@ def build_model(config: TrainConfig, task: Task) -> nn.Module:
 def lr_factor(config: TrainConfig, step: int) -> float:
     """Learning-rate multiplier after ``step`` scheduler steps: linear warm-up over
     ``warmup * steps`` steps, then cosine/linear decay to 0 or constant."""
-    warm = int(config.warmup * config.steps)
-    if step < warm:
-        return (step + 1) / warm
-    if config.decay == "constant":
-        return 1.0
-    progress = (step - warm) / max(1, config.steps - warm)
-    progress = min(progress, 1.0)
-    if config.decay == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _rng_state(data_rng: np.random.Generator) -> dict[str, Any]:
-    legacy = np.random.get_state(legacy=False)
-    return {
-        "python": random.getstate(),
-        "numpy_global": {
-            **legacy,
-            "state": {**legacy["state"], "key": legacy["state"]["key"].tolist()},
-        },
-        "numpy_data": data_rng.bit_generator.state,
-        "torch": torch.get_rng_state(),
-    }
-
-
-def _set_rng_state(state: dict[str, Any], data_rng: np.random.Generator) -> None:
-    random.setstate(state["python"])
-    legacy = state["numpy_global"]
-    key = np.asarray(legacy["state"]["key"], dtype=np.uint32)
-    np.random.set_state({**legacy, "state": {**legacy["state"], "key": key}})
-    data_rng.bit_generator.state = state["numpy_data"]
-    torch.set_rng_state(state["torch"])
-
-
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` atomically: a temp file in the same folder, flushed and
-    fsynced, then ``os.replace`` (a reader sees the old file or the new one, never half)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename itself durable where possible
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (safe unpickler)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-@contextlib.contextmanager
-def _threads(count: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    if count > 0:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-#: Fields that may differ between a run and its resumption (they do not change the numbers).
-_RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
-
-
-def _check_resumable(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
-    now = config.to_dict()
-    differ = [k for k in now if k not in _RESUME_FREE and saved.get(k) != now[k]]
-    if differ:
-        detail = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in differ)
-        raise PosencValueError(f"cannot resume {path}: the configuration changed ({detail})")
+    return lr_multiplier(step, steps=config.steps, warmup=config.warmup, decay=config.decay)
 
 
 # --------------------------------------------------------------------------- training
@@ -408,26 +134,17 @@ def train(
     record (other ranks return ``{}``).
     """
     task = config.validate()
-    rank, world = _world()
-    if config.batch_size % world:
+    rank, world_size = world()
+    if config.batch_size % world_size:
         raise PosencValueError(
             f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-            f"({world})"
+            f"({world_size})"
         )
-    path = None if run_dir is None else Path(run_dir) / CHECKPOINT
-    if path is not None and path.exists() and not resume:
-        raise PosencValueError(f"{path} exists: pass resume=True (--resume) to continue that run")
-    if path is not None and rank == 0 and path.parent.is_dir():
-        for stale in path.parent.glob(f".{CHECKPOINT}.*.tmp"):  # left by a kill mid-write
-            stale.unlink(missing_ok=True)
-    with _threads(threads):
-        record = _train(config, task, path, rank, world, progress=progress, console=console)
+    path = prepare_run_dir(run_dir, resume=resume, rank=rank)
+    with torch_threads(threads):
+        record = _train(config, task, path, rank, world_size, progress=progress, console=console)
     if path is not None and rank == 0:
-        import json
-
-        tmp = path.with_name(f".{RESULT}.tmp")
-        tmp.write_text(json.dumps(record, sort_keys=True, indent=1), encoding="utf-8")
-        os.replace(tmp, path.with_name(RESULT))
+        write_json(path.with_name(RESULT), record)
     return record if rank == 0 else {}
 
 
@@ -436,7 +153,7 @@ def _train(
     task: Task,
     path: Path | None,
     rank: int,
-    world: int,
+    world_size: int,
     *,
     progress: bool,
     console: Any,
@@ -445,134 +162,111 @@ def _train(
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
     model = build_model(config, task)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    optimizer, scheduler = make_optimizer(
+        model,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        steps=config.steps,
+        warmup=config.warmup,
+        decay=config.decay,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(config, s))
     data_rng = np.random.default_rng([config.seed, 0])
     random_max = config.random_max if config.random_positions else None
     vocab = Vocab(task.vocab_size)
-    step, elapsed, history, losses = 0, 0.0, [], []
-
-    if path is not None and path.exists():
-        saved = load_checkpoint(path)
-        _check_resumable(saved["config"], config, path)
-        if saved.get("record") is not None:
-            return saved["record"]
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        _set_rng_state(saved["rng"], data_rng)
-        step, elapsed = saved["step"], saved["elapsed"]
-        history, losses = saved["history"], saved["losses"]
-    else:
+    trainer = Trainer(
+        model,
+        optimizer,
+        scheduler,
+        config=config.to_dict(),
+        path=path,
+        rank=rank,
+        world=world_size,
+        data_rng=data_rng,
+        resume_free=_RESUME_FREE,
+    )
+    finished = trainer.restore()
+    if finished is not None:
+        return finished
+    if not trainer.resumed:
         _probe(model, task, config, random_max)
 
-    def checkpoint(record: dict[str, Any] | None = None) -> None:
-        if path is None or rank != 0:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(
-            path,
-            {
-                "version": CHECKPOINT_VERSION,
-                "config": config.to_dict(),
-                "step": step,
-                "elapsed": elapsed,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(data_rng),
-                "history": history,
-                "losses": losses,
-                "record": record,
-            },
+    def step(trained: nn.Module) -> tuple[float, float]:
+        return _step(
+            trained,
+            optimizer,
+            scheduler,
+            task,
+            vocab,
+            config,
+            data_rng,
+            random_max,
+            rank,
+            world_size,
         )
 
-    trained = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
+    def periodic(at: int, loss: float) -> tuple[dict[str, Any], str]:
+        entry = _periodic_eval(model, task, config, at, loss, random_max)
+        text = (
+            f"step {entry['step']}: loss {entry['loss']:.4f}, exact match "
+            f"in-dist {100 * entry['id_exact']:.1f}%, test {100 * entry['test_exact']:.1f}%"
+        )
+        return entry, text
 
-        trained = DistributedDataParallel(model)
-    model.train()
-    bar = _Bar(progress and rank == 0, config, console, start=step)
-    started = time.perf_counter()
-    with bar:
-        while step < config.steps:
-            loss, accuracy = _step(
-                trained,
-                optimizer,
-                scheduler,
-                task,
-                vocab,
-                config,
-                data_rng,
-                random_max,
-                rank,
-                world,
-            )
-            step += 1
-            losses.append(loss)
-            bar.update(step, loss, accuracy)
-            if config.eval_every and step % config.eval_every == 0 and step < config.steps:
-                if rank == 0:
-                    history.append(_periodic_eval(model, task, config, step, loss, random_max))
-                    bar.log(history[-1])
-                _barrier(world)
-            due = config.checkpoint_every and step % config.checkpoint_every == 0
-            if due and step < config.steps:  # the last step's checkpoint comes with the record
-                elapsed += time.perf_counter() - started
-                started = time.perf_counter()
-                checkpoint()
-                _barrier(world)
-
-    elapsed += time.perf_counter() - started
+    bar = Bar(
+        progress and rank == 0,
+        f"{config.task} {config.label} seed {config.seed}",
+        config.steps,
+        console,
+        start=trainer.step,
+    )
+    trainer.fit(
+        config.steps,
+        step,
+        checkpoint_every=config.checkpoint_every,
+        bar=bar,
+        every=config.eval_every,
+        periodic=periodic,
+    )
     if rank != 0:
-        _barrier(world)
+        trainer.finish(None)
         return {}
     eval_started = time.perf_counter()
-    train_lengths = range(config.train_min_length, config.train_max_length + 1)
-    test_lengths = range(config.test_min_length, config.test_max_length + 1)
-    in_dist = evaluate_lengths(
-        model,
-        task,
-        train_lengths,
-        config.test_samples,
-        seed=config.seed,
-        salt=FINAL_SALT,
-        random_max=random_max,
-        coupled=config.coupled_positions,
-        greedy=config.greedy_eval,
-    )
-    test = evaluate_lengths(
-        model,
-        task,
-        test_lengths,
-        config.test_samples,
-        seed=config.seed,
-        salt=FINAL_SALT,
-        random_max=random_max,
-        coupled=config.coupled_positions,
-        greedy=config.greedy_eval,
-    )
+    lengths = {
+        "in_distribution": range(config.train_min_length, config.train_max_length + 1),
+        "test": range(config.test_min_length, config.test_max_length + 1),
+    }
+    rows = {
+        split: evaluate_lengths(
+            model,
+            task,
+            span,
+            config.test_samples,
+            seed=config.seed,
+            salt=FINAL_SALT,
+            random_max=random_max,
+            coupled=config.coupled_positions,
+            greedy=config.greedy_eval,
+        )
+        for split, span in lengths.items()
+    }
+    losses = trainer.losses
     record = run_record(
         config=config.to_dict(),
         task_name=task.name,
         label=config.label,
-        in_distribution=in_dist,
-        test=test,
+        in_distribution=rows["in_distribution"],
+        test=rows["test"],
         valid_threshold=config.valid_threshold,
-        steps=step,
+        steps=trainer.step,
         final_loss=losses[-1] if losses else None,
         losses=losses,
-        history=history,
+        history=trainer.history,
         parameters=sum(p.numel() for p in model.parameters()),
-        train_seconds=round(elapsed, 3),
+        train_seconds=round(trainer.elapsed, 3),
         eval_seconds=round(time.perf_counter() - eval_started, 3),
-        world_size=world,
+        world_size=world_size,
     )
-    checkpoint(record)
-    _barrier(world)
+    trainer.finish(record)
     return record
 
 
@@ -612,7 +306,7 @@ def _step(
     rng: np.random.Generator,
     random_max: int | None,
     rank: int,
-    world: int,
+    world_size: int,
 ) -> tuple[float, float]:
     """One optimiser step on this rank's slice of the global batch. Returns the global mean
     loss per scored token and this slice's token accuracy (teacher-forced)."""
@@ -627,7 +321,7 @@ def _step(
     )
     pad_to = max(model_length(task.kind, len(x), len(y)) for x, y in examples)
     scored_total = sum(len(y) + (task.kind == "decoder") for _, y in examples)
-    per_rank = config.batch_size // world
+    per_rank = config.batch_size // world_size
     lo, hi = rank * per_rank, (rank + 1) * per_rank
     batch = collate(
         task.kind,
@@ -640,19 +334,9 @@ def _step(
     scored_logits = logits[batch.loss_mask]  # (tokens, V)
     scored_targets = batch.targets[batch.loss_mask]
     loss_sum = F.cross_entropy(scored_logits, scored_targets, reduction="sum")
-    # DDP averages gradients over ranks; scaling by world makes that the global-batch mean.
-    loss = loss_sum * (world / scored_total)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if config.grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
-    scheduler.step()
-    total = loss_sum.detach()
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(total)
+    loss = global_mean(loss_sum, scored_total, world_size)
+    optimizer_step(model, optimizer, scheduler, loss, config.grad_clip)
+    total = all_reduce_sum(loss_sum.detach(), world_size)
     accuracy = (scored_logits.argmax(-1) == scored_targets).float().mean()
     return float(total) / scored_total, float(accuracy)
 
@@ -687,94 +371,12 @@ def _periodic_eval(
     return out
 
 
-class _Bar:
-    """A rich progress bar (loss, accuracy, ETA) that does nothing when disabled."""
-
-    def __init__(self, enabled: bool, config: TrainConfig, console: Any, *, start: int) -> None:
-        self.enabled = enabled
-        self.progress: Any = None
-        self.console = console  # log lines still go here when the bar is off
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}  acc {task.fields[acc]:.3f}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-        )
-        self.task_id = self.progress.add_task(
-            f"{config.task} {config.label} seed {config.seed}",
-            total=config.steps,
-            completed=start,
-            loss=float("nan"),
-            acc=float("nan"),
-        )
-
-    def __enter__(self) -> _Bar:
-        if self.progress is not None:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-    def update(self, step: int, loss: float, accuracy: float) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task_id, completed=step, loss=loss, acc=accuracy)
-
-    def log(self, entry: dict[str, Any]) -> None:
-        console = self.progress.console if self.progress is not None else self.console
-        if console is not None:
-            console.log(
-                f"step {entry['step']}: loss {entry['loss']:.4f}, exact match "
-                f"in-dist {100 * entry['id_exact']:.1f}%, test {100 * entry['test_exact']:.1f}%"
-            )
-
-
 # --------------------------------------------------------------------------- sweeps
-
-
-def slug(text: str) -> str:
-    """A folder-safe version of a task or encoding name."""
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", text) or "_"
 
 
 def run_dir_for(out: Path, task_name: str, config: TrainConfig) -> Path:
     """``out/<task>/<encoding>/seed<k>``."""
     return Path(out) / slug(task_name) / slug(config.label) / f"seed{config.seed}"
-
-
-def _exit_with_parent() -> None:
-    """In a worker: end this process as soon as the parent is gone (killed, say), so no
-    orphan keeps writing checkpoints that a later ``--resume`` would race with."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _train_job(config: dict[str, Any], run_dir: str, resume: bool, threads: int) -> dict[str, Any]:
@@ -813,8 +415,8 @@ def run_sweep(
                 f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
                 "pass --resume to continue them, or choose another --out"
             )
-    _, world = _world()
-    if jobs > 1 and world > 1:
+    _, world_size = world()
+    if jobs > 1 and world_size > 1:
         raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
     if jobs <= 1 or len(configs) == 1:
         records = []
@@ -823,24 +425,11 @@ def run_sweep(
             records.append(rec)
             _log_done(console, c, rec)
         return records
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    per_job = threads or max(1, (os.cpu_count() or 1) // jobs)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_exit_with_parent
-    ) as pool:
-        futures = [
-            pool.submit(_train_job, c.to_dict(), str(d), resume, per_job)
-            for c, d in zip(configs, dirs, strict=True)
-        ]
-        records = []
-        for c, fut in zip(configs, futures, strict=True):
-            rec = fut.result()
-            records.append(rec)
-            _log_done(console, c, rec)
-    return records
+    per_job = threads_per_job(jobs, threads)
+    calls = [(c.to_dict(), str(d), resume, per_job) for c, d in zip(configs, dirs, strict=True)]
+    return run_in_processes(
+        _train_job, calls, jobs=jobs, on_done=lambda i, rec: _log_done(console, configs[i], rec)
+    )
 
 
 def _log_done(console: Any, config: TrainConfig, rec: dict[str, Any]) -> None:

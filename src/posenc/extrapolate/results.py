@@ -1,0 +1,349 @@
+"""``results.json`` (the contract that scripts and ``posenc report`` read), ``results.md`` and
+the checks of Press et al. 2022 and Peng et al. 2023 against a sweep's numbers.
+
+``results.json``::
+
+    {"config": {...},
+     "corpus": {"name", "sha256", "tokenizer", "train_tokens", "valid_tokens"},
+     "runs": [{"pe": "rope", "scaling": null | {"rope_type": "yarn", ...},
+               "finetune_steps": 0, "seed": 0, "skipped_lengths": [],
+               "eval": [{"length": 256, "factor": 4.0, "bpb": 2.80,
+                         "by_position": {"0-64": 2.05, "64-128": 2.33, "128-256": 3.40}}]}]}
+
+Every number is bits per byte. ``factor`` is the RoPE scaling factor in use at that length
+(``null`` for a model evaluated as trained); ``by_position`` keys are ``"start-end"`` in
+tokens; an ``eval`` row has ``"sliding_bpb"`` too when the sweep asked for sliding windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import PosencValueError
+from .corpus import Corpus
+
+RESULTS = "results.json"
+MARKDOWN = "results.md"
+FIGURE = "extrapolate.png"
+
+_RUN_KEYS = {"pe", "scaling", "finetune_steps", "seed", "skipped_lengths", "eval"}
+_EVAL_KEYS = {"length", "factor", "bpb", "by_position"}
+_CORPUS_KEYS = {"name", "sha256", "tokenizer", "train_tokens", "valid_tokens"}
+
+
+def corpus_summary(corpus: Corpus) -> dict[str, Any]:
+    return {
+        "name": corpus.name,
+        "sha256": corpus.sha256,
+        "tokenizer": corpus.tokenizer,
+        "train_tokens": len(corpus.train),
+        "valid_tokens": len(corpus.valid),
+    }
+
+
+def check_results(results: Any) -> None:
+    """Raise :class:`~posenc.errors.PosencValueError` naming the first place where
+    ``results`` departs from the schema of the module docstring."""
+
+    def need(ok: bool, where: str, value: Any) -> None:
+        if not ok:
+            raise PosencValueError(f"results.json: {where} is not as the schema says: {value!r}")
+
+    need(isinstance(results, dict) and set(results) == {"config", "corpus", "runs"}, "top", results)
+    need(isinstance(results["config"], dict), "config", results["config"])
+    need(set(results["corpus"]) == _CORPUS_KEYS, "corpus", results["corpus"])
+    need(isinstance(results["runs"], list), "runs", results["runs"])
+    for i, run in enumerate(results["runs"]):
+        need(isinstance(run, dict) and set(run) == _RUN_KEYS, f"runs[{i}]", run)
+        scaling = run["scaling"]
+        need(scaling is None or "rope_type" in scaling, f"runs[{i}].scaling", scaling)
+        for j, row in enumerate(run["eval"]):
+            where = f"runs[{i}].eval[{j}]"
+            need(set(row) - {"sliding_bpb"} == _EVAL_KEYS, where, row)
+            need(isinstance(row["bpb"], float) and math.isfinite(row["bpb"]), where, row)
+            buckets = [key.split("-") for key in row["by_position"]]
+            need(
+                all(len(b) == 2 and b[0].isdigit() and b[1].isdigit() for b in buckets), where, row
+            )
+            need(max(int(b[1]) for b in buckets) == row["length"], where, row)
+
+
+def write_results(
+    out: Path | str,
+    results: dict[str, Any],
+    timings: Sequence[dict[str, Any]] = (),
+    *,
+    plot: bool = True,
+    command: str | None = None,
+) -> list[Path]:
+    """Write ``results.json``, ``results.md`` and (``plot``) ``extrapolate.png`` in ``out``;
+    return their paths."""
+    check_results(results)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{RESULTS}.tmp"  # keys in their order: buckets by position, not by text
+    tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out / RESULTS)
+    written = [out / RESULTS, out / MARKDOWN]
+    if plot:
+        from .plots import plot_extrapolation
+
+        fig = plot_extrapolation(results)
+        fig.savefig(out / FIGURE, dpi=120)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        written.append(out / FIGURE)
+    text = markdown_report(results, timings, figure=FIGURE if plot else None, command=command)
+    (out / MARKDOWN).write_text(text, encoding="utf-8")
+    return written
+
+
+def read_results(path: Path | str) -> dict[str, Any]:
+    """Read and check a ``results.json`` (or the one in a folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS
+    try:
+        results = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PosencValueError(f"cannot read {str(path)!r}: {exc}") from None
+    check_results(results)
+    return results
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def run_label(run: dict[str, Any], train_len: int) -> str:
+    """``rope``, ``rope+yarn`` (zero-shot), ``rope+linear ft200@256`` (fine-tuned)."""
+    if run["scaling"] is None:
+        return run["pe"]
+    label = f"{run['pe']}+{run['scaling']['rope_type']}"
+    if run["finetune_steps"]:
+        length = round(run["scaling"]["factor"] * train_len)
+        label += f" ft{run['finetune_steps']}@{length}"
+    return label
+
+
+def curves(results: dict[str, Any]) -> dict[str, dict[int, list[float]]]:
+    """``label -> length -> bits per byte of each seed``, in the order runs appear."""
+    train_len = results["config"]["train_len"]
+    out: dict[str, dict[int, list[float]]] = {}
+    for run in results["runs"]:
+        per_length = out.setdefault(run_label(run, train_len), {})
+        for row in run["eval"]:
+            per_length.setdefault(row["length"], []).append(row["bpb"])
+    return out
+
+
+def position_curves(results: dict[str, Any], length: int) -> dict[str, dict[str, list[float]]]:
+    """``label -> bucket -> bits per byte of each seed`` at evaluation ``length``."""
+    train_len = results["config"]["train_len"]
+    out: dict[str, dict[str, list[float]]] = {}
+    for run in results["runs"]:
+        for row in run["eval"]:
+            if row["length"] == length:
+                per_bucket = out.setdefault(run_label(run, train_len), {})
+                for bucket, value in row["by_position"].items():
+                    per_bucket.setdefault(bucket, []).append(value)
+    by_start = lambda item: int(item[0].split("-")[0])  # noqa: E731
+    return {label: dict(sorted(per.items(), key=by_start)) for label, per in out.items()}
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _cell(values: Sequence[float] | None) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    m = mean(values)
+    std = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{m:.3f} ± {std:.3f}"
+
+
+def lengths_of(results: dict[str, Any]) -> list[int]:
+    return sorted({row["length"] for run in results["runs"] for row in run["eval"]})
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each statement of the issue's item 5 (Press et al. 2022, Fig. 1; Chen et al. 2023;
+    Peng et al. 2023) with ``holds`` (True, False, or None when the sweep lacks the runs) and
+    the numbers behind it, from the mean over seeds."""
+    L = results["config"]["train_len"]
+    c = {label: {n: mean(v) for n, v in per.items()} for label, per in curves(results).items()}
+    lengths = lengths_of(results)
+    longest = max(lengths, default=0)
+    checks: list[dict[str, Any]] = []
+
+    def add(statement: str, holds: bool | None, numbers: str) -> None:
+        checks.append({"statement": statement, "holds": holds, "numbers": numbers})
+
+    def bpb(label: str, n: int) -> float | None:
+        return c.get(label, {}).get(n)
+
+    def fmt(label: str, ns: Sequence[int]) -> str:
+        return ", ".join(f"{n}: {bpb(label, n):.3f}" for n in ns if bpb(label, n) is not None)
+
+    statement = f"sinusoidal: loss on positions {L}-{2 * L} at least 1.5x its loss on 0-{L}"
+    buckets = {k: mean(v) for k, v in position_curves(results, 2 * L).get("sinusoidal", {}).items()}
+    first, second = buckets.get(f"0-{L}"), buckets.get(f"{L}-{2 * L}")
+    if first is None or second is None:
+        add(statement, None, f"needs sinusoidal evaluated at {2 * L}")
+    else:
+        add(
+            statement,
+            second >= 1.5 * first,
+            f"at length {2 * L}: 0-{L} {first:.3f}, {L}-{2 * L} {second:.3f} bpb "
+            f"(ratio {second / first:.2f})",
+        )
+
+    statement = f"alibi: bits per byte at {longest} no worse than at {L}"
+    a_long, a_short = bpb("alibi", longest), bpb("alibi", L)
+    if a_long is None or a_short is None or longest <= L:
+        add(statement, None, "needs alibi evaluated at L and a longer length")
+    else:
+        add(statement, a_long <= a_short, f"alibi {L}: {a_short:.3f}, {longest}: {a_long:.3f}")
+
+    far = [n for n in lengths if n >= 8 * L]
+    statement = "rope between alibi and sinusoidal at 8L and beyond"
+    if not far or any(bpb(x, n) is None for x in ("rope", "alibi", "sinusoidal") for n in far):
+        add(statement, None, "needs rope, alibi and sinusoidal at 8L or longer")
+    else:
+        holds = all(bpb("alibi", n) < bpb("rope", n) < bpb("sinusoidal", n) for n in far)  # type: ignore[operator]
+        numbers = "; ".join(
+            f"{n}: alibi {bpb('alibi', n):.3f} < rope {bpb('rope', n):.3f} < sinusoidal "
+            f"{bpb('sinusoidal', n):.3f}"
+            for n in far
+        )
+        add(statement, holds, numbers)
+
+    beyond = [n for n in lengths if n >= 4 * L]
+    statement = "YaRN or dynamic NTK (zero-shot) below plain rope at 4L and beyond"
+    scaled = [x for x in ("rope+yarn", "rope+dynamic") if x in c]
+    if not beyond or "rope" not in c or not scaled:
+        add(statement, None, "needs rope and rope+yarn or rope+dynamic at 4L or longer")
+    else:
+        holds = all(min(bpb(x, n) for x in scaled) < bpb("rope", n) for n in beyond)  # type: ignore[type-var,operator]
+        numbers = "; ".join(
+            f"{n}: rope {bpb('rope', n):.3f}, "
+            + ", ".join(f"{x.split('+')[1]} {bpb(x, n):.3f}" for x in scaled)
+            for n in beyond
+        )
+        add(statement, holds, numbers)
+
+    longer = [n for n in lengths if n > L]
+    statement = "linear PI without fine-tuning worse than plain rope (every length past L)"
+    if not longer or "rope" not in c or "rope+linear" not in c:
+        add(statement, None, "needs rope and rope+linear past L")
+    else:
+        holds = all(bpb("rope+linear", n) > bpb("rope", n) for n in longer)  # type: ignore[operator]
+        numbers = "; ".join(
+            f"{n}: rope {bpb('rope', n):.3f}, linear {bpb('rope+linear', n):.3f}" for n in longer
+        )
+        add(statement, holds, numbers)
+
+    statement = f"linear PI fine-tuned at {4 * L} better than plain rope at {4 * L}"
+    tuned = [x for x in c if x.startswith("rope+linear ft") and x.endswith(f"@{4 * L}")]
+    if not tuned or bpb(tuned[0], 4 * L) is None or bpb("rope", 4 * L) is None:
+        add(statement, None, f"needs a rope run fine-tuned with linear PI at {4 * L}")
+    else:
+        got, plain = bpb(tuned[0], 4 * L), bpb("rope", 4 * L)
+        add(statement, got < plain, f"at {4 * L}: rope {plain:.3f}, {tuned[0]} {got:.3f}")  # type: ignore[operator]
+
+    statement = f"t5 bias at {longest}: between alibi and rope (Press et al.'s order)"
+    if any(bpb(x, longest) is None for x in ("t5", "alibi", "rope")):
+        add(statement, None, f"needs t5, alibi and rope at {longest}")
+    else:
+        t5, alibi, rope = (bpb(x, longest) for x in ("t5", "alibi", "rope"))
+        add(
+            statement,
+            alibi <= t5 <= rope,  # type: ignore[operator]
+            f"{longest}: alibi {alibi:.3f}, t5 {t5:.3f}, rope {rope:.3f}; t5 at {L}: "
+            f"{bpb('t5', L):.3f}",
+        )
+    return checks
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def markdown_report(
+    results: dict[str, Any],
+    timings: Sequence[dict[str, Any]] = (),
+    *,
+    figure: str | None = FIGURE,
+    command: str | None = None,
+) -> str:
+    """``results.md``: the corpus, the bits-per-byte table, the table by position at the
+    longest length, the checks, and the time each run took."""
+    config, corpus = results["config"], results["corpus"]
+    L = config["train_len"]
+    lengths = lengths_of(results)
+    table = curves(results)
+    lines = [
+        f"# Train short, test long: {corpus['name']}",
+        "",
+        f"Corpus `{corpus['name']}` (sha256 `{corpus['sha256'][:12]}`, {corpus['tokenizer']}): "
+        f"{corpus['train_tokens']:,} training and {corpus['valid_tokens']:,} validation tokens; "
+        f"every length scores the same {config.get('eval_tokens', 0):,} validation tokens. "
+        f"Trained at L = {L} for {config['steps']} steps of {config['batch_size']} windows "
+        f"(dim {config['dim']}, depth {config['depth']}, {config['heads']} heads), "
+        f"seeds {config.get('seeds')}.",
+    ]
+    if command:
+        lines += ["", f"    {command}"]
+    if figure:
+        lines += ["", f"![bits per byte against evaluation length]({figure})"]
+    lines += [
+        "",
+        "## Bits per byte by evaluation length",
+        "",
+        "| encoding | " + " | ".join(str(n) for n in lengths) + " |",
+        "| --- |" + " ---: |" * len(lengths),
+    ]
+    for label, per in table.items():
+        lines.append(f"| {label} | " + " | ".join(_cell(per.get(n)) for n in lengths) + " |")
+    lines += [
+        "",
+        "`+linear`, `+dynamic`, `+yarn`: the RoPE model evaluated zero-shot with that scaling "
+        "at factor n / L; `ftN@n`: fine-tuned N steps at length n with it. `–`: beyond a "
+        "learned table (not evaluated).",
+    ]
+    if lengths:
+        longest = max(lengths)
+        positions = position_curves(results, longest)
+        buckets = list(next(iter(positions.values()), {}).keys())
+        lines += [
+            "",
+            f"## Bits per byte by position at length {longest}",
+            "",
+            "| encoding | " + " | ".join(buckets) + " |",
+            "| --- |" + " ---: |" * len(buckets),
+        ]
+        for label, per in positions.items():
+            lines.append(f"| {label} | " + " | ".join(_cell(per.get(b)) for b in buckets) + " |")
+    lines += ["", "## Checks (Press et al. 2022; Chen et al. 2023; Peng et al. 2023)", ""]
+    for check in press_checks(results):
+        verdict = {True: "holds", False: "does not hold", None: "not measured"}[check["holds"]]
+        lines.append(f"- {check['statement']}: **{verdict}** ({check['numbers']})")
+    if timings:
+        lines += ["", "## Time", "", "| encoding | seed | train s | fine-tune s | eval s |"]
+        lines.append("| --- | ---: | ---: | ---: | ---: |")
+        for t in timings:
+            lines.append(
+                f"| {t['pe']} | {t['seed']} | {t['train_seconds']:.0f} | "
+                f"{t['finetune_seconds']:.0f} | {t['eval_seconds']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,236 @@
+"""A ``posenc extrapolate`` sweep: for every (encoding, seed) train one model, evaluate it at
+every length (and, for RoPE, with each zero-shot scaling and after each fine-tune), and
+collect the runs of ``results.json``.
+
+Folders under ``out``: ``<pe>/seed<k>/`` holds the trained model's ``checkpoint.pt`` and
+``result.json`` (the training record), ``<pe>/seed<k>/finetune-<type>-<length>/`` each
+fine-tune's. With ``jobs > 1`` the (encoding, seed) pairs run in parallel processes; under
+``torchrun`` they run one after another, each trained over every rank, evaluated on rank 0.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import PosencValueError
+from ..lengthgen.checkpoint import CHECKPOINT
+from ..lengthgen.distributed import barrier, torch_threads, world
+from ..lengthgen.pool import run_in_processes, slug, threads_per_job
+from .config import EvalSettings, ExtrapolateConfig
+from .corpus import Corpus, open_corpus
+from .evaluate import evaluate_model, rope_scalable, scaled_variants
+from .train import finetune, train_model
+from .windows import check_lengths, eval_budget
+
+
+def run_dir_for(out: Path, config: ExtrapolateConfig) -> Path:
+    """``out/<pe>/seed<k>``."""
+    return Path(out) / slug(config.pe) / f"seed{config.seed}"
+
+
+def finetune_dir(run_dir: Path, rope_type: str, length: int) -> Path:
+    return run_dir / f"finetune-{rope_type}-{length}"
+
+
+def eval_tokens(corpus: Corpus, lengths: list[int], settings: EvalSettings) -> int:
+    """``T``: how many validation targets every length scores."""
+    return eval_budget(lengths, len(corpus.valid), max_tokens=settings.eval_tokens)
+
+
+def run_one(
+    config: ExtrapolateConfig,
+    corpus: Corpus,
+    settings: EvalSettings,
+    run_dir: Path | None,
+    *,
+    resume: bool = False,
+    progress: bool = False,
+    console: Any = None,
+) -> dict[str, Any]:
+    """Train, evaluate and fine-tune one (encoding, seed). Returns ``{"runs": [...],
+    "timing": {...}}`` on rank 0 (``runs`` as in ``results.json``), ``{}`` on other ranks."""
+    rank, world_size = world()
+    table = config.validate()
+    lengths = settings.lengths(config.train_len)
+    usable = [n for n in lengths if table is None or n <= table]
+    skipped = [n for n in lengths if n not in usable]
+    num_tokens = eval_tokens(corpus, lengths, settings)
+    model, record = train_model(
+        config,
+        corpus,
+        run_dir,
+        resume=resume,
+        progress=progress,
+        console=console,
+        probe_length=max(usable, default=0),
+    )
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+
+    def add(scaling: dict[str, Any] | None, steps: int, rows: list[dict[str, Any]]) -> None:
+        runs.append(
+            {
+                "pe": config.pe,
+                "scaling": scaling,
+                "finetune_steps": steps,
+                "seed": config.seed,
+                "skipped_lengths": skipped,
+                "eval": rows,
+            }
+        )
+
+    common = {
+        "train_len": config.train_len,
+        "batch_tokens": settings.batch_tokens,
+        "sliding": settings.sliding,
+    }
+    scalable = rope_scalable(model)
+    if rank == 0:
+        add(None, 0, evaluate_model(model, corpus, usable, num_tokens, **common))
+        for scaling in scaled_variants(settings.scalings if scalable else [], config.train_len):
+            rows = evaluate_model(model, corpus, usable, num_tokens, scaling=scaling, **common)
+            add(scaling, 0, rows)
+    barrier(world_size)
+    eval_seconds = time.perf_counter() - started
+    finetune_seconds = 0.0
+    length = settings.finetune_length(config.train_len)
+    for rope_type in settings.finetune_scalings if settings.finetune_steps and scalable else []:
+        tuned, scaling, tuned_record = finetune(
+            model,
+            config,
+            corpus,
+            rope_type,
+            length=length,
+            steps=settings.finetune_steps,
+            lr=settings.finetune_lr,
+            run_dir=None if run_dir is None else finetune_dir(run_dir, rope_type, length),
+            resume=resume,
+            progress=progress,
+            console=console,
+        )
+        finetune_seconds += tuned_record["train_seconds"]
+        started = time.perf_counter()
+        if rank == 0:
+            factor = scaling["factor"]
+            rows = evaluate_model(tuned, corpus, usable, num_tokens, factor=factor, **common)
+            add(scaling, settings.finetune_steps, rows)
+        barrier(world_size)
+        eval_seconds += time.perf_counter() - started
+    if rank != 0:
+        return {}
+    timing = {
+        "pe": config.pe,
+        "seed": config.seed,
+        "train_seconds": record["train_seconds"],
+        "finetune_seconds": round(finetune_seconds, 3),
+        "eval_seconds": round(eval_seconds, 3),
+        "final_loss": record["final_loss"],
+        "parameters": record["parameters"],
+        "world_size": world_size,
+    }
+    return {"runs": runs, "timing": timing}
+
+
+def _job(
+    config: dict[str, Any],
+    corpus_path: str,
+    settings: dict[str, Any],
+    run_dir: str,
+    resume: bool,
+    threads: int,
+) -> dict[str, Any]:
+    """Entry point of a ``--jobs`` worker process (spawned: a fresh interpreter)."""
+    with torch_threads(threads):
+        return run_one(
+            ExtrapolateConfig.from_dict(config),
+            open_corpus(corpus_path),
+            EvalSettings(**settings),
+            Path(run_dir),
+            resume=resume,
+        )
+
+
+def run_sweep(
+    configs: list[ExtrapolateConfig],
+    corpus: Corpus,
+    settings: EvalSettings,
+    out: Path | str,
+    *,
+    jobs: int = 1,
+    resume: bool = False,
+    progress: bool = False,
+    threads: int = 0,
+    console: Any = None,
+) -> list[dict[str, Any]]:
+    """:func:`run_one` for every config (``jobs`` at a time in separate processes, each with
+    ``threads`` torch threads, default the cores divided by ``jobs``); returns their results
+    in the order of ``configs`` (empty dicts on ranks other than 0)."""
+    dirs = check_sweep(configs, corpus, settings, out, jobs=jobs, resume=resume)
+    if jobs <= 1 or len(configs) == 1:
+        results = []
+        for config, run_dir in zip(configs, dirs, strict=True):
+            with torch_threads(threads):
+                result = run_one(
+                    config,
+                    corpus,
+                    settings,
+                    run_dir,
+                    resume=resume,
+                    progress=progress,
+                    console=console,
+                )
+            results.append(result)
+            log_done(console, result)
+        return results
+    per_job = threads_per_job(jobs, threads)
+    calls = [
+        (c.to_dict(), str(corpus.path), settings.to_dict(), str(d), resume, per_job)
+        for c, d in zip(configs, dirs, strict=True)
+    ]
+    return run_in_processes(_job, calls, jobs=jobs, on_done=lambda i, r: log_done(console, r))
+
+
+def check_sweep(
+    configs: list[ExtrapolateConfig],
+    corpus: Corpus,
+    settings: EvalSettings,
+    out: Path | str,
+    *,
+    jobs: int = 1,
+    resume: bool = False,
+) -> list[Path]:
+    """Every check of a sweep, before any work: the configs, the evaluation settings, the
+    corpus's size, the folders (one per run; started runs need ``resume``) and ``jobs``
+    under ``torchrun``. Returns the run folders."""
+    for config in configs:
+        config.validate()
+        settings.validate(config.train_len)
+        check_lengths(corpus, config.train_len, settings.lengths(config.train_len))
+    dirs = [run_dir_for(Path(out), c) for c in configs]
+    if len(set(dirs)) != len(dirs):
+        raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
+    if not resume:
+        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
+        if existing:
+            raise PosencValueError(
+                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
+                "pass --resume to continue them, or choose another --out"
+            )
+    _, world_size = world()
+    if jobs > 1 and world_size > 1:
+        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+    return dirs
+
+
+def log_done(console: Any, result: dict[str, Any]) -> None:
+    if console is None or not result:  # not rank 0
+        return
+    timing = result["timing"]
+    plain = result["runs"][0]["eval"]
+    curve = ", ".join(f"{row['length']}: {row['bpb']:.3f}" for row in plain)
+    console.log(
+        f"done: {timing['pe']} seed {timing['seed']}: bits per byte {curve}; train "
+        f"{timing['train_seconds']:.0f} s, eval {timing['eval_seconds']:.0f} s"
+    )
