@@ -35,8 +35,11 @@ def worker() -> None:
     x = torch.randn(4, 128, 256)
     out: dict[str, float] = {}
     for pe, depth in CASES:
-        enc = posenc.Encoder(256, depth, 4, pe=pe, ffn_dim=1024)
         for mode in ("eval", "train"):
+            # a fresh model per mode: before the fix in this change, a RoPE table built under
+            # inference_mode broke a later training step
+            torch.manual_seed(0)
+            enc = posenc.Encoder(256, depth, 4, pe=pe, ffn_dim=1024)
             enc.train(mode == "train")
 
             def call(enc: torch.nn.Module = enc, mode: str = mode) -> None:
