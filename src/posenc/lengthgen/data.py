@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
+from ..model import randomize_positions
 from .tasks import Task
 
 NUM_SPECIAL = 5
@@ -162,7 +163,7 @@ def example_positions(
             )
         positions = coupled_positions(sources, len(x))
         if random_max is not None:
-            positions = random_positions(int(positions.max()) + 1, random_max, rng)[positions]
+            positions = randomize_examples(positions, len(positions), random_max, rng)
         return positions
     if random_max is not None:
         return random_positions(model_length(task.kind, len(x), len(y)), random_max, rng)
@@ -170,17 +171,25 @@ def example_positions(
 
 
 def random_positions(length: int, max_positions: int, rng: np.random.Generator) -> np.ndarray:
-    """``length`` distinct positions from ``[0, max_positions)``, sorted (Ruoss et al. 2023).
+    """``length`` distinct positions from ``[0, max_positions)``, sorted (Ruoss et al. 2023):
+    :func:`posenc.randomize_positions`, the draw ``Encoder(random_positions=L)`` makes, with a
+    generator seeded from ``rng`` so that a run's data stays a function of its seed.
 
     >>> random_positions(4, 10, np.random.default_rng(0))
-    array([2, 4, 5, 7])
+    array([1, 4, 7, 9])
     """
-    if length > max_positions:
-        raise PosencValueError(
-            f"randomized positions: a sequence of {length} tokens needs max_positions >= "
-            f"{length}, got {max_positions}"
-        )
-    return np.sort(rng.choice(max_positions, size=length, replace=False))
+    return randomize_examples(None, length, max_positions, rng)
+
+
+def randomize_examples(
+    positions: np.ndarray | None, length: int, max_positions: int, rng: np.random.Generator
+) -> np.ndarray:
+    """One example's ``positions`` (``None``: ``arange(length)``) mapped through sorted
+    distinct draws from ``[0, max_positions)`` (:func:`posenc.randomize_positions`; ties and
+    order kept), drawn with a torch generator seeded from ``rng``."""
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    given = None if positions is None else torch.as_tensor(positions)
+    return randomize_positions(given, length, max_positions, generator=generator).numpy()
 
 
 @dataclass
