@@ -20,8 +20,8 @@ from posenc.extrapolate.results import (
     markdown_report,
     press_checks,
     read_results,
-    run_label,
 )
+from posenc.extrapolate.summary import run_label
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--train-len", "8",
         "--threads", "1", "--no-progress"]  # fmt: skip

@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from .results import curves, lengths_of, mean, position_curves
+from .summary import curves, lengths_of, mean, position_curves
 
 
 def plot_extrapolation(results: dict[str, Any], *, clip: float = 2.0) -> Figure:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import PosencTypeError, PosencValueError, check_bytes
-
-if TYPE_CHECKING:
-    from .corpus import Corpus
 
 
 def check_int(name: str, value: Any, minimum: int) -> int:
@@ -107,9 +104,11 @@ def eval_windows(tokens: np.ndarray, length: int, num_tokens: int) -> np.ndarray
 
 
 def check_lengths(
-    corpus: Corpus, train_len: int, eval_lens: Sequence[int], *, min_eval_windows: int = 1
+    corpus: Any, train_len: int, eval_lens: Sequence[int], *, min_eval_windows: int = 1
 ) -> None:
-    """Raise :class:`~posenc.errors.PosencValueError` if ``corpus`` cannot train windows of
+    """``corpus`` is a :class:`~posenc.extrapolate.corpus.Corpus` (read through its ``train``,
+    ``valid``, ``name`` and ``tokenizer``; not imported, since the corpus module imports this
+    one). Raise :class:`~posenc.errors.PosencValueError` if ``corpus`` cannot train windows of
     ``train_len`` or score ``eval_lens`` on common tokens with at least ``min_eval_windows``
     windows of the longest length; the message says how many tokens are needed and how
     many there are."""
