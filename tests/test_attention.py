@@ -301,7 +301,7 @@ def test_auto_picks_flex_only_when_large_and_inference(monkeypatch: pytest.Monke
     attn = MultiHeadAttention(16, 4, pe=ALiBi(4))
     q = torch.randn(1, 4, 64, 4, requires_grad=True)
     assert isinstance(attn.pe, BiasEncoding)
-    pe = attn.pe.position_state(None, seq_len=64, batch=1, device=q.device, dtype=q.dtype)
+    pe = attn.pe.position_state(None, torch.zeros(1, 64, 16))
     assert isinstance(pe, BiasState)
     assert attn._choose_backend(q.detach(), pe, False, 0.0) == "sdpa"  # 4 * 64² < 2**24
     monkeypatch.setattr(attention_module, "FLEX_AUTO_MIN_ELEMENTS", 1000)

@@ -482,9 +482,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask = check_key_padding_mask(key_padding_mask, b, n)
         pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
         if state is None and pe is not None:
-            state = pe.position_state(
-                positions, seq_len=n, batch=b, device=x.device, dtype=compute_dtype(x.dtype)
-            )
+            state = pe.position_state(positions, x)
 
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)

@@ -30,7 +30,6 @@ from .encodings.base import (
     check_input,
     check_positive_int,
     check_probability,
-    compute_dtype,
     entry,
     resolve_positions,
 )
@@ -281,9 +280,7 @@ class Encoder(nn.Module):
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        state = self.pe.position_state(
-            positions, seq_len=n, batch=b, device=x.device, dtype=compute_dtype(x.dtype)
-        )
+        state = self.pe.position_state(positions, x)
         for layer in self.layers:
             x = layer(x, key_padding_mask=key_padding_mask, state=state)
         return self.norm(x)

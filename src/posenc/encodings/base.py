@@ -93,18 +93,10 @@ class PositionalEncoding(nn.Module):
         """Build this encoding for a model of width ``dim`` with ``num_heads`` heads."""
         raise NotImplementedError
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> PositionState | None:
-        """What every attention layer of one forward needs, computed once (see
-        :mod:`posenc.encodings.state`): ``None`` for families that act outside attention.
-        ``dtype`` is the work dtype (float32 for half-precision models)."""
+    def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
+        """What every attention layer of one forward over ``x`` ``(b, n, D)`` needs, computed
+        once (see :mod:`posenc.encodings.state`); ``None`` for families that act outside
+        attention. Arithmetic is in ``x``'s work dtype (float32 for half-precision inputs)."""
         return None
 
     def registry_name(self) -> str | None:
@@ -172,15 +164,7 @@ class RotaryEncoding(PositionalEncoding):
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> RotaryEncoding:
         return cls(dim // num_heads, **kwargs)
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> PositionState | None:
+    def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
         """A rotation for every layer. This default calls :meth:`forward` in each layer;
         schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
         return RotaryState(lambda q, k: self(q, k, positions))
@@ -212,17 +196,10 @@ class BiasEncoding(PositionalEncoding):
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> BiasEncoding:
         return cls(num_heads, **kwargs)
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> PositionState | None:
+    def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
         """The positions, validated once; the bias is made at the first layer's request."""
-        return BiasState(self, resolve_positions(positions, seq_len, batch=batch, device=device))
+        b, n = x.shape[0], x.shape[1]
+        return BiasState(self, resolve_positions(positions, n, batch=b, device=x.device))
 
     def bias(
         self,

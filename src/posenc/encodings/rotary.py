@@ -649,19 +649,12 @@ class RotaryEmbedding(RotaryEncoding):
         sin = (angles.sin() * self.attention_factor).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> RotaryState:
+    def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """cos and sin computed once for every layer of a forward (see :class:`RotaryState`)."""
-        positions = self._positions(positions, seq_len, batch, device)
-        self._update_state(positions, seq_len)
-        cos, sin = self.cos_sin(positions, seq_len, dtype=dtype, device=device)
+        b, n, work = x.shape[0], x.shape[1], compute_dtype(x.dtype)
+        positions = self._positions(positions, n, b, x.device)
+        self._update_state(positions, n)
+        cos, sin = self.cos_sin(positions, n, dtype=work, device=x.device)
         return _state(self.interleaved, (cos, sin), (cos, sin))
 
     # ------------------------------------------------------------------ forward
@@ -824,19 +817,12 @@ class XPos(RotaryEmbedding):
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> RotaryState:
+    def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The scaled cos and sin of queries and of keys, computed once for every layer."""
-        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
-        query = self.scaled_cos_sin(pos, dtype, key=False)
-        return _state(self.interleaved, query, self.scaled_cos_sin(pos, dtype, key=True))
+        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        work = compute_dtype(x.dtype)
+        query = self.scaled_cos_sin(pos, work, key=False)
+        return _state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
 
     def rotate(self, x: Tensor, positions: Tensor | None = None, *, key: bool = False) -> Tensor:
         """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``.
@@ -975,17 +961,10 @@ class AxialRotaryEmbedding(RotaryEncoding):
         angles = picked * freq.to(coords.device, torch.float64)
         return _unsqueeze_heads(angles.cos().to(dtype)), _unsqueeze_heads(angles.sin().to(dtype))
 
-    def position_state(
-        self,
-        positions: Tensor | None,
-        *,
-        seq_len: int,
-        batch: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> RotaryState:
+    def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """cos and sin of the coordinates, computed once for every layer of a forward."""
-        cos_sin = self.cos_sin(self.coordinates(positions, seq_len, batch, device), dtype)
+        coords = self.coordinates(positions, x.shape[1], x.shape[0], x.device)
+        cos_sin = self.cos_sin(coords, compute_dtype(x.dtype))
         return _state(self.interleaved, cos_sin, cos_sin)
 
     def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
