@@ -185,8 +185,10 @@ def test_a_decode_step_indexes_the_table_and_rotates(interleaved: bool, inplace:
     assert not {"min", "max", "aminmax", "index", "index_select", "_local_scalar_dense"} & set(
         ops
     ), ops
-    compute = [op for op in ops if op not in ("empty", "slice", "view", "alias", "view_as_complex")]
-    assert len(compute) <= (6 if interleaved else 12), compute
+    layout = ("empty", "empty_like", "slice", "split", "narrow", "view", "alias", "view_as_complex")
+    compute = [op for op in ops if op not in layout]
+    # per tensor: a complex table and one complex multiply, or eq. 34's four or five operations
+    assert len(compute) <= (4 if interleaved else 10), compute
 
 
 @pytest.mark.parametrize(

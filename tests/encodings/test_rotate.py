@@ -133,7 +133,7 @@ def test_fast_path_in_and_out_of_place_match_the_formula(
     assert same is x and out.dtype == dtype and out.is_contiguous()
     check_close(out, exact)
     check_close(x, exact)
-    assert_close(x, out, rtol=2 * torch.finfo(dtype).eps, atol=1e-6)
+    assert_close(x, out, rtol=2 * torch.finfo(dtype).eps, atol=1e-6)  # equal on AVX2
     assert torch.equal(x[..., r:], before[..., r:])
 
 

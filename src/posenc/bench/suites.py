@@ -7,8 +7,9 @@ suite      what is timed
 table      sinusoidal table generation: posenc vs the usual float32 NumPy and torch versions
            and ``positional_encodings``' ``PositionalEncoding1D``; max error vs float64
 add        adding an absolute encoding to embeddings, vs ``x + table`` and the copy floor
-rope       RoPE on q and k, both layouts, fp32 and bf16, vs transformers,
-           rotary-embedding-torch, x-transformers and the copy floor
+rope       RoPE on q and k, both layouts, fp32 and bf16, in place and not, eager and
+           compiled, vs transformers, rotary-embedding-torch, x-transformers and the copy
+           floor; the first call in a fresh process; a decode step vs transformers
 bias       ALiBi attention per posenc backend vs ``torch.nn.MultiheadAttention`` given the
            materialised bias: time and peak memory against n
 encoder    a whole ``posenc.Encoder``, forward and forward+backward, train and eval mode, vs
@@ -52,7 +53,9 @@ class Settings:
     repeats: int = 10  # timed calls per case (round-robin)
     table: tuple[int, int] = (8192, 512)  # positions, width
     add: tuple[int, int, int] = (8, 1024, 512)  # batch, n, width
-    rope: tuple[int, int, int, int] = (1, 16, 2048, 64)  # batch, heads, n, head dim
+    # RoPE: q, k shapes (batch, heads, n, head dim); the user-compiled rows too?
+    rope: tuple[tuple[int, int, int, int], ...] = ((4, 16, 2048, 128), (1, 32, 4096, 128))
+    rope_compile: bool = True
     attn_dim: int = 128  # bias attention: width ...
     attn_heads: int = 2  # ... and heads (head dim 64)
     bias_sizes: tuple[int, ...] = (512, 1024, 2048)
@@ -73,7 +76,8 @@ QUICK = Settings(
     repeats=2,
     table=(128, 32),
     add=(2, 32, 32),
-    rope=(1, 2, 16, 8),
+    rope=((1, 2, 16, 8),),
+    rope_compile=False,
     attn_dim=32,
     attn_heads=2,
     bias_sizes=(32, 64),
@@ -238,62 +242,9 @@ def suite_add(s: Settings) -> Section:
 
 
 def suite_rope(s: Settings) -> Section:
-    from .rope import rope_cases
+    from .rope import suite
 
-    section = Section("rope", "RoPE applied to queries and keys")
-    shape = s.rope
-    section.intro = [
-        f"q and k of shape {shape} (batch, heads, n, head dim), rotated together. posenc "
-        "`RotaryEmbedding.forward` includes forming cos/sin from its cached table; "
-        "`apply_rotary` and the peers get precomputed tables, so only the rotation is timed. "
-        "Each peer runs in its native layout: transformers' `apply_rotary_pos_emb` in the "
-        "half (GPT-NeoX/Llama) layout, rotary-embedding-torch and x-transformers in the "
-        "interleaved (GPT-J) one. The copy floor is `q.clone(); k.clone()` in the same dtype; "
-        "`copy into existing buffers` is the same copy without the page faults of fresh "
-        "outputs. `eager` is posenc with compilation switched off. " + _timing_line(s),
-    ]
-    table = Table(
-        ["dtype", "implementation", "layout", "median ms", "range ms", "x floor",
-         "x posenc time"],
-        text_columns=3,
-    )  # fmt: skip
-    first_calls: list[tuple[str, str, float]] = []
-    for dtype in (torch.float32, torch.bfloat16):
-        q, k = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-        triples = rope_cases(q, k, first_calls)
-        timings = round_robin(
-            [Case(f"{name}|{layout}", fn) for name, layout, fn in triples],
-            warmup=s.warmup,
-            repeats=s.repeats,
-        )
-        floor = timings[0]
-        ours = {
-            layout: t
-            for (name, layout, _), t in zip(triples, timings, strict=True)
-            if name == "posenc RotaryEmbedding"
-        }
-        for (name, layout, _), t in zip(triples, timings, strict=True):
-            relative = "-" if layout not in ours else ratio(t.median, ours[layout].median)
-            table.rows.append(
-                [str(dtype).removeprefix("torch."), name, layout, ms(t.median), spread(t),
-                 ratio(t.median, floor.median), relative]
-            )  # fmt: skip
-    section.tables.append(table)
-    present = {row[1] for row in table.rows}
-    for dist, label in (
-        ("transformers", "transformers"),
-        ("rotary-embedding-torch", "rotary-embedding-torch"),
-        ("x-transformers", "x-transformers"),
-    ):
-        if label not in present:
-            section.notes.append(_missing(dist, label))
-    section.notes.append(
-        "`x posenc time` is the time over posenc `RotaryEmbedding.forward` in the same layout "
-        "and dtype (above 1: slower than posenc). First posenc call per dtype and layout "
-        "(tables, and `torch.compile` of the fused kernel where used), not in the medians: "
-        + ", ".join(f"{d} {layout} {sec:.2f} s" for d, layout, sec in first_calls)
-    )
-    return section
+    return suite(s)
 
 
 # --------------------------------------------------------------------------- worker sweeps

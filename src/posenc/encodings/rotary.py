@@ -59,7 +59,7 @@ from .base import (
 )
 from .hf_config import rotary_arguments_from_hf_config
 from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
-from .rotate import _fast_ok, apply_rotary, apply_rotary_, set_rotary_compile
+from .rotate import _fast_ok, apply_rotary, apply_rotary_, check_inplace, rotate, set_rotary_compile
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
@@ -125,6 +125,16 @@ def _unsqueeze_heads(t: Tensor) -> Tensor:
     return t.unsqueeze(-3) if t.dim() == 3 else t
 
 
+def _rotate_one(
+    x: Tensor, tables: tuple[Tensor, Tensor], interleaved: bool, inplace: object, name: str = "x"
+) -> Tensor:
+    """Rotate ``x`` by ``tables`` (``(cos, sin)`` made by the module, in the work dtype): into
+    a new tensor, or in its own storage where :func:`check_inplace` allows."""
+    if check_bool("inplace", inplace):
+        check_inplace(x, *tables, name=name)
+    return rotate(x, *tables, interleaved, bool(inplace))
+
+
 def _rotate_qk(
     q: Tensor,
     k: Tensor,
@@ -133,21 +143,18 @@ def _rotate_qk(
     interleaved: bool,
     inplace: object,
 ) -> tuple[Tensor, Tensor]:
-    """Rotate ``q`` by ``q_tables`` and ``k`` by ``k_tables`` (each ``(cos, sin)``): into new
-    tensors, or in their own storage (:func:`apply_rotary_`)."""
-    if not check_bool("inplace", inplace):
-        return (
-            apply_rotary(q, *q_tables, interleaved=interleaved),
-            apply_rotary(k, *k_tables, interleaved=interleaved),
-        )
-    if q is k or (_fast_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr()):
+    """:func:`_rotate_one` for ``q`` and ``k``; in place, they must not start at the same
+    memory (the second rotation would turn the first's result)."""
+    if inplace is True and (
+        q is k or (_fast_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
+    ):
         raise PosencValueError(
             "q and k start at the same memory: rotating both in place would turn it twice; "
             "pass separate tensors or rotate out of place"
         )
     return (
-        apply_rotary_(q, *q_tables, interleaved=interleaved),
-        apply_rotary_(k, *k_tables, interleaved=interleaved),
+        _rotate_one(q, q_tables, interleaved, inplace, "q"),
+        _rotate_one(k, k_tables, interleaved, inplace, "k"),
     )
 
 
@@ -401,7 +408,8 @@ class RotaryEmbedding(RotaryEncoding):
         extent: tuple[int, int, bool] | None,
     ) -> tuple[Tensor, Tensor]:
         """:meth:`cos_sin`, given the :func:`_extent` of integer ``positions`` where known."""
-        device = self.cos_cached.device if device is None else device
+        table_cos = self.cos_cached
+        device = table_cos.device if device is None else device
         if self.learned_freq:
             pos = torch.arange(seq_len, device=device) if positions is None else positions
             angles = pos.to(torch.float64)[..., None] * self.freq.to(torch.float64)
@@ -412,7 +420,7 @@ class RotaryEmbedding(RotaryEncoding):
             and self.rope_type != "dynamic"
             and not torch.compiler.is_compiling()  # first: dynamo must not touch the cache
             # a meta module has no table to read, and meta positions no largest value
-            and not self.cos_cached.is_meta
+            and not table_cos.is_meta
             and not (positions is not None and positions.is_meta)
         )
         if positions is not None and (positions.is_floating_point() or not table_ok):
@@ -425,7 +433,7 @@ class RotaryEmbedding(RotaryEncoding):
             needed = seq_len
         else:
             needed = (int(positions.max()) if extent is None else extent[1]) + 1
-        if needed > self.cos_cached.shape[0]:
+        if needed > table_cos.shape[0]:
             rows = self._table_rows_for(needed, seq_len, device)
             if rows is None:
                 # a far position (one new token at 10^9 in a long KV cache): the angles of
@@ -434,14 +442,20 @@ class RotaryEmbedding(RotaryEncoding):
                 angles = pos.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
                 return self._finish(angles, dtype)
             self.reset_tables(rows)
+            table_cos = self.cos_cached
+        table_sin = self.sin_cached
         if positions is None:
-            cos, sin = self.cos_cached[:seq_len], self.sin_cached[:seq_len]  # (n, r/2)
+            cos, sin = table_cos[:seq_len], table_sin[:seq_len]  # (n, r/2)
         elif extent is not None and extent[2]:  # one run p, p+1, ...: rows of the table, views
-            cos = self.cos_cached.narrow(0, extent[0], seq_len)
-            sin = self.sin_cached.narrow(0, extent[0], seq_len)
+            cos, sin = (
+                table_cos.narrow(0, extent[0], seq_len),
+                table_sin.narrow(0, extent[0], seq_len),
+            )
         else:
-            cos, sin = self.cos_cached[positions], self.sin_cached[positions]  # (..., n, r/2)
-        return _unsqueeze_heads(cos.to(dtype)), _unsqueeze_heads(sin.to(dtype))
+            cos, sin = table_cos[positions], table_sin[positions]  # (..., n, r/2)
+        if cos.dtype != dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
     def _table_rows_for(self, needed: int, seq_len: int, device: Any) -> int | None:
         """Rows to grow the cached tables to so that they cover ``needed`` positions for a
@@ -511,9 +525,8 @@ class RotaryEmbedding(RotaryEncoding):
         """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache); with
         ``inplace=True`` in its own storage, returning ``x``."""
         x, _ = _check_qk(x, x, self.head_dim)
-        cos, sin = self._tables(positions, x.shape[0], x.shape[2], compute_dtype(x.dtype), x.device)
-        rotate = apply_rotary_ if check_bool("inplace", inplace) else apply_rotary
-        return rotate(x, cos, sin, interleaved=self.interleaved)
+        tables = self._tables(positions, x.shape[0], x.shape[2], compute_dtype(x.dtype), x.device)
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -632,9 +645,8 @@ class XPos(RotaryEmbedding):
         queries and keys come in separate calls."""
         x, _ = _check_qk(x, x, self.head_dim)
         pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
-        cos, sin = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
-        rotate = apply_rotary_ if check_bool("inplace", inplace) else apply_rotary
-        return rotate(x, cos, sin, interleaved=self.interleaved)
+        tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -770,9 +782,8 @@ class AxialRotaryEmbedding(RotaryEncoding):
         ``inplace=True`` in its own storage."""
         x, _ = _check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
-        cos, sin = self.cos_sin(coords, compute_dtype(x.dtype))
-        rotate = apply_rotary_ if check_bool("inplace", inplace) else apply_rotary
-        return rotate(x, cos, sin, interleaved=self.interleaved)
+        tables = self.cos_sin(coords, compute_dtype(x.dtype))
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False

@@ -34,7 +34,6 @@ Dimension legend: ``n`` sequence, ``d`` channels of ``x``, ``r`` rotary channels
 from __future__ import annotations
 
 import itertools
-import math
 import warnings
 
 import torch
@@ -119,19 +118,28 @@ def _blocks(lead: tuple[int, ...], rows: int) -> list[tuple[int | slice, ...]]:
     ]
 
 
-def _turn_(w: Tensor, cos: Tensor, sin: Tensor, table: Tensor | None, spare: Tensor | None) -> None:
-    """Rotate the ``(..., r)`` channels ``w`` in place (eq. 34): through ``table`` (complex
-    ``cos + i sin``) for interleaved pairs, else in halves with ``spare`` ``(..., r/2)``."""
+def _turn(
+    src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, table: Tensor | None, spare: Tensor | None
+) -> None:
+    """Write eq. 34 of the ``(..., r)`` channels ``src`` into ``dst`` (``src`` itself for in
+    place): through ``table`` (complex ``cos + i sin``) for interleaved pairs, else in halves,
+    in place with ``spare`` ``(..., r/2)`` holding ``x1``."""
     if table is not None:  # (x1 + i x2)(cos + i sin)
         half = table.shape[-1]
-        torch.view_as_complex(w.unflatten(-1, (half, 2))).mul_(table)
+        pairs = torch.view_as_complex(src.unflatten(-1, (half, 2)))
+        out = pairs if dst is src else torch.view_as_complex(dst.unflatten(-1, (half, 2)))
+        torch.mul(pairs, table, out=out)
         return
-    assert spare is not None
     half = cos.shape[-1]
-    x1, x2 = w[..., :half], w[..., half:]
-    x1_sin = torch.mul(x1, sin, out=spare)
-    x1.mul_(cos).addcmul_(x2, sin, value=-1)
-    x2.mul_(cos).add_(x1_sin)
+    x1, x2 = src.narrow(-1, 0, half), src.narrow(-1, half, half)
+    if dst is src:  # the same operations as below, on a copy of x1
+        x1_before = spare.copy_(x1) if spare is not None else x1.clone()
+        x1.mul_(cos).addcmul_(x2, sin, value=-1)
+        x2.mul_(cos).addcmul_(x1_before, sin)
+    else:
+        out1, out2 = dst.narrow(-1, 0, half), dst.narrow(-1, half, half)
+        torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-1)
+        torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
 
 
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
@@ -139,45 +147,68 @@ def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: 
     shape and dtype. ``cos``/``sin`` are in the work dtype and broadcast to
     ``x.shape[:-1] + (r/2,)``.
 
-    Each block of rows is rotated where it will stay (``out``, after copying ``x`` there when
-    not in place), or, when ``x`` is not in the work dtype or its interleaved pairs cannot be
-    viewed as complex numbers, in a reused buffer of the work dtype that is rounded into
-    ``out`` once. On CPU, tensors above :data:`BLOCK_ELEMENTS` go block by block.
+    Each block of rows is rotated straight from ``x`` into ``out``, or, when ``x`` is not in
+    the work dtype or its interleaved pairs cannot be viewed as complex numbers, widened into
+    a reused buffer of the work dtype, rotated there and rounded into ``out`` once. On CPU,
+    tensors above :data:`BLOCK_ELEMENTS` go block by block.
     """
     half = cos.shape[-1]
     r, d = 2 * half, x.shape[-1]
     work, inplace = cos.dtype, out is x
-    direct = x.dtype == work and (not interleaved or _complex_ok(out))
+    direct = x.dtype == work and (not interleaved or (_complex_ok(x) and _complex_ok(out)))
     table = torch.complex(cos, sin) if interleaved else None  # (..., n, r/2)
-    lead = tuple(x.shape[:-1])
-    blocks: list[tuple[int | slice, ...]] = [()]
-    rows = math.prod(lead)
-    if x.device.type == "cpu" and x.numel() > BLOCK_ELEMENTS and lead:
-        rows = max(1, BLOCK_ELEMENTS // max(d, 1))
-        blocks = _blocks(lead, rows)
-        cos, sin = cos.expand(*lead, half), sin.expand(*lead, half)  # views
-        if table is not None:
-            table = table.expand(*lead, half)
-    device = x.device
-    spare = None if interleaved else torch.empty(rows * half, dtype=work, device=device)
-    buffer = None if direct else torch.empty(rows * r, dtype=work, device=device)
-    for index in blocks:
-        src, dst = (x, out) if not index else (x[index], out[index])
-        c, s = (cos, sin) if not index else (cos[index], sin[index])
-        t = table if table is None or not index else table[index]
-        shape = dst.shape[:-1]
-        count = math.prod(shape)
-        if buffer is None:
-            if not inplace:
-                dst.copy_(src)
-            w = dst if r == d else dst[..., :r]
-        else:
-            w = buffer[: count * r].view(*shape, r).copy_(src[..., :r])  # widens to work
-            if not inplace and r < d:
-                dst[..., r:].copy_(src[..., r:])
-        _turn_(w, c, s, t, None if spare is None else spare[: count * half].view(*shape, half))
-        if buffer is not None:
-            (dst if r == d else dst[..., :r]).copy_(w)  # rounds once
+    if x.numel() <= BLOCK_ELEMENTS or x.device.type != "cpu" or x.dim() < 2:
+        _rotate_block(x, out, cos, sin, table, r, direct, inplace, None, None)
+        return
+    lead = x.shape[:-1]
+    rows = max(1, BLOCK_ELEMENTS // d)
+    cos, sin = cos.expand(*lead, half), sin.expand(*lead, half)  # views
+    if table is not None:
+        table = table.expand(*lead, half)
+    spare = buffer = None  # reused by every block
+    if not direct or (inplace and not interleaved):
+        spare = torch.empty(rows * half, dtype=work, device=x.device)
+    if not direct:
+        buffer = torch.empty(rows * r, dtype=work, device=x.device)
+    for index in _blocks(tuple(lead), rows):
+        t = None if table is None else table[index]
+        dst = x[index] if inplace else out[index]
+        _rotate_block(x[index], dst, cos[index], sin[index], t, r, direct, inplace, spare, buffer)
+
+
+def _rotate_block(
+    src: Tensor,
+    dst: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    table: Tensor | None,
+    r: int,
+    direct: bool,
+    inplace: bool,
+    spare: Tensor | None,
+    buffer: Tensor | None,
+) -> None:
+    """One block of :func:`_rotate_fast`: ``spare``/``buffer`` are flat work-dtype storage
+    for ``x1`` and for the widened block (allocated here when ``None``)."""
+    d = src.shape[-1]
+    if r < d:
+        if not inplace:
+            dst.narrow(-1, r, d - r).copy_(src.narrow(-1, r, d - r))
+        src, dst = src.narrow(-1, 0, r), dst.narrow(-1, 0, r)
+    if direct:
+        if inplace and table is None and spare is not None:
+            spare = spare[: src.numel() // 2].view(*src.shape[:-1], r // 2)
+        _turn(src, src if inplace else dst, cos, sin, table, spare if inplace else None)
+        return
+    shape, work = src.shape, cos.dtype
+    if buffer is None:
+        w = torch.empty(shape, dtype=work, device=src.device)
+    else:
+        w = buffer[: src.numel()].view(shape)
+    if spare is not None and table is None:
+        spare = spare[: src.numel() // 2].view(*shape[:-1], r // 2)
+    _turn(w.copy_(src), w, cos, sin, table, spare)  # widened to the work dtype
+    dst.copy_(w)  # rounds once
 
 
 class _Rotation(torch.autograd.Function):
@@ -195,7 +226,7 @@ class _Rotation(torch.autograd.Function):
         interleaved: bool,
         inplace: bool,
     ) -> Tensor:
-        out = x if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         _rotate_fast(x, out, cos, sin, interleaved)
         if inplace:
             ctx.mark_dirty(x)
@@ -225,25 +256,29 @@ def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
         if not isinstance(t, Tensor) or not t.is_floating_point():
             raise PosencTypeError(f"{name} must be a floating-point tensor")
     assert isinstance(cos, Tensor) and isinstance(sin, Tensor)
-    if cos.shape != sin.shape:
+    shape = cos.shape
+    if shape != sin.shape:
+        raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
+    lead, table_lead = x.shape[:-1], shape[:-1]
+    half = shape[-1] if shape else 0
+    if x.dim() < 1 or half < 1 or 2 * half > x.shape[-1]:
         raise PosencValueError(
-            f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}"
+            f"cos/sin of shape {tuple(shape)} need x with at least 2 * {half} channels, "
+            f"got x of shape {tuple(x.shape)}"
         )
-    if x.dim() < 1 or cos.dim() < 1 or 2 * cos.shape[-1] > x.shape[-1] or cos.shape[-1] < 1:
-        raise PosencValueError(
-            f"cos/sin of shape {tuple(cos.shape)} need x with at least 2 * "
-            f"{cos.shape[-1] if cos.dim() else 0} channels, got x of shape {tuple(x.shape)}"
-        )
-    lead, table_lead = x.shape[:-1], cos.shape[:-1]
-    if len(table_lead) > len(lead) or any(
-        t not in (1, s) for t, s in zip(reversed(table_lead), reversed(lead), strict=False)
+    if table_lead != lead[len(lead) - len(table_lead) :] and (
+        len(table_lead) > len(lead)
+        or any(t not in (1, s) for t, s in zip(reversed(table_lead), reversed(lead), strict=False))
     ):
         raise PosencValueError(
-            f"cos/sin of shape {tuple(cos.shape)} do not broadcast against x of shape "
+            f"cos/sin of shape {tuple(shape)} do not broadcast against x of shape "
             f"{tuple(x.shape)}: their leading dims must broadcast to x.shape[:-1]"
         )
-    work = torch.promote_types(torch.promote_types(cos.dtype, sin.dtype), compute_dtype(x.dtype))
-    return cos.to(work), sin.to(work)
+    work = compute_dtype(x.dtype)
+    if cos.dtype != work or sin.dtype != work:
+        work = torch.promote_types(torch.promote_types(cos.dtype, sin.dtype), work)
+        cos, sin = cos.to(work), sin.to(work)
+    return cos, sin
 
 
 def _fast_ok(x: Tensor) -> bool:
@@ -257,7 +292,11 @@ def _fast_ok(x: Tensor) -> bool:
     )
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool) -> Tensor:
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool) -> Tensor:
+    """The rotation behind :func:`apply_rotary` and :func:`apply_rotary_` once their arguments
+    are checked (``cos``/``sin`` in the work dtype and broadcasting against ``x``; for in
+    place, :func:`check_inplace` passed). The rotary modules call it with the tables they
+    made, so a forward pays for no check twice."""
     if not _fast_ok(x):
         rotated = rotate_reference(x, cos, sin, interleaved=interleaved)
         return x.copy_(rotated) if inplace else rotated
@@ -265,7 +304,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: boo
         if cos.requires_grad or sin.requires_grad:  # learned frequencies; never in place
             return rotate_reference(x, cos, sin, interleaved=interleaved)
         return _Rotation.apply(x, cos, sin, interleaved, inplace)
-    out = x if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
     _rotate_fast(x, out, cos, sin, interleaved)
     return out
 
@@ -292,7 +331,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     tensor([[0., 1., 2., 5.]])
     """
     cos, sin = _tables(x, cos, sin)
-    return _rotate(x, cos, sin, interleaved, inplace=False)
+    return rotate(x, cos, sin, interleaved, inplace=False)
 
 
 def check_inplace(x: Tensor, cos: Tensor, sin: Tensor, *, name: str = "x") -> None:
@@ -353,7 +392,7 @@ def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fa
     """
     cos, sin = _tables(x, cos, sin)
     check_inplace(x, cos, sin)
-    return _rotate(x, cos, sin, interleaved, inplace=True)
+    return rotate(x, cos, sin, interleaved, inplace=True)
 
 
 def set_rotary_compile(enabled: bool) -> None:
