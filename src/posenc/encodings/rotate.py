@@ -15,12 +15,12 @@ where a scheme scales them (an attention factor, xPos's decay).
   fuses it into one kernel, so a user who compiles a model gets the fused rotation), under
   ``torch.jit.trace`` and ``torch.func`` transforms, and when ``cos``/``sin`` require grad.
 * :func:`_rotate_fast` is the one fast implementation, plain torch operations on CPU and any
-  other device: it rotates in place, one cache-sized block of rows at a time, so memory sees
-  the tensor read once and written once. Out of place, each block is first copied into a
-  fresh output and rotated there. The interleaved pairs are turned as one complex multiply;
-  the half layout with five in-place operations and a temporary of half a block.
-  Half-precision inputs are widened block by block into a float32 buffer, rotated there and
-  rounded back once.
+  other device: it goes one cache-sized block of rows at a time, so memory sees the tensor
+  read once and written once, in place or into a fresh output. The interleaved pairs are
+  turned as one complex multiply; the half layout with three operations out of place (both
+  halves times cos, then each half's cross term) and four in place (keeping a copy of the
+  first half). Half-precision inputs are widened block by block into a float32 buffer,
+  rotated there and rounded back once.
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) choose between them;
   under autograd the fast path is one :class:`torch.autograd.Function` whose backward turns
   the incoming gradient back.
@@ -34,6 +34,7 @@ Dimension legend: ``n`` sequence, ``d`` channels of ``x``, ``r`` rotary channels
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 
 import torch
@@ -119,11 +120,17 @@ def _blocks(lead: tuple[int, ...], rows: int) -> list[tuple[int | slice, ...]]:
 
 
 def _turn(
-    src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, table: Tensor | None, spare: Tensor | None
+    src: Tensor,
+    dst: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    table: Tensor | None,
+    spare: Tensor | None = None,
 ) -> None:
-    """Write eq. 34 of the ``(..., r)`` channels ``src`` into ``dst`` (``src`` itself for in
-    place): through ``table`` (complex ``cos + i sin``) for interleaved pairs, else in halves,
-    in place with ``spare`` ``(..., r/2)`` holding ``x1``."""
+    """Write eq. 34 of the ``(..., r)`` channels ``src`` into ``dst``: through ``table``
+    (complex ``cos + i sin``) for interleaved pairs; else in halves, out of place as
+    ``x cos`` for both halves and then each half's cross term, in place (``dst is src``)
+    keeping ``x1`` in ``spare`` ``(..., r/2)``. Both give the same values."""
     if table is not None:  # (x1 + i x2)(cos + i sin)
         half = table.shape[-1]
         pairs = torch.view_as_complex(src.unflatten(-1, (half, 2)))
@@ -131,15 +138,18 @@ def _turn(
         torch.mul(pairs, table, out=out)
         return
     half = cos.shape[-1]
-    x1, x2 = src.narrow(-1, 0, half), src.narrow(-1, half, half)
-    if dst is src:  # the same operations as below, on a copy of x1
-        x1_before = spare.copy_(x1) if spare is not None else x1.clone()
+    if dst is src:
+        x1, x2 = src.narrow(-1, 0, half), src.narrow(-1, half, half)
+        x1_before = x1.clone() if spare is None else spare.copy_(x1)
         x1.mul_(cos).addcmul_(x2, sin, value=-1)
         x2.mul_(cos).addcmul_(x1_before, sin)
-    else:
-        out1, out2 = dst.narrow(-1, 0, half), dst.narrow(-1, half, half)
-        torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-1)
-        torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
+        return
+    halves = src.unflatten(-1, (2, half)).movedim(-2, 0)  # (2, ..., r/2): x1, x2
+    out = dst.unflatten(-1, (2, half)).movedim(-2, 0)
+    torch.mul(halves, cos, out=out)  # x1 cos, x2 cos
+    (x1, x2), (out1, out2) = halves.unbind(0), out.unbind(0)
+    out1.addcmul_(x2, sin, value=-1)
+    out2.addcmul_(x1, sin)
 
 
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
@@ -147,10 +157,10 @@ def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: 
     shape and dtype. ``cos``/``sin`` are in the work dtype and broadcast to
     ``x.shape[:-1] + (r/2,)``.
 
-    Each block of rows is rotated straight from ``x`` into ``out``, or, when ``x`` is not in
-    the work dtype or its interleaved pairs cannot be viewed as complex numbers, widened into
-    a reused buffer of the work dtype, rotated there and rounded into ``out`` once. On CPU,
-    tensors above :data:`BLOCK_ELEMENTS` go block by block.
+    Each block of rows is rotated from ``x`` into ``out`` or in place, or, when ``x`` is not
+    in the work dtype or its interleaved pairs cannot be viewed as complex numbers, widened
+    into a reused buffer of the work dtype, rotated there in place and rounded into ``out``
+    once. On CPU, tensors above :data:`BLOCK_ELEMENTS` go block by block.
     """
     half = cos.shape[-1]
     r, d = 2 * half, x.shape[-1]
@@ -166,7 +176,7 @@ def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: 
     if table is not None:
         table = table.expand(*lead, half)
     spare = buffer = None  # reused by every block
-    if not direct or (inplace and not interleaved):
+    if not interleaved:
         spare = torch.empty(rows * half, dtype=work, device=x.device)
     if not direct:
         buffer = torch.empty(rows * r, dtype=work, device=x.device)
@@ -188,27 +198,33 @@ def _rotate_block(
     spare: Tensor | None,
     buffer: Tensor | None,
 ) -> None:
-    """One block of :func:`_rotate_fast`: ``spare``/``buffer`` are flat work-dtype storage
-    for ``x1`` and for the widened block (allocated here when ``None``)."""
+    """One block of :func:`_rotate_fast`; ``spare`` (half the block's rotary channels) and
+    ``buffer`` (all of them) are flat reused work-dtype storage, or ``None`` for new."""
     d = src.shape[-1]
     if r < d:
         if not inplace:
             dst.narrow(-1, r, d - r).copy_(src.narrow(-1, r, d - r))
         src, dst = src.narrow(-1, 0, r), dst.narrow(-1, 0, r)
+    if spare is not None:
+        spare = _scratch(spare, (*src.shape[:-1], r // 2), cos)
+    if direct and not inplace and spare is not None:
+        # a large tensor: copy the block into the fresh output, then rotate it there in place
+        # (measured faster than three operations writing into fresh memory)
+        src, inplace = dst.copy_(src), True
     if direct:
-        if inplace and table is None and spare is not None:
-            spare = spare[: src.numel() // 2].view(*src.shape[:-1], r // 2)
-        _turn(src, src if inplace else dst, cos, sin, table, spare if inplace else None)
+        _turn(src, src if inplace else dst, cos, sin, table, spare)
         return
-    shape, work = src.shape, cos.dtype
-    if buffer is None:
-        w = torch.empty(shape, dtype=work, device=src.device)
-    else:
-        w = buffer[: src.numel()].view(shape)
-    if spare is not None and table is None:
-        spare = spare[: src.numel() // 2].view(*shape[:-1], r // 2)
-    _turn(w.copy_(src), w, cos, sin, table, spare)  # widened to the work dtype
-    dst.copy_(w)  # rounds once
+    widened = _scratch(buffer, src.shape, cos).copy_(src)
+    _turn(widened, widened, cos, sin, table, spare)
+    dst.copy_(widened)  # rounds once
+
+
+def _scratch(flat: Tensor | None, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
+    """A tensor of ``shape`` in ``like``'s dtype: a view of the reused ``flat`` storage, or
+    new where there is none."""
+    if flat is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    return flat[: math.prod(shape)].view(shape)
 
 
 class _Rotation(torch.autograd.Function):
