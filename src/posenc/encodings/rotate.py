@@ -17,10 +17,10 @@ where a scheme scales them (an attention factor, xPos's decay).
 * :func:`_rotate_fast` is the one fast implementation, plain torch operations on CPU and any
   other device: it goes one cache-sized block of rows at a time, so memory sees the tensor
   read once and written once, in place or into a fresh output. The interleaved pairs are
-  turned as one complex multiply; the half layout with three operations out of place (both
-  halves times cos, then each half's cross term) and four in place (keeping a copy of the
-  first half). Half-precision inputs are widened block by block into a float32 buffer,
-  rotated there and rounded back once.
+  turned as one complex multiply; the half layout with four operations (``x1 cos``, minus
+  ``x2 sin``, ``x2 cos``, plus ``x1 sin``), in place keeping a copy of ``x1``. Half-precision
+  inputs are widened block by block into a float32 buffer, rotated there and rounded back
+  once.
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) choose between them;
   under autograd the fast path is one :class:`torch.autograd.Function` whose backward turns
   the incoming gradient back.
@@ -128,9 +128,9 @@ def _turn(
     spare: Tensor | None = None,
 ) -> None:
     """Write eq. 34 of the ``(..., r)`` channels ``src`` into ``dst``: through ``table``
-    (complex ``cos + i sin``) for interleaved pairs; else in halves, out of place as
-    ``x cos`` for both halves and then each half's cross term, in place (``dst is src``)
-    keeping ``x1`` in ``spare`` ``(..., r/2)``. Both give the same values."""
+    (complex ``cos + i sin``) for interleaved pairs; else in halves ``x1 = x[:r/2]``,
+    ``x2 = x[r/2:r]``, in place (``dst is src``) keeping ``x1`` in ``spare`` ``(..., r/2)``.
+    Both orders of operations give the same values."""
     if table is not None:  # (x1 + i x2)(cos + i sin)
         half = table.shape[-1]
         pairs = torch.view_as_complex(src.unflatten(-1, (half, 2)))
@@ -138,18 +138,15 @@ def _turn(
         torch.mul(pairs, table, out=out)
         return
     half = cos.shape[-1]
+    x1, x2 = src.narrow(-1, 0, half), src.narrow(-1, half, half)
     if dst is src:
-        x1, x2 = src.narrow(-1, 0, half), src.narrow(-1, half, half)
         x1_before = x1.clone() if spare is None else spare.copy_(x1)
         x1.mul_(cos).addcmul_(x2, sin, value=-1)
         x2.mul_(cos).addcmul_(x1_before, sin)
         return
-    halves = src.unflatten(-1, (2, half)).movedim(-2, 0)  # (2, ..., r/2): x1, x2
-    out = dst.unflatten(-1, (2, half)).movedim(-2, 0)
-    torch.mul(halves, cos, out=out)  # x1 cos, x2 cos
-    (x1, x2), (out1, out2) = halves.unbind(0), out.unbind(0)
-    out1.addcmul_(x2, sin, value=-1)
-    out2.addcmul_(x1, sin)
+    out1, out2 = dst.narrow(-1, 0, half), dst.narrow(-1, half, half)
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
 
 
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
@@ -167,8 +164,11 @@ def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: 
     work, inplace = cos.dtype, out is x
     direct = x.dtype == work and (not interleaved or (_complex_ok(x) and _complex_ok(out)))
     table = torch.complex(cos, sin) if interleaved else None  # (..., n, r/2)
-    if x.numel() <= BLOCK_ELEMENTS or x.device.type != "cpu" or x.dim() < 2:
-        _rotate_block(x, out, cos, sin, table, r, direct, inplace, None, None)
+    if x.numel() <= BLOCK_ELEMENTS or x.device.type != "cpu" or x.dim() < 2:  # one block
+        if direct and r == d:  # the common case, straight to the arithmetic
+            _turn(x, out, cos, sin, table)
+        else:
+            _rotate_block(x, out, cos, sin, table, r, direct, inplace, None, None)
         return
     lead = x.shape[:-1]
     rows = max(1, BLOCK_ELEMENTS // d)
