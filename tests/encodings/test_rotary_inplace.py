@@ -185,7 +185,7 @@ def test_a_decode_step_indexes_the_table_and_rotates(interleaved: bool, inplace:
     assert not {"min", "max", "aminmax", "index", "index_select", "_local_scalar_dense"} & set(
         ops
     ), ops
-    views = {"empty", "empty_like", "slice", "narrow", "view", "alias"}
+    views = {"empty", "empty_like", "slice", "narrow", "split", "view", "alias"}
     compute = [op for op in ops if op not in views | {"view_as_complex", "unflatten"}]
     # per tensor: a complex table and one complex multiply; or eq. 34's four operations (in
     # place also a copy of x1)

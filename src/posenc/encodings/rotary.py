@@ -447,10 +447,8 @@ class RotaryEmbedding(RotaryEncoding):
         if positions is None:
             cos, sin = table_cos[:seq_len], table_sin[:seq_len]  # (n, r/2)
         elif extent is not None and extent[2]:  # one run p, p+1, ...: rows of the table, views
-            cos, sin = (
-                table_cos.narrow(0, extent[0], seq_len),
-                table_sin.narrow(0, extent[0], seq_len),
-            )
+            lo = extent[0]
+            cos, sin = table_cos[lo : lo + seq_len], table_sin[lo : lo + seq_len]
         else:
             cos, sin = table_cos[positions], table_sin[positions]  # (..., n, r/2)
         if cos.dtype != dtype:
