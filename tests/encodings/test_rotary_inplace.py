@@ -281,3 +281,40 @@ def test_in_place_exports() -> None:
     exported = torch.export.export(model, (x, positions))
     with torch.no_grad():
         assert_close(exported.module()(x, positions), model(x, positions), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_one_call_rotates_q_and_k_inside_a_fused_projection(
+    interleaved: bool, per_batch: bool
+) -> None:
+    """The recipe for attention with a fused qkv projection: rotate the heads-last
+    ``(b, n, 2, h, d)`` slice holding q and k in one in-place call, with the module's tables
+    given two unit axes, and only then unbind; equal to rotating q and k (values and
+    gradients), and v untouched."""
+    torch.manual_seed(0)
+    b, n, h, d = 2, 7, 3, 8
+    rope = RotaryEmbedding(d, interleaved=interleaved).double()
+    proj = torch.nn.Linear(h * d, 3 * h * d).double()
+    x = torch.randn(b, n, h * d, dtype=torch.float64)
+    positions = torch.randint(0, 50, (b, n)) if per_batch else torch.arange(4, 4 + n)
+    cos, sin = rope.cos_sin(positions, n, dtype=torch.float64)  # (n, r/2) or (b, 1, n, r/2)
+    heads_last = (cos.squeeze(1) if per_batch else cos)[..., None, None, :]
+    heads_last_sin = (sin.squeeze(1) if per_batch else sin)[..., None, None, :]
+
+    def attention_inputs(fused: bool) -> tuple[torch.Tensor, ...]:
+        qkv = proj(x).view(b, n, 3, h, d)
+        if fused:
+            posenc.apply_rotary_(qkv[:, :, :2], heads_last, heads_last_sin, interleaved=interleaved)
+            return tuple(t.transpose(1, 2) for t in qkv.unbind(2))
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        return (*rope(q, k, positions), v)
+
+    grads = []
+    for fused in (False, True):
+        proj.zero_grad()
+        q, k, v = attention_inputs(fused)
+        (q @ k.transpose(-1, -2) @ v).square().sum().backward()
+        grads.append((q.detach(), k.detach(), v.detach(), proj.weight.grad.clone()))
+    for want, got in zip(*grads, strict=True):
+        assert_close(got, want, rtol=1e-12, atol=1e-12)

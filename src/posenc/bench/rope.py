@@ -119,6 +119,8 @@ def rope_cases(
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     cases.append(("copy into existing buffers", "-", lambda: (q_out.copy_(q), k_out.copy_(k))))
     dtype = str(q.dtype).removeprefix("torch.")
+    if compile:  # the modules compiled for earlier shapes and dtypes are not called again
+        torch._dynamo.reset()
     for interleaved in (False, True):
         layout = "interleaved" if interleaved else "half"
         rope = RotaryEmbedding(q.shape[-1], interleaved=interleaved)
@@ -388,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         *environment(),
         f"- load average (1, 5, 15 min): {load} at the start, {load_average()} at the end",
+        "- the machine may be shared with other jobs: absolute times are noisy; the ratios, "
+        "measured round-robin in one process, much less so",
         "",
     ]
     report = "\n".join(header) + section.markdown() + "\n"

@@ -59,7 +59,14 @@ from .base import (
 )
 from .hf_config import rotary_arguments_from_hf_config
 from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
-from .rotate import _fast_ok, apply_rotary, apply_rotary_, check_inplace, rotate, set_rotary_compile
+from .rotate import (
+    apply_rotary,
+    apply_rotary_,
+    check_inplace,
+    fast_path_ok,
+    rotate,
+    set_rotary_compile,
+)
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
@@ -146,7 +153,7 @@ def _rotate_qk(
     """:func:`_rotate_one` for ``q`` and ``k``; in place, they must not start at the same
     memory (the second rotation would turn the first's result)."""
     if inplace is True and (
-        q is k or (_fast_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
+        q is k or (fast_path_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
     ):
         raise PosencValueError(
             "q and k start at the same memory: rotating both in place would turn it twice; "
@@ -291,6 +298,7 @@ class RotaryEmbedding(RotaryEncoding):
         empty = torch.empty(0, half, dtype=torch.float32, device=device)
         self.register_buffer("cos_cached", empty, persistent=False)
         self.register_buffer("sin_cached", empty.clone(), persistent=False)
+        self.reset_tables()  # built now, so that a compiled forward reads a table that stays
 
     @classmethod
     def from_hf_config(
@@ -351,7 +359,9 @@ class RotaryEmbedding(RotaryEncoding):
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
-        device; ``num_positions`` rows (default: as many as now). Called after ``.to()``,
+        device; ``num_positions`` rows (default: as many as now, and at least
+        :attr:`initial_table_size` where the module reads a table: fixed frequencies other
+        than dynamic NTK, within the memory budget). Called at construction, after ``.to()``,
         ``to_empty``, a dynamic-NTK change, and when a position is past the table's end."""
         device = self.cos_cached.device
         if device.type == "meta":
@@ -359,6 +369,9 @@ class RotaryEmbedding(RotaryEncoding):
         if not self.learned_freq:
             self.inv_freq, self.attention_factor = self._frequencies(self._seq_len, device)
         n = self.cos_cached.shape[0] if num_positions is None else num_positions
+        reads_table = not self.learned_freq and self.rope_type != "dynamic"
+        if num_positions is None and reads_table and n < self.initial_table_size:
+            n = self._table_rows_for(self.initial_table_size, 0, device) or n
         self.cos_cached, self.sin_cached = self._table_rows(n, device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
@@ -418,11 +431,17 @@ class RotaryEmbedding(RotaryEncoding):
         table_ok = (
             dtype != torch.float64
             and self.rope_type != "dynamic"
-            and not torch.compiler.is_compiling()  # first: dynamo must not touch the cache
             # a meta module has no table to read, and meta positions no largest value
             and not table_cos.is_meta
             and not (positions is not None and positions.is_meta)
         )
+        if torch.compiler.is_compiling():  # dynamo must not grow the cache, only read it
+            if table_ok and positions is None and seq_len <= table_cos.shape[0]:
+                # rows of the table are one input of the graph; the formula would instead be
+                # fused into (and recomputed by) every use, q's and k's rotation alike
+                cos, sin = table_cos[:seq_len].to(dtype), self.sin_cached[:seq_len].to(dtype)
+                return cos, sin  # (n, r/2)
+            table_ok = False
         if positions is not None and (positions.is_floating_point() or not table_ok):
             angles = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
             return self._finish(angles, dtype)
@@ -502,7 +521,7 @@ class RotaryEmbedding(RotaryEncoding):
             and (positions.dim() == 1 or positions.shape[0] in (1, batch))
             and positions.numel() > 0
             and not positions.is_meta
-            and _fast_ok(positions)
+            and fast_path_ok(positions)
         ):
             extent = _extent(positions)
             if extent[0] >= 0:

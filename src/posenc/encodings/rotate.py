@@ -296,7 +296,7 @@ def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
     return cos, sin
 
 
-def _fast_ok(x: Tensor) -> bool:
+def fast_path_ok(x: Tensor) -> bool:
     """Whether the blocked path may run: eager, not traced, a plain tensor (not a
     ``torch.func`` wrapper or a subclass, which see only the operations they intercept)."""
     return (
@@ -312,7 +312,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
     are checked (``cos``/``sin`` in the work dtype and broadcasting against ``x``; for in
     place, :func:`check_inplace` passed). The rotary modules call it with the tables they
     made, so a forward pays for no check twice."""
-    if not _fast_ok(x):
+    if not fast_path_ok(x):
         rotated = rotate_reference(x, cos, sin, interleaved=interleaved)
         return x.copy_(rotated) if inplace else rotated
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
