@@ -150,14 +150,17 @@ torch.set_num_threads({threads})
 dtype, interleaved = getattr(torch, {dtype!r}), {interleaved}
 q, k = torch.randn({shape}).to(dtype), torch.randn({shape}).to(dtype)
 start = time.perf_counter()
-rope = RotaryEmbedding({head_dim}, interleaved=interleaved)
-rope.cos_sin(None, {n}, dtype=torch.float32)  # the table
+rope = RotaryEmbedding({head_dim}, interleaved=interleaved)  # builds its table
+rope.cos_sin(None, {n}, dtype=torch.float32)
 table = time.perf_counter()
 rope(q, k)
 first = time.perf_counter()
+rope(q, k)
+second = time.perf_counter()
 rope(q, k, inplace=True)
 inplace = time.perf_counter()
-print(json.dumps({{"table": table - start, "first": first - table, "inplace": inplace - first}}))
+print(json.dumps({{"table": table - start, "first": first - table, "second": second - first,
+                  "inplace": inplace - second}}))
 """
 
 
@@ -278,6 +281,7 @@ def suite(s: Settings) -> Section:
         "warm-up call(s); ratios compare medians from this one run.",
     ]
     compile_notes: list[str] = []
+    spans: dict[str, list[float]] = {}  # posenc row -> its "x floor" in every table
     for shape in s.rope:
         table = Table(
             ["dtype", "implementation", "layout", "median ms", "range ms", "x floor",
@@ -294,7 +298,7 @@ def suite(s: Settings) -> Section:
                 warmup=s.warmup,
                 repeats=s.repeats,
             )
-            _add_rows(table, str(dtype).removeprefix("torch."), triples, timings)
+            _add_rows(table, str(dtype).removeprefix("torch."), triples, timings, spans)
             del q, k, triples
         section.tables.append(table)
         section.data.setdefault("shapes", []).append([tuple(shape), table.rows])
@@ -304,6 +308,7 @@ def suite(s: Settings) -> Section:
     decode_timings = round_robin(decode, warmup=max(s.warmup, 20), repeats=max(20 * s.repeats, 50))
     section.tables.append(_decode_table(decode, decode_timings))
     section.data.update(first_calls=first)
+    section.notes += _summary(spans, first, decode, decode_timings)
     present = {row[1] for table in section.tables[: len(s.rope)] for row in table.rows}
     for dist in ("transformers", "rotary-embedding-torch", "x-transformers"):
         if dist not in present:
@@ -316,12 +321,50 @@ def suite(s: Settings) -> Section:
     return section
 
 
+#: The speed goals of posenc's rotary code (issue 16), as "x floor" bounds per posenc row.
+GOALS = {IN_PLACE: 0.6, FORWARD: 1.3, COMPILED_IN_PLACE: 0.4, COMPILED: 1.2}
+
+
+def _summary(
+    spans: dict[str, list[float]],
+    first: list[dict[str, object]],
+    decode: list[Case],
+    decode_timings: list[Timing],
+) -> list[str]:
+    """One line per goal: the range measured in this run against the bound."""
+    lines = [
+        f"`{name}`: {min(spans[name]):.2f}–{max(spans[name]):.2f}x the clone floor over every "
+        f"shape, dtype and layout (goal: at most {bound}x)"
+        for name, bound in GOALS.items()
+        if spans.get(name)
+    ]
+    extra = [float(r["first"]) - float(r["second"]) for r in first if "first" in r]  # type: ignore[arg-type]
+    if extra:
+        lines.append(
+            f"first call beyond a second one: at most {max(extra):.3f} s (goal: at most 0.3 s)"
+        )
+    times = {case.name: t.median for case, t in zip(decode, decode_timings, strict=True)}
+    peer = next((name for name in times if name.startswith("transformers")), None)
+    if peer is not None:
+        lines.append(
+            f"decode step: transformers takes {times[peer] / times[FORWARD]:.2f}x the time of "
+            f"posenc (in place: {times[peer] / times[IN_PLACE]:.2f}x; goal: at least 3x)"
+        )
+    return lines
+
+
 def _add_rows(
-    table: Table, dtype: str, triples: list[tuple[str, str, Callable[[], object]]], t: list[Timing]
+    table: Table,
+    dtype: str,
+    triples: list[tuple[str, str, Callable[[], object]]],
+    t: list[Timing],
+    spans: dict[str, list[float]],
 ) -> None:
     floor = t[0]
     ours = {layout: x for (name, layout, _), x in zip(triples, t, strict=True) if name == FORWARD}
     for (name, layout, _), x in zip(triples, t, strict=True):
+        if name in GOALS:
+            spans.setdefault(name, []).append(x.median / floor.median)
         relative = "-" if layout not in ours else ratio(x.median, ours[layout].median)
         table.rows.append(
             [dtype, name, layout, ms(x.median), f"{ms(x.low)}–{ms(x.high)}",
@@ -331,17 +374,21 @@ def _add_rows(
 
 def _first_call_table(rows: list[dict[str, object]], shape: tuple[int, ...]) -> Table:
     table = Table(
-        ["dtype", "layout", "table s", "first call s", "then in place s"],
+        ["dtype", "layout", "table s", "first call s", "second call s", "first in place s"],
         caption=f"First call in a fresh process, q and k of shape {tuple(shape)} (a subprocess "
-        "per row: building the cos/sin table, then the first out-of-place forward, then the "
-        "first in-place one):",
+        "per row: constructing the module, which builds its cos/sin table; the first "
+        "out-of-place forward and a second one, whose difference is what a first call costs "
+        "beyond the work itself; then the first in-place forward):",
         text_columns=2,
     )
     for row in rows:
         if "error" in row:
-            table.rows.append([str(row["dtype"]), str(row["layout"]), str(row["error"]), "", ""])
+            table.rows.append(
+                [str(row["dtype"]), str(row["layout"]), str(row["error"]), "", "", ""]
+            )
             continue
-        cells = [f"{float(row[key]):.3f}" for key in ("table", "first", "inplace")]  # type: ignore[arg-type]
+        keys = ("table", "first", "second", "inplace")
+        cells = [f"{float(row[key]):.3f}" for key in keys]  # type: ignore[arg-type]
         table.rows.append([str(row["dtype"]), str(row["layout"]), *cells])
     return table
 
