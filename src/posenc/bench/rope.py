@@ -418,12 +418,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=DEFAULT.repeats)
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=4,
+        action="append",
+        metavar=("B", "H", "N", "D"),
+        help="q and k shape (batch, heads, n, head dim); repeat for several "
+        f"(default: {' '.join(str(tuple(shape)) for shape in DEFAULT.rope)})",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/rope.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     settings = dataclasses.replace(
-        DEFAULT, repeats=args.repeats, threads=args.threads, rope_compile=not args.no_compile
+        DEFAULT,
+        repeats=args.repeats,
+        threads=args.threads,
+        rope_compile=not args.no_compile,
+        rope=tuple(tuple(shape) for shape in args.shape) if args.shape else DEFAULT.rope,
     )
     load = load_average()
     start = time.perf_counter()
@@ -432,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         "# RoPE on CPU: posenc vs the copy floor and its peers",
         "",
-        f"`python -m posenc.bench.rope --threads {args.threads}`, "
+        f"`python -m posenc.bench.rope {' '.join(argv if argv is not None else sys.argv[1:])}`, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}.",
         "",
         *environment(),
