@@ -488,7 +488,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)
         bias_state: BiasState | None = None
         if isinstance(state, RotaryState):
-            q, k = state(q, k)
+            # q and k are fresh projections: rotate them in their own storage where autograd
+            # is off (under autograd they are unbind views, which must not change in place)
+            q, k = state(q, k, inplace=not torch.is_grad_enabled())
         elif isinstance(state, BiasState):
             bias_state = state
 

@@ -1,6 +1,6 @@
 """RoPE, xPos and axial RoPE: float64 formula, peers (rotary-embedding-torch, transformers),
-the relative property, positions/offsets/caches, precision after casts, gradients, the fast
-kernels, bad input, and the Encoder end to end."""
+the relative property, positions/offsets/caches, precision after casts, gradients, bad input,
+and the Encoder end to end (the fast arithmetic and in-place rotation: tests/encodings/)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from posenc import (
     build,
     build_for_model,
 )
-from posenc.encodings import rotary
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
 from tests.schemes import SEQUENCE, of_family
@@ -264,12 +263,12 @@ def test_far_position_does_not_build_a_table_up_to_it() -> None:
     rope = RotaryEmbedding(16)
     q, k = qk(n=1)
     got_q, got_k = rope(q, k, torch.tensor([10**9]))
-    assert rope.cos_cached.shape[0] == 0  # nothing was built
+    assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size  # not grown
     angles = torch.tensor([1e9], dtype=torch.float64)[:, None] * inv_freq64(16)  # (1, 8)
     expected_q = rope_reference(q, angles, interleaved=False)
     assert_close(got_q.double(), expected_q, rtol=0, atol=1e-5)
     assert_close(got_k.double(), rope_reference(k, angles, interleaved=False), rtol=0, atol=1e-5)
-    # and a second call near 0 still builds the usual table
+    # and a second call near 0 reads the usual table
     rope(q, k, torch.tensor([3]))
     assert rope.cos_cached.shape[0] == RotaryEmbedding.initial_table_size
 
@@ -344,7 +343,7 @@ def test_dynamic_ntk_changes_the_base_under_cached_keys() -> None:
     assert torch.equal(rope.inv_freq, original.inv_freq)
 
 
-# --------------------------------------------------------------------------- gradients & kernels
+# --------------------------------------------------------------------------- gradients
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -368,94 +367,6 @@ def test_modules_gradcheck() -> None:
         lambda f: torch.func.functional_call(learned, {"freq": f}, (q, k))[0],
         (learned.freq.detach().clone().requires_grad_(),),
     )
-
-
-@pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_eager_fast_kernel_equals_reference(interleaved: bool, dtype: torch.dtype) -> None:
-    x = torch.randn(2, 5, 3, 16, dtype=dtype).transpose(1, 2)  # non-contiguous, like attention
-    angles = torch.rand(5, 6) * 100
-    cos, sin = angles.cos(), angles.sin()
-    with torch.no_grad():
-        fast = apply_rotary(x, cos, sin, interleaved=interleaved)
-    want = rope_reference(x.float(), angles, interleaved=interleaved)
-    assert fast.dtype == dtype and fast.is_contiguous()
-    if dtype == torch.float32:
-        assert_close(fast.double(), want, rtol=1e-6, atol=1e-6)
-    else:
-        assert torch.equal(fast, rotary._rotate_eager(x.float(), cos, sin, interleaved).to(dtype))
-
-
-@pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(
-    ("shape", "rotary_dim", "table_batch"),
-    [((2, 3, 37, 16), 16, False), ((2, 3, 37, 15), 6, False), ((2, 3, 37, 16), 8, True)],
-)
-def test_blocked_half_precision_kernel_rounds_once(
-    interleaved: bool,
-    dtype: torch.dtype,
-    shape: tuple[int, ...],
-    rotary_dim: int,
-    table_batch: bool,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Half-precision inputs are rotated block by block in float32 (here 5 rows a block, so
-    37 rows span 8 blocks, the last one short): equal to rotating in float64 and rounding once,
-    for odd head dims, partial rotary and per-batch tables alike."""
-    monkeypatch.setattr(posenc.encodings.blocks, "BLOCK_ELEMENTS", 5 * shape[-1])
-    monkeypatch.setattr(rotary, "_compile_enabled", False)
-    x = torch.randn(shape[0], shape[2], shape[1], shape[3]).to(dtype).transpose(1, 2)
-    table_shape = (
-        (shape[0], 1, shape[2], rotary_dim // 2) if table_batch else (shape[2], rotary_dim // 2)
-    )
-    angles = torch.rand(table_shape, dtype=torch.float64) * 1000
-    cos, sin = angles.cos().float(), angles.sin().float()
-    with torch.no_grad():
-        got = apply_rotary(x, cos, sin, interleaved=interleaved)
-    assert got.dtype == dtype and got.shape == x.shape and got.is_contiguous()
-    exact = rotary._rotate_eager(x.double(), cos.double(), sin.double(), interleaved)
-    # one rounding of a value computed in float32: at most one unit in the last place apart
-    # from rounding the float64 value (fma or not), never more
-    ulp = torch.finfo(dtype).eps * exact.abs().clamp(min=torch.finfo(dtype).tiny)
-    assert ((got.double() - exact).abs() <= ulp).all()
-    if interleaved:  # one complex multiply per pair: bit-identical to the float32 formula
-        assert torch.equal(got, rotary._rotate_eager(x.float(), cos, sin, True).to(dtype))
-    assert torch.equal(got[..., rotary_dim:], x[..., rotary_dim:])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("interleaved", "dtype"), [(False, torch.float32), (True, torch.bfloat16)])
-def test_compiled_kernel_equals_eager(
-    interleaved: bool, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(rotary, "COMPILE_MIN_NUMEL", 1)
-    monkeypatch.setattr(rotary, "_compile_enabled", True)
-    monkeypatch.setattr(rotary.native, "rotate", lambda *args: None)  # the torch.compile path
-    x = torch.randn(2, 3, 8, 16, dtype=dtype)
-    angles = torch.rand(8, 6) * 100
-    cos, sin = angles.cos(), angles.sin()
-    with torch.no_grad():
-        compiled = apply_rotary(x, cos, sin, interleaved=interleaved)
-    assert rotary._compile_enabled, "compilation failed and fell back"
-    eager = rotary._rotate_eager(x.float(), cos, sin, interleaved).to(dtype)
-    if dtype == torch.float32:
-        assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
-    else:  # identical up to one bf16 rounding where fp32 fma differs
-        assert_close(compiled.float(), eager.float(), rtol=2**-8, atol=1e-6)
-
-
-def test_eager_fallback_when_compilation_is_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rotary, "COMPILE_MIN_NUMEL", 1)
-    posenc.set_rotary_compile(False)
-    try:
-        q, k = qk()
-        with torch.no_grad():
-            got = RotaryEmbedding(16)(q, k)
-        want = rope_reference(q, torch.arange(10.0)[:, None] * inv_freq64(16), interleaved=False)
-        assert_close(got[0].double(), want, rtol=1e-6, atol=1e-6)
-    finally:
-        posenc.set_rotary_compile(True)
 
 
 # --------------------------------------------------------------------------- bad input

@@ -1,43 +1,59 @@
-"""Benchmark: rotating q and k of shape (4, 16, 2048, 128) on CPU, posenc against its peers.
+"""``posenc bench rope``: RoPE on q and k on CPU, posenc against the copy floor and its peers.
 
-Run ``python -m posenc.bench.rope`` (options: ``--threads``, ``--repeats``, ``--shape``,
-``--out``). It times, per dtype (float32, bfloat16) and pair layout:
+For each shape (default (4, 16, 2048, 128) and (1, 32, 4096, 128)), dtype (float32, bfloat16)
+and pair layout (half, interleaved), round-robin in one process:
 
-* the copy floor ``q.clone(); k.clone()`` (reads and writes the same bytes once);
-* posenc's ``RotaryEmbedding.forward`` (table lookup included) and ``apply_rotary`` with
-  precomputed tables;
-* transformers' ``apply_rotary_pos_emb`` (half layout, its native one), and
-  rotary-embedding-torch's ``apply_rotary_emb`` and x-transformers' ``apply_rotary_pos_emb``
-  (interleaved, their native one), each with its tables precomputed so only the apply is timed.
+* the floor ``q.clone(); k.clone()`` and the same copy into buffers that already exist;
+* posenc ``RotaryEmbedding.forward`` (cos/sin from its table included), out of place and with
+  ``inplace=True``, eager: what a user gets without compiling;
+* the same forward inside a module the user compiles (``torch.compile(fullgraph=True)``,
+  inductor), out of place and in place (compilation in the warm-up, not in the medians);
+* transformers' ``apply_rotary_pos_emb`` (half layout, its own) and rotary-embedding-torch's
+  ``apply_rotary_emb`` and x-transformers' ``apply_rotary_pos_emb`` (interleaved), each with
+  its tables precomputed so that only its rotation is timed.
 
-Medians of repeated calls, taken round-robin over all cases after warm-up (the warm-up also
-absorbs posenc's one-off ``torch.compile``; its cost is printed separately). Ratios come from
-one run: timings on a shared machine are noisy, the ratios less so. Writes the table to
-``benchmarks/rope.md``.
+Then the first call in a fresh process (a subprocess per dtype and layout: building the
+table, then the first rotation), and a decode step: one new token at position 4095 of q
+``(8, 32, 1, 128)`` and k ``(8, 8, 1, 128)``, posenc ``RotaryEmbedding`` against
+transformers' ``LlamaRotaryEmbedding`` forward + ``apply_rotary_pos_emb``.
+
+``python -m posenc.bench.rope`` runs the suite with its default sizes and writes
+``benchmarks/rope.md``; the header records the CPU's vector instruction flags and the
+transparent-huge-page mode, which both move these numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor, nn
 
-from ..encodings import rotary
-from ..encodings.rotary import RotaryEmbedding, apply_rotary, set_rotary_compile
-from .harness import Case, round_robin
+from ..encodings.rotary import RotaryEmbedding
+from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
 from .timing import Timing, copy_floor
 
-Row = tuple[str, str, Timing]
+if TYPE_CHECKING:
+    from .suites.settings import Settings
+
+#: Decode step: q and k of one new token (grouped-query heads) at this position.
+DECODE_Q, DECODE_K, DECODE_POSITION = (8, 32, 1, 128), (8, 8, 1, 128), 4095
+#: Names of the posenc rows, as the tables show them.
+FORWARD, IN_PLACE = "posenc RotaryEmbedding", "posenc RotaryEmbedding, in place"
+COMPILED, COMPILED_IN_PLACE = "posenc compiled", "posenc compiled, in place"
 
 
-def rope_peers(
-    q: torch.Tensor, k: torch.Tensor, interleaved: bool
-) -> list[tuple[str, Callable[[], object]]]:
+def rope_peers(q: Tensor, k: Tensor, interleaved: bool) -> list[tuple[str, Callable[[], object]]]:
     """Each installed peer's apply in its native layout, tables precomputed."""
     n, d = q.shape[-2], q.shape[-1]
     peers: list[tuple[str, Callable[[], object]]] = []
@@ -80,139 +96,365 @@ def rope_peers(
     return peers
 
 
-def _round_robin(
-    cases: list[tuple[str, str, Callable[[], object]]], *, warmup: int, repeats: int
-) -> list[Row]:
-    """Time every case once per round (see :func:`posenc.bench.harness.round_robin`)."""
-    timings = round_robin([Case(name, fn) for name, _, fn in cases], warmup=warmup, repeats=repeats)
-    return [(name, layout, t) for (name, layout, _), t in zip(cases, timings, strict=True)]
+class _Rotate(nn.Module):
+    """What a user compiles: a module that rotates q and k (in place or not)."""
+
+    def __init__(self, rope: RotaryEmbedding, inplace: bool) -> None:
+        super().__init__()
+        self.rope, self.inplace = rope, inplace
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return self.rope(q, k, inplace=self.inplace)
 
 
 def rope_cases(
-    q: torch.Tensor, k: torch.Tensor, notes: list[tuple[str, str, float]]
+    q: Tensor, k: Tensor, notes: list[str], *, compile: bool = True
 ) -> list[tuple[str, str, Callable[[], object]]]:
-    """The copy floor, posenc's two entry points per layout and every installed peer, as
-    ``(name, layout, fn)``; the first posenc call per layout is run (and timed into ``notes``)
-    here, so compilation stays out of the warm-up."""
+    """The copy floor, posenc's rows per layout and every installed peer, as
+    ``(name, layout, fn)``. Compiled rows are compiled here (their time goes to ``notes``),
+    so that compilation stays out of the warm-up."""
     cases: list[tuple[str, str, Callable[[], object]]] = [("copy floor", "-", copy_floor(q, k))]
     # the same copy into memory that is already mapped: what the floor costs without the page
     # faults of fresh output buffers (no function returning new tensors can get this low)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     cases.append(("copy into existing buffers", "-", lambda: (q_out.copy_(q), k_out.copy_(k))))
+    dtype = str(q.dtype).removeprefix("torch.")
+    if compile:  # the modules compiled for earlier shapes and dtypes are not called again
+        torch._dynamo.reset()
     for interleaved in (False, True):
         layout = "interleaved" if interleaved else "half"
         rope = RotaryEmbedding(q.shape[-1], interleaved=interleaved)
-        start = time.perf_counter()
         with torch.inference_mode():
-            rope(q, k)  # first call: builds the tables, compiles where used
-        notes.append((str(q.dtype).removeprefix("torch."), layout, time.perf_counter() - start))
-        cos, sin = rope.cos_sin(None, q.shape[2], dtype=torch.float32)
-
-        def forward(rope: RotaryEmbedding = rope) -> object:
-            return rope(q, k)
-
-        def functional(
-            c: torch.Tensor = cos, s: torch.Tensor = sin, i: bool = interleaved
-        ) -> object:
-            return apply_rotary(q, c, s, interleaved=i), apply_rotary(k, c, s, interleaved=i)
-
-        def eager(rope: RotaryEmbedding = rope) -> object:
-            before = rotary._compile_enabled
-            set_rotary_compile(False)
-            try:
-                return rope(q, k)
-            finally:
-                set_rotary_compile(before)
-
-        cases.append(("posenc RotaryEmbedding", layout, forward))
-        cases.append(("posenc apply_rotary", layout, functional))
-        cases.append(("posenc RotaryEmbedding, eager", layout, eager))
+            rope(q, k)  # builds the table
+        cases.append((FORWARD, layout, lambda rope=rope: rope(q, k)))
+        cases.append((IN_PLACE, layout, lambda rope=rope: rope(q, k, inplace=True)))
+        if compile:
+            for name, inplace in ((COMPILED, False), (COMPILED_IN_PLACE, True)):
+                compiled = torch.compile(_Rotate(rope, inplace), fullgraph=True, dynamic=False)
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    compiled(q, k)
+                notes.append(f"{dtype} {layout} {name}: {time.perf_counter() - start:.1f} s")
+                cases.append((name, layout, lambda compiled=compiled: compiled(q, k)))
         cases += [(name, layout, fn) for name, fn in rope_peers(q, k, interleaved)]
     return cases
 
 
-def run(
-    shape: tuple[int, int, int, int] = (4, 16, 2048, 128), *, repeats: int = 15, warmup: int = 3
-) -> tuple[str, list[tuple[str, list[Row], Timing]]]:
-    """Time everything; return the markdown report and the raw rows per dtype."""
-    results = []
-    notes: list[tuple[str, str, float]] = []
-    for dtype in (torch.float32, torch.bfloat16):
-        q, k = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
-        rows = _round_robin(rope_cases(q, k, notes), warmup=warmup, repeats=repeats)
-        floor = rows.pop(0)[2]  # the clone floor; the preallocated copy stays as a row
-        results.append((str(dtype).removeprefix("torch."), rows, floor))
-    return _markdown(shape, results, notes), results
+# --------------------------------------------------------------------------- first call
+
+_FIRST_CALL = """
+import json, sys, time
+import torch
+from posenc import RotaryEmbedding
+torch.set_num_threads({threads})
+dtype, interleaved = getattr(torch, {dtype!r}), {interleaved}
+q, k = torch.randn({shape}).to(dtype), torch.randn({shape}).to(dtype)
+start = time.perf_counter()
+rope = RotaryEmbedding({head_dim}, interleaved=interleaved)  # builds its table
+rope.cos_sin(None, {n}, dtype=torch.float32)
+table = time.perf_counter()
+rope(q, k)
+first = time.perf_counter()
+rope(q, k)
+second = time.perf_counter()
+rope(q, k, inplace=True)
+inplace = time.perf_counter()
+print(json.dumps({{"table": table - start, "first": first - table, "second": second - first,
+                  "inplace": inplace - second}}))
+"""
 
 
-def _markdown(
-    shape: tuple[int, ...],
-    results: list[tuple[str, list[Row], Timing]],
-    compile_notes: list[tuple[str, str, float]],
-) -> str:
-    lines = [
-        "# RoPE apply on CPU: posenc vs peers",
-        "",
-        f"q and k of shape {tuple(shape)}, rotated together; `python -m posenc.bench.rope`.",
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.machine()} ({torch.backends.cpu.get_cpu_capability()}), "
-        f"{time.strftime('%Y-%m-%d')}. Medians of repeated calls (round-robin) after warm-up; "
-        "ratios are from this one run (the machine may be shared: absolute times are noisy).",
-        "",
-        "`x floor` is the time over `q.clone(); k.clone()` in the same dtype; `posenc faster` "
-        "is the peer's time over posenc `RotaryEmbedding.forward` in the same layout. "
-        "posenc's half layout is one `torch.compile`-d kernel, its interleaved layout one "
-        "complex multiply (float32) or its native C kernel (bfloat16; "
-        "`posenc/encodings/rope_kernel.c`, built with the system compiler on first use); "
-        "`eager` is the same forward with compiled kernels switched off "
-        "(`posenc.set_rotary_compile(False)`, as where no compiler is available: torch's own "
-        "kernels only).",
-        "",
-        "Allocator: "
-        + (
-            "`THP_MEM_ALLOC_ENABLE=1` (torch backs large tensors with transparent huge pages)."
-            if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
-            else "torch's default. Every new output is fresh memory whose pages the kernel "
-            "faults in and zeroes on first write; `copy into existing buffers` shows how much of "
-            "the floor that is. An implementation that makes m full-size temporaries pays it "
-            "m times, so its ratio to the floor is about m, and no implementation that returns "
-            "new tensors can beat the clone floor."
-        ),
-    ]
-    for dtype, rows, floor in results:
-        ours = {layout: t for name, layout, t in rows if name == "posenc RotaryEmbedding"}
-        lines += [
-            "",
-            f"## {dtype}",
-            "",
-            "| implementation | layout | median ms | x floor | posenc faster |",
-            "| --- | --- | ---: | ---: | ---: |",
-            f"| copy floor | - | {floor.median * 1e3:.1f} | 1.00 | - |",
-        ]
-        for name, layout, t in rows:
-            faster = "-" if name.startswith(("posenc", "copy")) else f"{t.ratio(ours[layout]):.1f}x"
-            lines.append(
-                f"| {name} | {layout} | {t.median * 1e3:.1f} | {t.ratio(floor):.2f} | {faster} |"
+def first_calls(shape: tuple[int, ...], threads: int) -> list[dict[str, object]]:
+    """The first posenc call per dtype and layout, each in a fresh Python process."""
+    rows: list[dict[str, object]] = []
+    for dtype in ("float32", "bfloat16"):
+        for interleaved in (False, True):
+            script = _FIRST_CALL.format(
+                threads=threads,
+                dtype=dtype,
+                interleaved=interleaved,
+                shape=tuple(shape),
+                head_dim=shape[-1],
+                n=shape[-2],
             )
-    lines += [
-        "",
-        "First posenc call per dtype and layout (tables, and building the native kernel "
-        "where it is not cached yet):",
-        "",
+            done = subprocess.run(
+                [sys.executable, "-c", script], capture_output=True, text=True, check=False
+            )
+            layout = "interleaved" if interleaved else "half"
+            row: dict[str, object] = {"dtype": dtype, "layout": layout}
+            if done.returncode == 0:
+                row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+            else:
+                row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_cases() -> list[Case]:
+    """A decode step: posenc out of place and in place, transformers, and the clone floor."""
+    torch.manual_seed(0)
+    q, k = torch.randn(DECODE_Q), torch.randn(DECODE_K)
+    position = torch.tensor([DECODE_POSITION])
+    rope = RotaryEmbedding(DECODE_Q[-1])
+    with torch.inference_mode():
+        rope(q, k, position)  # builds the table
+    cases = [
+        Case("q.clone(); k.clone()", copy_floor(q, k)),
+        Case(FORWARD, lambda: rope(q, k, position)),
+        Case(IN_PLACE, lambda: rope(q, k, position, inplace=True)),
     ]
-    lines += [f"- {d} {layout}: {s:.2f} s" for d, layout, s in compile_notes]
-    return "\n".join(lines) + "\n"
+    try:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import (
+            LlamaRotaryEmbedding,
+            apply_rotary_pos_emb,
+        )
+    except ImportError:
+        return cases
+    config = LlamaConfig(
+        hidden_size=DECODE_Q[1] * DECODE_Q[-1],
+        num_attention_heads=DECODE_Q[1],
+        num_key_value_heads=DECODE_K[1],
+        max_position_embeddings=8192,
+    )
+    llama = LlamaRotaryEmbedding(config)
+    ids = position[None]
+
+    def transformers_step() -> object:
+        cos, sin = llama(q, ids)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    cases.append(
+        Case("transformers LlamaRotaryEmbedding + apply_rotary_pos_emb", transformers_step)
+    )
+    return cases
+
+
+# --------------------------------------------------------------------------- the suite
+
+
+def cpu_flags() -> str:
+    """The vector instruction flags of this CPU (``/proc/cpuinfo``), or ``n/a``."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "n/a"
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags = line.split(":", 1)[1].split()
+            wanted = ("avx", "sse4", "fma", "f16c", "amx", "asimd", "sve", "neon")
+            return " ".join(sorted(f for f in flags if f.startswith(wanted))) or "none"
+    return "n/a"
+
+
+def huge_pages() -> str:
+    """The transparent-huge-page mode and torch's ``THP_MEM_ALLOC_ENABLE``."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        mode = "n/a"
+    torch_thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")
+    return f"`{mode}` (torch's THP_MEM_ALLOC_ENABLE: {torch_thp})"
+
+
+def suite(s: Settings) -> Section:
+    """The rope section of ``posenc bench``: one table per shape, first calls, decode."""
+    section = Section("rope", "RoPE applied to queries and keys")
+    threads = s.threads or torch.get_num_threads()
+    section.intro = [
+        f"CPU flags: {cpu_flags()}; transparent huge pages: {huge_pages()}; "
+        f"{threads} torch threads.",
+        "",
+        "q and k of each shape (batch, heads, n, head dim), rotated together. posenc rows "
+        "include forming cos/sin from the module's cached table; the peers get precomputed "
+        "tables, so only their rotation is timed, each in its native layout (transformers "
+        "half, rotary-embedding-torch and x-transformers interleaved). `in place` is "
+        "`RotaryEmbedding(...)(q, k, inplace=True)`; `compiled` is a module calling it, "
+        "compiled by the user with `torch.compile(fullgraph=True)` (inductor). "
+        "`x floor` is the time over `q.clone(); k.clone()` in the same dtype; "
+        "`x posenc time` is the time over posenc's out-of-place eager forward in the same "
+        "layout (above 1: slower than posenc). "
+        f"Medians over {s.repeats} timed calls per case, round-robin after {s.warmup} "
+        "warm-up call(s); ratios compare medians from this one run.",
+    ]
+    compile_notes: list[str] = []
+    spans: dict[str, list[float]] = {}  # posenc row -> its "x floor" in every table
+    for shape in s.rope:
+        table = Table(
+            ["dtype", "implementation", "layout", "median ms", "range ms", "x floor",
+             "x posenc time"],
+            caption=f"q and k of shape {tuple(shape)}:",
+            text_columns=3,
+        )  # fmt: skip
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            q, k = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+            triples = rope_cases(q, k, compile_notes, compile=s.rope_compile)
+            timings = round_robin(
+                [Case(f"{name}|{layout}", fn) for name, layout, fn in triples],
+                warmup=s.warmup,
+                repeats=s.repeats,
+            )
+            _add_rows(table, str(dtype).removeprefix("torch."), triples, timings, spans)
+            del q, k, triples
+        section.tables.append(table)
+        section.data.setdefault("shapes", []).append([tuple(shape), table.rows])
+    first = first_calls(s.rope[0], threads)
+    section.tables.append(_first_call_table(first, s.rope[0]))
+    decode = decode_cases()
+    decode_timings = round_robin(decode, warmup=max(s.warmup, 20), repeats=max(20 * s.repeats, 50))
+    section.tables.append(_decode_table(decode, decode_timings))
+    section.data.update(first_calls=first)
+    section.notes += _summary(spans, first, decode, decode_timings)
+    present = {row[1] for table in section.tables[: len(s.rope)] for row in table.rows}
+    for dist in ("transformers", "rotary-embedding-torch", "x-transformers"):
+        if dist not in present:
+            section.notes.append(f"{dist}: skipped, `{dist}` is not installed")
+    if compile_notes:
+        section.notes.append(
+            "compilation (first call of each compiled module, not in the medians): "
+            + ", ".join(compile_notes)
+        )
+    return section
+
+
+#: The speed goals of posenc's rotary code (issue 16), as "x floor" bounds per posenc row.
+GOALS = {IN_PLACE: 0.6, FORWARD: 1.3, COMPILED_IN_PLACE: 0.4, COMPILED: 1.2}
+
+
+def _summary(
+    spans: dict[str, list[float]],
+    first: list[dict[str, object]],
+    decode: list[Case],
+    decode_timings: list[Timing],
+) -> list[str]:
+    """One line per goal: the range measured in this run against the bound."""
+    lines = [
+        f"`{name}`: {min(spans[name]):.2f}–{max(spans[name]):.2f}x the clone floor over every "
+        f"shape, dtype and layout (goal: at most {bound}x)"
+        for name, bound in GOALS.items()
+        if spans.get(name)
+    ]
+    extra = [float(r["first"]) - float(r["second"]) for r in first if "first" in r]  # type: ignore[arg-type]
+    if extra:
+        lines.append(
+            f"first call beyond a second one: at most {max(extra):.3f} s (goal: at most 0.3 s)"
+        )
+    times = {case.name: t.median for case, t in zip(decode, decode_timings, strict=True)}
+    peer = next((name for name in times if name.startswith("transformers")), None)
+    if peer is not None:
+        lines.append(
+            f"decode step: transformers takes {times[peer] / times[FORWARD]:.2f}x the time of "
+            f"posenc (in place: {times[peer] / times[IN_PLACE]:.2f}x; goal: at least 3x)"
+        )
+    return lines
+
+
+def _add_rows(
+    table: Table,
+    dtype: str,
+    triples: list[tuple[str, str, Callable[[], object]]],
+    t: list[Timing],
+    spans: dict[str, list[float]],
+) -> None:
+    floor = t[0]
+    ours = {layout: x for (name, layout, _), x in zip(triples, t, strict=True) if name == FORWARD}
+    for (name, layout, _), x in zip(triples, t, strict=True):
+        if name in GOALS:
+            spans.setdefault(name, []).append(x.median / floor.median)
+        relative = "-" if layout not in ours else ratio(x.median, ours[layout].median)
+        table.rows.append(
+            [dtype, name, layout, ms(x.median), f"{ms(x.low)}–{ms(x.high)}",
+             ratio(x.median, floor.median), relative]
+        )  # fmt: skip
+
+
+def _first_call_table(rows: list[dict[str, object]], shape: tuple[int, ...]) -> Table:
+    table = Table(
+        ["dtype", "layout", "table s", "first call s", "second call s", "first in place s"],
+        caption=f"First call in a fresh process, q and k of shape {tuple(shape)} (a subprocess "
+        "per row: constructing the module, which builds its cos/sin table; the first "
+        "out-of-place forward and a second one, whose difference is what a first call costs "
+        "beyond the work itself; then the first in-place forward):",
+        text_columns=2,
+    )
+    for row in rows:
+        if "error" in row:
+            table.rows.append(
+                [str(row["dtype"]), str(row["layout"]), str(row["error"]), "", "", ""]
+            )
+            continue
+        keys = ("table", "first", "second", "inplace")
+        cells = [f"{float(row[key]):.3f}" for key in keys]  # type: ignore[arg-type]
+        table.rows.append([str(row["dtype"]), str(row["layout"]), *cells])
+    return table
+
+
+def _decode_table(cases: list[Case], timings: list[Timing]) -> Table:
+    table = Table(
+        ["implementation", "median µs", "range µs", "x clone", "x posenc time"],
+        caption=f"Decode step: one new token at position {DECODE_POSITION}, q {DECODE_Q} and "
+        f"k {DECODE_K}, float32, half layout (`positions=torch.tensor([{DECODE_POSITION}])`; "
+        "transformers: its rotary module's forward and `apply_rotary_pos_emb`):",
+    )
+    floor = timings[0]
+    ours = next(t for case, t in zip(cases, timings, strict=True) if case.name == FORWARD)
+    for case, t in zip(cases, timings, strict=True):
+        relative = "-" if case is cases[0] else ratio(t.median, ours.median)
+        table.rows.append(
+            [case.name, f"{t.median * 1e6:.1f}", f"{t.low * 1e6:.0f}–{t.high * 1e6:.0f}",
+             ratio(t.median, floor.median), relative]
+        )  # fmt: skip
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m posenc.bench.rope``: the suite at its default sizes, written as markdown."""
+    from .suites.settings import DEFAULT
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--shape", type=int, nargs=4, default=(4, 16, 2048, 128))
+    parser.add_argument("--repeats", type=int, default=DEFAULT.repeats)
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=4,
+        action="append",
+        metavar=("B", "H", "N", "D"),
+        help="q and k shape (batch, heads, n, head dim); repeat for several "
+        f"(default: {' '.join(str(tuple(shape)) for shape in DEFAULT.rope)})",
+    )
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/rope.md"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    report, _ = run(tuple(args.shape), repeats=args.repeats)
+    settings = dataclasses.replace(
+        DEFAULT,
+        repeats=args.repeats,
+        threads=args.threads,
+        rope_compile=not args.no_compile,
+        rope=tuple(tuple(shape) for shape in args.shape) if args.shape else DEFAULT.rope,
+    )
+    load = load_average()
+    start = time.perf_counter()
+    section = suite(settings)
+    section.seconds = time.perf_counter() - start
+    header = [
+        "# RoPE on CPU: posenc vs the copy floor and its peers",
+        "",
+        f"`python -m posenc.bench.rope {' '.join(argv if argv is not None else sys.argv[1:])}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}.",
+        "",
+        *environment(),
+        f"- load average (1, 5, 15 min): {load} at the start, {load_average()} at the end",
+        "- the machine may be shared with other jobs: absolute times are noisy; the ratios, "
+        "measured round-robin in one process, much less so",
+        "",
+    ]
+    report = "\n".join(header) + section.markdown() + "\n"
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)

@@ -33,6 +33,7 @@ from .rotary import (
     RotaryEmbedding,
     XPos,
     apply_rotary,
+    apply_rotary_,
     set_rotary_compile,
 )
 from .sinusoidal import (
@@ -83,6 +84,7 @@ __all__ = [
     "XPos",
     "alibi_slopes",
     "apply_rotary",
+    "apply_rotary_",
     "available",
     "build",
     "build_for_model",

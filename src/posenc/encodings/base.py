@@ -167,7 +167,7 @@ class RotaryEncoding(PositionalEncoding):
     def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
         """A rotation for every layer. This default calls :meth:`forward` in each layer;
         schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
-        return RotaryState(lambda q, k: self(q, k, positions))
+        return RotaryState(lambda q, k, inplace: self(q, k, positions))
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None

@@ -27,15 +27,11 @@ within float32 rounding at any position; the cached tables stay float32 after
 ``module.to(torch.bfloat16)`` (``_apply`` rebuilds them); bf16/fp16 queries and keys are
 rotated in float32 and cast back once.
 
-Speed (CPU), without autograd: the interleaved layout is one complex multiply per tensor
-(``view_as_complex(x) * (cos + i sin)``, written straight into the output); for bfloat16 and
-float16 it is one pass of a native kernel (``native.py``: C built with the system compiler on
-first use, with AVX-512 where the CPU has it), or, where that cannot be built, a torch path
-that converts, rotates and rounds back block by block in a cache-sized float32 buffer. The
-half layout is one ``torch.compile``-d fused kernel (compiled per shape and dtype by dynamo),
-falling back to eager kernels when compilation is unavailable. All of these give
-bit-identical results. When autograd is recording, a plain differentiable formula is used.
-See ``benchmarks/rope.md``.
+The arithmetic lives in ``rotate.py``: the formula, and the one fast implementation (plain
+torch, in place in cache-sized blocks); nothing is compiled. Every module takes
+``inplace=True`` to rotate ``q`` and ``k`` in their own storage (:func:`apply_rotary_`).
+A call with one or a few integer positions (decoding with a KV cache) reads the positions
+once, takes its rows of the cached table as views and rotates. See ``benchmarks/rope.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
@@ -44,18 +40,16 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 from __future__ import annotations
 
 import math
-import os
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import MemoryBudgetError, PosencTypeError, PosencValueError, check_bytes
-from . import base, native
 from .base import (
     RotaryEncoding,
+    check_bool,
     check_finite,
     check_positive_float,
     check_positive_int,
@@ -65,6 +59,14 @@ from .base import (
 )
 from .hf_config import rotary_arguments_from_hf_config
 from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
+from .rotate import (
+    apply_rotary,
+    apply_rotary_,
+    check_inplace,
+    fast_path_ok,
+    rotate,
+    set_rotary_compile,
+)
 from .state import RotaryState
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
@@ -76,230 +78,9 @@ __all__ = [
     "RotaryEmbedding",
     "XPos",
     "apply_rotary",
+    "apply_rotary_",
     "set_rotary_compile",
 ]
-
-# --------------------------------------------------------------------------- apply
-
-
-def _rotate_eager(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """The differentiable reference: split the pairs, rotate, put them back (RoFormer eq. 34).
-
-    ``x`` is ``(..., d)`` in the work dtype; cos/sin ``(..., r/2)``; returns ``(..., d)``.
-    """
-    half = cos.shape[-1]
-    r = 2 * half
-    rot, rest = x[..., :r], x[..., r:]
-    if interleaved:
-        pairs = rot.unflatten(-1, (half, 2))  # (..., r/2, 2)
-        x1, x2 = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    else:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
-
-
-def _fused(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """What the compiled kernel computes: :func:`_rotate_eager` written so that inductor emits
-    one pass, with each half converted to the tables' dtype on load and cast back on store."""
-    half = cos.shape[-1]
-    r = 2 * half
-    if interleaved:
-        x1, x2 = x[..., 0:r:2].to(cos.dtype), x[..., 1:r:2].to(cos.dtype)  # (..., r/2) each
-    else:
-        x1, x2 = x[..., :half].to(cos.dtype), x[..., half:r].to(cos.dtype)
-    out1, out2 = (x1 * cos - x2 * sin).to(x.dtype), (x2 * cos + x1 * sin).to(x.dtype)
-    if interleaved:
-        rotated = torch.stack((out1, out2), dim=-1).flatten(-2)  # (..., r)
-    else:
-        rotated = torch.cat((out1, out2), dim=-1)
-    return torch.cat((rotated, x[..., r:]), dim=-1) if r < x.shape[-1] else rotated
-
-
-def _complex_view_ok(x: Tensor) -> bool:
-    """Whether ``view_as_complex`` can view the channel pairs of ``x`` in place."""
-    return (
-        x.dtype in (torch.float32, torch.float64)
-        and x.stride(-1) == 1
-        and all(s % 2 == 0 for s in x.stride()[:-1])
-    )
-
-
-def _rotate_into(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Eager, no autograd: write the rotation straight into a fresh output, without the
-    temporaries of :func:`_rotate_eager`. ``x`` is already in the tables' dtype."""
-    half = cos.shape[-1]
-    r = 2 * half
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if r < x.shape[-1]:
-        out[..., r:].copy_(x[..., r:])
-    if interleaved and _complex_view_ok(x):
-        # (x1 + i x2)(cos + i sin): one complex multiply over the pairs
-        table = torch.complex(cos, sin)  # (..., r/2)
-        src = torch.view_as_complex(x[..., :r].unflatten(-1, (half, 2)))  # (..., r/2) complex
-        dst = torch.view_as_complex(out[..., :r].unflatten(-1, (half, 2)))
-        torch.mul(src, table, out=dst)
-        return out
-    if interleaved:
-        src = x[..., :r].unflatten(-1, (half, 2))  # (..., r/2, 2)
-        dst = out[..., :r].unflatten(-1, (half, 2))
-        x1, x2, o1, o2 = src[..., 0], src[..., 1], dst[..., 0], dst[..., 1]
-    else:
-        x1, x2, o1, o2 = x[..., :half], x[..., half:r], out[..., :half], out[..., half:r]
-    torch.mul(x1, cos, out=o1)
-    o1.addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=o2)
-    o2.addcmul_(x1, sin)
-    return out
-
-
-def _rotate_blocked(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Eager, no autograd, for half-precision ``x`` and float32 tables: one pass over memory.
-
-    Converting all of ``x`` to float32, rotating and converting back would stream three
-    full-size temporaries through memory. Instead each cache-sized block of rows is converted
-    into one reused float32 buffer, rotated there in place (a complex multiply for the
-    interleaved layout) and written back to the output with a single rounding, so memory sees
-    ``x`` read once and the output written once. Bit-identical to rotating in float32 and
-    casting the result once.
-    """
-    half = cos.shape[-1]
-    r = 2 * half
-    n, d = x.shape[-2], x.shape[-1]
-    lead = x.shape[:-2]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous
-    as_complex = interleaved and d % 2 == 0  # the pairs of a (rows, d) block view as complex
-    if as_complex:
-        table = torch.complex(cos, sin).expand(*lead, n, half)  # (..., n, r/2), a view
-    cos, sin = cos.expand(*lead, n, half), sin.expand(*lead, n, half)  # views, no copies
-    rows = base.block_rows(n, d)
-    buf = torch.empty(rows, d, dtype=cos.dtype, device=x.device)  # (rows, d)
-    spare = torch.empty(rows, half, dtype=cos.dtype, device=x.device)
-    for index, span in base.row_blocks(x.shape, rows):
-        block = buf[: span.stop - span.start]
-        block.copy_(x[index][span])  # converts to float32
-        if as_complex:  # (x1 + i x2)(cos + i sin)
-            pairs = torch.view_as_complex(block[:, :r].unflatten(-1, (half, 2)))
-            pairs.mul_(table[index][span])
-        else:
-            c, s = cos[index][span], sin[index][span]  # (rows, r/2)
-            if interleaved:
-                x1, x2 = block[:, 0:r:2], block[:, 1:r:2]
-            else:
-                x1, x2 = block[:, :half], block[:, half:r]
-            keep = spare[: span.stop - span.start].copy_(x1)
-            x1.mul_(c).addcmul_(x2, s, value=-1)
-            x2.mul_(c).addcmul_(keep, s)
-        out[index][span].copy_(block)  # rounds once
-    return out
-
-
-#: Tensors smaller than this many elements skip compilation (it costs seconds once per shape).
-COMPILE_MIN_NUMEL = 1 << 20
-_compile_enabled = os.environ.get("POSENC_COMPILE", "1") not in ("0", "false", "False", "")
-_compiled: Callable[..., Tensor] | None = None
-
-
-def set_rotary_compile(enabled: bool) -> None:
-    """Allow (default) or forbid compiled rotary kernels: the native C kernel
-    (``posenc.encodings.native``) and the ``torch.compile``-d one for large inputs.
-
-    Forbidden, rotary uses torch's eager kernels only, as on a machine with no compiler. The
-    environment variable ``POSENC_COMPILE=0`` forbids them from the start. Results are the
-    same either way (``tests/test_rotary.py`` and ``tests/test_native.py`` check).
-    """
-    global _compile_enabled
-    _compile_enabled = bool(enabled)
-
-
-def _compiled_kernel() -> Callable[..., Tensor] | None:
-    global _compiled, _compile_enabled
-    if _compiled is None:
-        try:
-            _compiled = torch.compile(_fused, dynamic=False, fullgraph=True)
-        except Exception as error:  # pragma: no cover - depends on the installation
-            _compile_enabled = False
-            warnings.warn(f"torch.compile unavailable ({error}); rotary stays eager", stacklevel=3)
-            return None
-    return _compiled
-
-
-def _use_compiled(x: Tensor, work: torch.dtype, interleaved: bool) -> bool:
-    if not _compile_enabled or x.numel() < COMPILE_MIN_NUMEL or torch.compiler.is_compiling():
-        return False
-    # The interleaved layout is a complex multiply (blocked for half precision); inductor
-    # emits scalar code for its stride-2 pairs, so the compiled kernel helps the half layout.
-    return not interleaved
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
-    """Rotate the first ``r = 2 * cos.shape[-1]`` channels of ``x`` pairwise (RoFormer eq. 34).
-
-    Args:
-        x: ``(..., n, d)`` queries or keys, any float dtype; ``d >= r``.
-        cos, sin: ``(..., n, r/2)`` cos and sin of the angles (one per pair), broadcastable
-            against ``x.shape[:-1]``; e.g. ``(n, r/2)`` or ``(b, 1, n, r/2)`` for
-            ``x`` of shape ``(b, h, n, d)``. They set the work dtype: half-precision ``x``
-            is rotated in the tables' dtype (float32) and cast back once.
-        interleaved: pairs ``(x[2i], x[2i+1])`` (GPT-J) instead of ``(x[i], x[i+r/2])``
-            (GPT-NeoX / Llama).
-
-    Returns a new tensor like ``x``; channels ``r:`` are copied unchanged. Differentiable in
-    ``x``, ``cos`` and ``sin``.
-
-    >>> x = torch.tensor([[1.0, 0.0, 2.0, 5.0]])  # one position, d = 4, r = 2
-    >>> apply_rotary(x, torch.tensor([[0.0]]), torch.tensor([[1.0]]))  # rotate by 90 degrees
-    tensor([[0., 1., 2., 5.]])
-    """
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise PosencTypeError(
-            f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
-        )
-    for name, t in (("cos", cos), ("sin", sin)):
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise PosencTypeError(f"{name} must be a floating-point tensor")
-    if cos.shape != sin.shape:
-        raise PosencValueError(
-            f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}"
-        )
-    if x.dim() < 1 or 2 * cos.shape[-1] > x.shape[-1] or cos.shape[-1] < 1:
-        raise PosencValueError(
-            f"cos/sin of shape {tuple(cos.shape)} need x with at least 2 * {cos.shape[-1]} "
-            f"channels, got x of shape {tuple(x.shape)}"
-        )
-    work = cos.dtype if cos.dtype == sin.dtype else torch.promote_types(cos.dtype, sin.dtype)
-    work = torch.promote_types(work, compute_dtype(x.dtype))
-    cos, sin = cos.to(work), sin.to(work)
-    if torch.compiler.is_compiling():  # inside the caller's graph: let inductor fuse it
-        return _fused(x, cos, sin, interleaved)
-    if (
-        torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
-    ) or not native.opaque_call_ok(x, cos, sin):  # autograd, vmap, jit.trace, modes
-        return _rotate_eager(x.to(work), cos, sin, interleaved).to(x.dtype)
-    if _compile_enabled and interleaved and x.dtype in (torch.bfloat16, torch.float16):
-        # The native kernel's one pass beats the blocked torch path for half precision; for
-        # float32 (one complex multiply) and the half layout (one compiled kernel) torch's own
-        # OpenMP threads do as well or better (benchmarks/rope.md).
-        fast = native.rotate(x, cos, sin, interleaved)
-        if fast is not None:
-            return fast
-    if _use_compiled(x, work, interleaved):
-        kernel = _compiled_kernel()
-        if kernel is not None:
-            try:
-                return kernel(x, cos, sin, interleaved)
-            except Exception as error:  # pragma: no cover - compiler missing or broken
-                set_rotary_compile(False)
-                warnings.warn(
-                    f"compiling the rotary kernel failed ({type(error).__name__}: {error}); "
-                    "using the eager kernel from now on",
-                    stacklevel=2,
-                )
-    if x.dtype != work and x.dim() >= max(2, cos.dim()):  # half precision in, one pass
-        return _rotate_blocked(x, cos, sin, interleaved)
-    return _rotate_into(x.to(work), cos, sin, interleaved).to(x.dtype)
-
 
 # --------------------------------------------------------------------------- checks
 
@@ -352,11 +133,8 @@ def _state(
 ) -> RotaryState:
     """A :class:`RotaryState` rotating queries by ``query`` = (cos, sin) and keys by ``key``."""
 
-    def rotate(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return (
-            apply_rotary(q, *query, interleaved=interleaved),
-            apply_rotary(k, *key, interleaved=interleaved),
-        )
+    def rotate(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return _rotate_qk(q, k, query, key, interleaved, inplace)
 
     return RotaryState(rotate)
 
@@ -364,6 +142,57 @@ def _state(
 def _unsqueeze_heads(t: Tensor) -> Tensor:
     """``(n, r/2)`` stays; ``(b, n, r/2)`` -> ``(b, 1, n, r/2)`` to broadcast over heads."""
     return t.unsqueeze(-3) if t.dim() == 3 else t
+
+
+def _rotate_one(
+    x: Tensor, tables: tuple[Tensor, Tensor], interleaved: bool, inplace: object, name: str = "x"
+) -> Tensor:
+    """Rotate ``x`` by ``tables`` (``(cos, sin)`` made by the module, in the work dtype): into
+    a new tensor, or in its own storage where :func:`check_inplace` allows."""
+    if check_bool("inplace", inplace):
+        check_inplace(x, *tables, name=name)
+    return rotate(x, *tables, interleaved, bool(inplace))
+
+
+def _rotate_qk(
+    q: Tensor,
+    k: Tensor,
+    q_tables: tuple[Tensor, Tensor],
+    k_tables: tuple[Tensor, Tensor],
+    interleaved: bool,
+    inplace: object,
+) -> tuple[Tensor, Tensor]:
+    """:func:`_rotate_one` for ``q`` and ``k``; in place, they must not start at the same
+    memory (the second rotation would turn the first's result)."""
+    if inplace is True and (
+        q is k or (fast_path_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
+    ):
+        raise PosencValueError(
+            "q and k start at the same memory: rotating both in place would turn it twice; "
+            "pass separate tensors or rotate out of place"
+        )
+    return (
+        _rotate_one(q, q_tables, interleaved, inplace, "q"),
+        _rotate_one(k, k_tables, interleaved, inplace, "k"),
+    )
+
+
+#: Integer dtypes whose positions :meth:`RotaryEmbedding.forward` validates in one read.
+_INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+#: Up to this many positions are read whole (one transfer), and a run ``p, p+1, ...`` is
+#: taken from the table as a view instead of gathered.
+_FEW_POSITIONS = 16
+
+
+def _extent(positions: Tensor) -> tuple[int, int, bool]:
+    """The smallest and largest of integer ``positions`` and whether they are one run
+    ``lo, lo + 1, ...`` (1-D only), read from the device once."""
+    if positions.numel() <= _FEW_POSITIONS:
+        values = positions.flatten().tolist()
+        lo, hi = min(values), max(values)
+        return lo, hi, positions.dim() == 1 and values == list(range(lo, lo + len(values)))
+    lo, hi = torch.aminmax(positions)
+    return int(lo), int(hi), False
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -482,6 +311,7 @@ class RotaryEmbedding(RotaryEncoding):
         empty = torch.empty(0, half, dtype=torch.float32, device=device)
         self.register_buffer("cos_cached", empty, persistent=False)
         self.register_buffer("sin_cached", empty.clone(), persistent=False)
+        self.reset_tables()  # built now, so that a compiled forward reads a table that stays
 
     @classmethod
     def from_hf_config(
@@ -542,7 +372,9 @@ class RotaryEmbedding(RotaryEncoding):
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
-        device; ``num_positions`` rows (default: as many as now). Called after ``.to()``,
+        device; ``num_positions`` rows (default: as many as now, and at least
+        :attr:`initial_table_size` where the module reads a table: fixed frequencies other
+        than dynamic NTK, within the memory budget). Called at construction, after ``.to()``,
         ``to_empty``, a dynamic-NTK change, and when a position is past the table's end."""
         device = self.cos_cached.device
         if device.type == "meta":
@@ -553,6 +385,9 @@ class RotaryEmbedding(RotaryEncoding):
             if not self.learned_freq:
                 self.inv_freq, self.attention_factor = self._frequencies(self._seq_len, device)
             n = self.cos_cached.shape[0] if num_positions is None else num_positions
+            reads_table = not self.learned_freq and self.rope_type != "dynamic"
+            if num_positions is None and reads_table and n < self.initial_table_size:
+                n = self._table_rows_for(self.initial_table_size, 0, device) or n
             self.cos_cached, self.sin_cached = self._table_rows(n, device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
@@ -590,7 +425,19 @@ class RotaryEmbedding(RotaryEncoding):
         """cos and sin (times the attention factor) for ``positions`` (``None``:
         ``arange(seq_len)``), as ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``
         (float32 for half-precision work, float64 when asked)."""
-        device = self.cos_cached.device if device is None else device
+        return self._cos_sin(positions, seq_len, dtype, device, None)
+
+    def _cos_sin(
+        self,
+        positions: Tensor | None,
+        seq_len: int,
+        dtype: torch.dtype,
+        device: Any,
+        extent: tuple[int, int, bool] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`cos_sin`, given the :func:`_extent` of integer ``positions`` where known."""
+        table_cos = self.cos_cached
+        device = table_cos.device if device is None else device
         if self.learned_freq:
             pos = torch.arange(seq_len, device=device) if positions is None else positions
             angles = pos.to(torch.float64)[..., None] * self.freq.to(torch.float64)
@@ -599,19 +446,28 @@ class RotaryEmbedding(RotaryEncoding):
         table_ok = (
             dtype != torch.float64
             and self.rope_type != "dynamic"
-            and not torch.compiler.is_compiling()  # first: dynamo must not touch the cache
             # a meta module has no table to read, and meta positions no largest value
-            and not self.cos_cached.is_meta
+            and not table_cos.is_meta
             and not (positions is not None and positions.is_meta)
         )
+        if torch.compiler.is_compiling():  # dynamo must not grow the cache, only read it
+            if table_ok and positions is None and seq_len <= table_cos.shape[0]:
+                # rows of the table are one input of the graph; the formula would instead be
+                # fused into (and recomputed by) every use, q's and k's rotation alike
+                cos, sin = table_cos[:seq_len].to(dtype), self.sin_cached[:seq_len].to(dtype)
+                return cos, sin  # (n, r/2)
+            table_ok = False
         if positions is not None and (positions.is_floating_point() or not table_ok):
             angles = positions.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
             return self._finish(angles, dtype)
         if positions is None and not table_ok:
             angles = torch.arange(seq_len, dtype=torch.float64, device=device)[:, None]
             return self._finish(angles * self.inv_freq.to(torch.float64), dtype)
-        needed = seq_len if positions is None or not positions.numel() else int(positions.max()) + 1
-        if needed > self.cos_cached.shape[0]:
+        if positions is None or not positions.numel():
+            needed = seq_len
+        else:
+            needed = (int(positions.max()) if extent is None else extent[1]) + 1
+        if needed > table_cos.shape[0]:
             rows = self._table_rows_for(needed, seq_len, device)
             if rows is None:
                 # a far position (one new token at 10^9 in a long KV cache): the angles of
@@ -620,11 +476,18 @@ class RotaryEmbedding(RotaryEncoding):
                 angles = pos.to(torch.float64)[..., None] * self.inv_freq.to(torch.float64)
                 return self._finish(angles, dtype)
             self.reset_tables(rows)
+            table_cos = self.cos_cached
+        table_sin = self.sin_cached
         if positions is None:
-            cos, sin = self.cos_cached[:seq_len], self.sin_cached[:seq_len]  # (n, r/2)
+            cos, sin = table_cos[:seq_len], table_sin[:seq_len]  # (n, r/2)
+        elif extent is not None and extent[2]:  # one run p, p+1, ...: rows of the table, views
+            lo = extent[0]
+            cos, sin = table_cos[lo : lo + seq_len], table_sin[lo : lo + seq_len]
         else:
-            cos, sin = self.cos_cached[positions], self.sin_cached[positions]  # (..., n, r/2)
-        return _unsqueeze_heads(cos.to(dtype)), _unsqueeze_heads(sin.to(dtype))
+            cos, sin = table_cos[positions], table_sin[positions]  # (..., n, r/2)
+        if cos.dtype != dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
     def _table_rows_for(self, needed: int, seq_len: int, device: Any) -> int | None:
         """Rows to grow the cached tables to so that they cover ``needed`` positions for a
@@ -651,50 +514,73 @@ class RotaryEmbedding(RotaryEncoding):
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """cos and sin computed once for every layer of a forward (see :class:`RotaryState`)."""
-        b, n, work = x.shape[0], x.shape[1], compute_dtype(x.dtype)
-        positions = self._positions(positions, n, b, x.device)
-        self._update_state(positions, n)
-        cos, sin = self.cos_sin(positions, n, dtype=work, device=x.device)
-        return _state(self.interleaved, (cos, sin), (cos, sin))
+        tables = self._tables(positions, x.shape[0], x.shape[1], compute_dtype(x.dtype), x.device)
+        return _state(self.interleaved, tables, tables)
 
     # ------------------------------------------------------------------ forward
 
     def _positions(
         self, positions: Tensor | None, n: int, batch: int, device: Any
     ) -> Tensor | None:
-        if positions is None:
-            return None
-        return resolve_positions(positions, n, batch=batch, device=device)
+        return self._positions_extent(positions, n, batch, device)[0]
 
-    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache)."""
+    def _positions_extent(
+        self, positions: Tensor | None, n: int, batch: int, device: Any
+    ) -> tuple[Tensor | None, tuple[int, int, bool] | None]:
+        """Validated positions (``None`` stays ``None``) and, for integer positions read in
+        eager mode, their :func:`_extent`. The common case (an integer tensor of the right
+        shape, nothing negative) costs one read; anything else goes through
+        :func:`resolve_positions`, which names what is wrong."""
+        if positions is None:
+            return None, None
+        if (
+            isinstance(positions, Tensor)
+            and positions.dtype in _INTEGER
+            and positions.dim() in (1, 2)
+            and positions.shape[-1] == n
+            and (positions.dim() == 1 or positions.shape[0] in (1, batch))
+            and positions.numel() > 0
+            and not positions.is_meta
+            and fast_path_ok(positions)
+        ):
+            extent = _extent(positions)
+            if extent[0] >= 0:
+                return positions, extent
+        return resolve_positions(positions, n, batch=batch, device=device), None
+
+    def _tables(
+        self, positions: Tensor | None, batch: int, n: int, dtype: torch.dtype, device: Any
+    ) -> tuple[Tensor, Tensor]:
+        """Validate ``positions``, follow dynamic scaling, and return :meth:`cos_sin`."""
+        positions, extent = self._positions_extent(positions, n, batch, device)
+        self._update_state(positions, n)
+        return self._cos_sin(positions, n, dtype, device, extent)
+
+    def rotate(
+        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+    ) -> Tensor:
+        """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache); with
+        ``inplace=True`` in its own storage, returning ``x``."""
         x, _ = _check_qk(x, x, self.head_dim)
-        positions = self._positions(positions, x.shape[2], x.shape[0], x.device)
-        self._update_state(positions, x.shape[2])
-        cos, sin = self.cos_sin(
-            positions, x.shape[2], dtype=compute_dtype(x.dtype), device=x.device
-        )
-        return apply_rotary(x, cos, sin, interleaved=self.interleaved)
+        tables = self._tables(positions, x.shape[0], x.shape[2], compute_dtype(x.dtype), x.device)
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys by their positions.
 
         Shapes:
             q: ``(b, hq, n, d)``; k: ``(b, hk, n, d)``; positions: ``(n,)`` or ``(b, n)``.
-            Returns new ``(q, k)`` of the same shapes and dtypes.
+            Returns new ``(q, k)`` of the same shapes and dtypes, or with ``inplace=True``
+            ``q`` and ``k`` themselves, rotated in their own storage (any strided views, e.g.
+            sliced from a fused qkv projection; see :func:`apply_rotary_` for when autograd
+            allows it).
         """
         q, k = _check_qk(q, k, self.head_dim)
-        b, _, n, _ = q.shape
-        positions = self._positions(positions, n, b, q.device)
-        self._update_state(positions, n)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
-        cos, sin = self.cos_sin(positions, n, dtype=work, device=q.device)
-        return (
-            apply_rotary(q, cos, sin, interleaved=self.interleaved),
-            apply_rotary(k, cos, sin, interleaved=self.interleaved),
-        )
+        tables = self._tables(positions, q.shape[0], q.shape[2], work, q.device)
+        return _rotate_qk(q, k, tables, tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"
@@ -824,28 +710,34 @@ class XPos(RotaryEmbedding):
         query = self.scaled_cos_sin(pos, work, key=False)
         return _state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
 
-    def rotate(self, x: Tensor, positions: Tensor | None = None, *, key: bool = False) -> Tensor:
-        """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``.
-        Pass a fixed ``center`` at construction when queries and keys come in separate calls."""
+    def rotate(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        key: bool = False,
+        inplace: bool = False,
+    ) -> Tensor:
+        """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``;
+        with ``inplace=True`` in its own storage. Pass a fixed ``center`` at construction when
+        queries and keys come in separate calls."""
         x, _ = _check_qk(x, x, self.head_dim)
         pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
-        cos, sin = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
-        return apply_rotary(x, cos, sin, interleaved=self.interleaved)
+        tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
     ) -> tuple[Tensor, Tensor]:
-        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``."""
+        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
+        ``inplace`` as for :meth:`RotaryEmbedding.forward`."""
         q, k = _check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         pos = resolve_positions(positions, n, batch=b, device=q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
-        q_cos, q_sin = self.scaled_cos_sin(pos, work, key=False)
-        k_cos, k_sin = self.scaled_cos_sin(pos, work, key=True)
-        return (
-            apply_rotary(q, q_cos, q_sin, interleaved=self.interleaved),
-            apply_rotary(k, k_cos, k_sin, interleaved=self.interleaved),
-        )
+        q_tables = self.scaled_cos_sin(pos, work, key=False)
+        k_tables = self.scaled_cos_sin(pos, work, key=True)
+        return _rotate_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", scale_base={self.scale_base:g}"
@@ -967,27 +859,28 @@ class AxialRotaryEmbedding(RotaryEncoding):
         cos_sin = self.cos_sin(coords, compute_dtype(x.dtype))
         return _state(self.interleaved, cos_sin, cos_sin)
 
-    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, a)`` / ``(b, n, a)``."""
+    def rotate(
+        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+    ) -> Tensor:
+        """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, a)`` / ``(b, n, a)``; with
+        ``inplace=True`` in its own storage."""
         x, _ = _check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
-        cos, sin = self.cos_sin(coords, compute_dtype(x.dtype))
-        return apply_rotary(x, cos, sin, interleaved=self.interleaved)
+        tables = self.cos_sin(coords, compute_dtype(x.dtype))
+        return _rotate_one(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n, a)`` or
-        ``(b, n, a)``."""
+        ``(b, n, a)``; ``inplace`` as for :meth:`RotaryEmbedding.forward` (not with learned
+        frequencies under autograd)."""
         q, k = _check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         coords = self.coordinates(positions, n, b, q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
-        cos, sin = self.cos_sin(coords, work)
-        return (
-            apply_rotary(q, cos, sin, interleaved=self.interleaved),
-            apply_rotary(k, cos, sin, interleaved=self.interleaved),
-        )
+        tables = self.cos_sin(coords, work)
+        return _rotate_qk(q, k, tables, tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         return (

@@ -23,8 +23,8 @@ from typing import Any
 
 from torch import Tensor
 
-#: ``rotate(q, k) -> (q, k)`` for ``(b, h, n, d)`` queries and keys.
-Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+#: ``rotate(q, k, inplace) -> (q, k)`` for ``(b, h, n, d)`` queries and keys.
+Rotate = Callable[[Tensor, Tensor, bool], tuple[Tensor, Tensor]]
 
 
 class PositionState:
@@ -35,15 +35,18 @@ class RotaryState(PositionState):
     """Rotates each layer's queries and keys with angles computed once.
 
     Args:
-        rotate: ``(q, k) -> (q, k)``, the encoding's rotation with its cos/sin bound.
+        rotate: ``(q, k, inplace) -> (q, k)``, the encoding's rotation with its cos/sin
+            bound; ``inplace`` is a request that a scheme may ignore (then it returns new
+            tensors).
     """
 
     def __init__(self, rotate: Rotate) -> None:
         self.rotate = rotate
 
-    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``; returns both rotated."""
-        return self.rotate(q, k)
+    def __call__(self, q: Tensor, k: Tensor, *, inplace: bool = False) -> tuple[Tensor, Tensor]:
+        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``; returns both rotated (with
+        ``inplace=True``, where the scheme can, ``q`` and ``k`` themselves)."""
+        return self.rotate(q, k, inplace)
 
 
 _UNSET: Any = object()

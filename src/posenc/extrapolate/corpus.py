@@ -75,7 +75,7 @@ def cache_dir() -> Path:
     """The folder that holds prepared corpora (see the module docstring); delete it to clear.
 
     ``POSENC_CACHE_DIR`` and ``XDG_CACHE_HOME`` name posenc's cache root as in
-    :func:`posenc.encodings.native.cache_dir`; the corpora go in its ``extrapolate`` folder.
+    posenc's other caches; the corpora go in its ``extrapolate`` folder.
     """
     explicit = os.environ.get("POSENC_CACHE_DIR")
     if explicit:

@@ -7,8 +7,9 @@ suite      what is timed
 table      sinusoidal table generation: posenc vs the usual float32 NumPy and torch versions
            and ``positional_encodings``' ``PositionalEncoding1D``; max error vs float64
 add        adding an absolute encoding to embeddings, vs ``x + table`` and the copy floor
-rope       RoPE on q and k, both layouts, fp32 and bf16, vs transformers,
-           rotary-embedding-torch, x-transformers and the copy floor
+rope       RoPE on q and k, both layouts, fp32 and bf16, in place and not, eager and
+           compiled, vs transformers, rotary-embedding-torch, x-transformers and the copy
+           floor; the first call in a fresh process; a decode step vs transformers
 bias       ALiBi attention per posenc backend vs ``torch.nn.MultiheadAttention`` given the
            materialised bias: time and peak memory against n
 encoder    a whole ``posenc.Encoder``, forward and forward+backward, train and eval mode, vs

@@ -15,7 +15,9 @@ class Settings:
     repeats: int = 10  # timed calls per case (round-robin)
     table: tuple[int, int] = (8192, 512)  # positions, width
     add: tuple[int, int, int] = (8, 1024, 512)  # batch, n, width
-    rope: tuple[int, int, int, int] = (1, 16, 2048, 64)  # batch, heads, n, head dim
+    # RoPE: q, k shapes (batch, heads, n, head dim); the user-compiled rows too?
+    rope: tuple[tuple[int, int, int, int], ...] = ((4, 16, 2048, 128), (1, 32, 4096, 128))
+    rope_compile: bool = True
     attn_dim: int = 128  # bias attention: width ...
     attn_heads: int = 2  # ... and heads (head dim 64)
     bias_sizes: tuple[int, ...] = (512, 1024, 2048)
@@ -36,7 +38,8 @@ QUICK = Settings(
     repeats=2,
     table=(128, 32),
     add=(2, 32, 32),
-    rope=(1, 2, 16, 8),
+    rope=((1, 2, 16, 8),),
+    rope_compile=False,
     attn_dim=32,
     attn_heads=2,
     bias_sizes=(32, 64),
