@@ -141,11 +141,13 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             settings[fld] = value
+    # a preset's options fit the preset's encodings: keep those of the encodings still named
+    named = {name for name, _ in parse_pe_list(settings["pe"])}
+    options = {k: dict(v) for k, v in settings["pe_options"].items() if k in named}
     for text in args.pe_option:
         name, key, value = parse_pe_option(text)
-        options = {k: dict(v) for k, v in settings["pe_options"].items()}
         options.setdefault(name, {})[key] = value
-        settings["pe_options"] = options
+    settings["pe_options"] = options
     return settings
 
 
