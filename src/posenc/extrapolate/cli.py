@@ -64,7 +64,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="named settings (press: Press et al. 2022 Fig. 1's shape in minutes on a CPU)",
+        help="named settings (press: the shape of Press et al. 2022's Fig. 1, "
+        "about 30 CPU-minutes)",
     )
     p.add_argument("--text", help="a UTF-8 file or a folder (default: the Python stdlib)")
     p.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe:N")
