@@ -108,6 +108,9 @@ def test_settings_layer_defaults_preset_and_flags() -> None:
     assert [c.steps for c in configs] == [50] * 6  # the flag wins over the preset
     assert configs[4].pe_options == PRESETS["press"]["pe_options"]["t5"]
     assert evaluation.scalings == ["linear", "dynamic", "yarn"]
+    # Naming fewer encodings drops the preset's options for the others.
+    settings = ex_cli.resolve_settings(parse(["--preset", "press", "--pe", "rope"]))
+    assert settings["pe_options"] == {} and len(ex_cli.build_configs(settings)[0]) == 1
 
     settings = ex_cli.resolve_settings(
         parse(

@@ -64,7 +64,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="named settings (press: Press et al. 2022 Fig. 1's shape in minutes on a CPU)",
+        help="named settings (press: the shape of Press et al. 2022's Fig. 1, "
+        "about 30 CPU-minutes)",
     )
     p.add_argument("--text", help="a UTF-8 file or a folder (default: the Python stdlib)")
     p.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe:N")
@@ -141,11 +142,13 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             settings[fld] = value
+    # a preset's options fit the preset's encodings: keep those of the encodings still named
+    named = {name for name, _ in parse_pe_list(settings["pe"])}
+    options = {k: dict(v) for k, v in settings["pe_options"].items() if k in named}
     for text in args.pe_option:
         name, key, value = parse_pe_option(text)
-        options = {k: dict(v) for k, v in settings["pe_options"].items()}
         options.setdefault(name, {})[key] = value
-        settings["pe_options"] = options
+    settings["pe_options"] = options
     return settings
 
 

@@ -24,7 +24,6 @@ Cache
     once to write the tokens; ``bpe:N`` once more to train), block by block: a corpus never
     has to fit in memory. A second prepare of the same text hashes it again and then opens
     the entry at once.
-
 """
 
 from __future__ import annotations

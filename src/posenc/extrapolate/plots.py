@@ -11,7 +11,7 @@ from matplotlib.ticker import ScalarFormatter
 from .summary import curves, lengths_of, mean, position_curves
 
 
-def plot_extrapolation(results: dict[str, Any], *, clip: float = 2.0) -> Figure:
+def plot_extrapolation(results: dict[str, Any], *, clip: float = 2.5) -> Figure:
     """Two panels: left, bits per byte (mean over seeds) against evaluation length; right,
     against the end of each position bucket at the longest length. A dotted line marks the
     training length L. The y axis stops at ``clip`` times the best value at L, or just above

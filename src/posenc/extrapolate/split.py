@@ -15,7 +15,6 @@ The split (train/validation)
     the document with the smallest ``u`` moves there; if every unit did, the first unit of
     the document with the largest ``u`` moves to training. Each split is its units
     concatenated in (path, unit) order, without separators.
-
 """
 
 from __future__ import annotations

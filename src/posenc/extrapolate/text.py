@@ -17,7 +17,6 @@ Default text (no ``text``)
     ``distutils/tests/``, ``idlelib/idle_test/``, ``lib2to3/tests/``, ``tkinter/test/``
     and any installed packages; :data:`STDLIB_FILTER` says it in one sentence. About
     12 MB of code in 730 files on CPython 3.11.
-
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ Tokens
     encoded on its own. Every token stands for a known number of bytes
     (:attr:`Corpus.token_bytes`), so a loss in nats per token converts exactly to bits per
     byte (:func:`bits_per_byte`).
-
 """
 
 from __future__ import annotations
