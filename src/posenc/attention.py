@@ -489,8 +489,10 @@ class MultiHeadAttention(nn.Module):
         bias_state: BiasState | None = None
         if isinstance(state, RotaryState):
             # q and k are fresh projections: rotate them in their own storage where autograd
-            # is off (under autograd they are unbind views, which must not change in place)
-            q, k = state(q, k, inplace=not torch.is_grad_enabled())
+            # is off (under autograd they are unbind views, which must not change in place);
+            # inside torch.compile inductor fuses the out-of-place rotation instead
+            fresh = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            q, k = state(q, k, inplace=fresh)
         elif isinstance(state, BiasState):
             bias_state = state
 

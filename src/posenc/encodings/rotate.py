@@ -269,7 +269,8 @@ def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
         )
     for name, t in (("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise PosencTypeError(f"{name} must be a floating-point tensor")
+            got = getattr(t, "dtype", type(t).__name__)
+            raise PosencTypeError(f"{name} must be a floating-point tensor, got {got}")
     assert isinstance(cos, Tensor) and isinstance(sin, Tensor)
     shape = cos.shape
     if shape != sin.shape:
