@@ -389,3 +389,26 @@ print("ok")
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_transforms_and_modes_see_every_operation() -> None:
+    """torch.func (vmap, grad), a dispatch mode (FlopCounterMode) and jit.trace run the
+    rotation, in place and not, with the values of the eager call."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(3, 2, 5, 8)
+    cos, sin = (t.float() for t in _tables(5, 4))
+    want = apply_rotary(x, cos, sin)
+    with torch.no_grad():
+        assert_close(torch.vmap(lambda t: apply_rotary(t, cos, sin))(x), want)
+        assert_close(torch.vmap(lambda t: apply_rotary_(t.clone(), cos, sin))(x), want)
+        with FlopCounterMode(display=False):
+            assert_close(apply_rotary_(x.clone(), cos, sin), want)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarning; jit.trace is deprecated in torch 2.13
+            traced = torch.jit.trace(lambda t: apply_rotary(t, cos, sin), (x,))
+        assert_close(traced(x), want)
+    grad = torch.func.grad(lambda t: apply_rotary(t, cos, sin).square().sum())(x)
+    y = x.clone().requires_grad_()
+    apply_rotary(y, cos, sin).square().sum().backward()
+    assert_close(grad, y.grad)

@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> None:
         "- the machine may be shared with other jobs: absolute times are noisy; the ratios, "
         "measured round-robin in one process, much less so",
         "",
+        "",
     ]
     report = "\n".join(header) + section.markdown() + "\n"
     print(report)

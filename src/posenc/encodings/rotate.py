@@ -363,8 +363,8 @@ def check_inplace(x: Tensor, cos: Tensor, sin: Tensor, *, name: str = "x") -> No
             "frequencies: their gradient needs the input before the rotation); rotate "
             "out of place, or under torch.no_grad()"
         )
-    if torch.compiler.is_compiling():  # the graph's own checks apply; reading x's autograd
-        return  # state here would replay views of a base already changed in place
+    if not fast_path_ok(x):  # compiling, tracing, torch.func, subclasses: torch's own checks
+        return  # apply (and reading x's autograd state under compile replays changed views)
     if grad and x.requires_grad and x.is_leaf:
         raise PosencValueError(
             f"cannot rotate {name} in place: it is a leaf tensor that requires grad; "

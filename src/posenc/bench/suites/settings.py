@@ -15,9 +15,9 @@ class Settings:
     repeats: int = 10  # timed calls per case (round-robin)
     table: tuple[int, int] = (8192, 512)  # positions, width
     add: tuple[int, int, int] = (8, 1024, 512)  # batch, n, width
-    # RoPE: q, k shapes (batch, heads, n, head dim); the user-compiled rows too?
+    # RoPE: the shapes of q and k (batch, heads, n, head dim), one table each
     rope: tuple[tuple[int, int, int, int], ...] = ((4, 16, 2048, 128), (1, 32, 4096, 128))
-    rope_compile: bool = True
+    rope_compile: bool = True  # RoPE: also time a module the user compiles (inductor)
     attn_dim: int = 128  # bias attention: width ...
     attn_heads: int = 2  # ... and heads (head dim 64)
     bias_sizes: tuple[int, ...] = (512, 1024, 2048)
