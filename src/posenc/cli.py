@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .errors import PosencError, PosencValueError
 
@@ -266,6 +266,15 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def run_alone(name: str, add_subcommand: Callable[[Any], None], argv: Sequence[str] | None) -> int:
+    """``python -m posenc.NAME ...``: the ``posenc NAME`` subcommand on its own (also the entry
+    point for ``torchrun``), with the same boundary as ``posenc`` (:func:`run`)."""
+    parser = _Parser(prog=f"python -m posenc.{name}")
+    add_subcommand(parser.add_subparsers(dest="command", parser_class=_Parser))
+    args = [name, *(sys.argv[1:] if argv is None else argv)]
+    return run(parser, args, f"posenc {name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,13 +12,9 @@ from .cli import add_subcommand
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from posenc.cli import _Parser, run
+    from posenc.cli import run_alone
 
-    parser = _Parser(prog="python -m posenc.extrapolate")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    add_subcommand(sub)
-    args = ["extrapolate", *(sys.argv[1:] if argv is None else argv)]
-    return run(parser, args, "posenc extrapolate")
+    return run_alone("extrapolate", add_subcommand, argv)
 
 
 if __name__ == "__main__":

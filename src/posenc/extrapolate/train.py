@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PosencTypeError, PosencValueError
+from ..errors import PosencValueError
 from ..lengthgen.checkpoint import RESULT, prepare_run_dir, write_json
+from ..lengthgen.config import transformer_for
 from ..lengthgen.distributed import all_reduce_sum, global_mean, world
 from ..lengthgen.loop import Trainer, make_optimizer, optimizer_step
 from ..lengthgen.progress import Bar
@@ -40,26 +41,7 @@ RESUME_FREE = frozenset({"checkpoint_every"})
 
 def build_model(config: ExtrapolateConfig, vocab_size: int) -> nn.Module:
     """The causal ``TransformerModel`` of a run, its ``trained_length`` set to ``train_len``."""
-    from posenc import TransformerModel
-
-    try:
-        model = TransformerModel(
-            vocab_size,
-            config.dim,
-            config.depth,
-            config.heads,
-            pe=config.pe,
-            causal=True,
-            ffn_dim=config.ffn_dim or None,
-            dropout=config.dropout,
-            pe_kwargs=dict(config.pe_options) or None,
-        )
-    except TypeError as exc:
-        if config.pe_options:
-            raise PosencTypeError(
-                f"pe {config.pe!r} with options {config.pe_options}: {exc}"
-            ) from exc
-        raise
+    model = transformer_for(config, vocab_size, causal=True)
     model.trained_length = config.train_len
     return model
 

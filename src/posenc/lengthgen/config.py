@@ -229,3 +229,28 @@ def check_fields(config: Any, positive: tuple[str, ...], non_negative: tuple[str
         raise PosencValueError(f"warmup is a fraction of the steps in [0, 1), got {config.warmup}")
     if config.decay not in DECAYS:
         raise PosencValueError(f"decay must be one of {', '.join(DECAYS)}, got {config.decay!r}")
+
+
+def transformer_for(config: Any, vocab_size: int, *, causal: bool) -> Any:
+    """``posenc.TransformerModel`` of a run's width, depth, heads, encoding and its options
+    (``config`` a lengthgen or extrapolate config); options the encoding refuses name it."""
+    from ..model import TransformerModel
+
+    try:
+        return TransformerModel(
+            vocab_size,
+            config.dim,
+            config.depth,
+            config.heads,
+            pe=config.pe,
+            causal=causal,
+            ffn_dim=config.ffn_dim or None,
+            dropout=config.dropout,
+            pe_kwargs=dict(config.pe_options) or None,
+        )
+    except TypeError as exc:
+        if config.pe_options:
+            raise PosencTypeError(
+                f"pe {config.pe!r} with options {config.pe_options}: {exc}"
+            ) from exc
+        raise

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PosencTypeError, PosencValueError
+from ..errors import PosencValueError
 from .checkpoint import (
     CHECKPOINT,
     CHECKPOINT_VERSION,
@@ -45,7 +45,7 @@ from .checkpoint import (
     save_checkpoint,
     write_json,
 )
-from .config import MAX_INPUT_LENGTH, TrainConfig, check_encoding
+from .config import MAX_INPUT_LENGTH, TrainConfig, check_encoding, transformer_for
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
 from .distributed import all_reduce_sum, global_mean, torch_threads, world
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
@@ -79,26 +79,7 @@ _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The model for a run: ``posenc.TransformerModel`` over the task's tokens plus the
     harness's special tokens, causal for decoder tasks."""
-    from posenc import TransformerModel
-
-    try:
-        return TransformerModel(
-            Vocab(task.vocab_size).size,
-            config.dim,
-            config.depth,
-            config.heads,
-            pe=config.pe,
-            causal=task.kind == "decoder",
-            ffn_dim=config.ffn_dim or None,
-            dropout=config.dropout,
-            pe_kwargs=dict(config.pe_options) or None,
-        )
-    except TypeError as exc:
-        if config.pe_options:
-            raise PosencTypeError(
-                f"pe {config.pe!r} with options {config.pe_options}: {exc}"
-            ) from exc
-        raise
+    return transformer_for(config, Vocab(task.vocab_size).size, causal=task.kind == "decoder")
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
