@@ -49,9 +49,6 @@ class RotaryState(PositionState):
         return self.rotate(q, k, inplace)
 
 
-_UNSET: Any = object()
-
-
 class BiasState(PositionState):
     """A bias encoding with its positions resolved; the bias (or ``score_mod``) is made at
     the first layer's request and reused by the rest, unless the scheme reads ``q``/``k``.
@@ -63,8 +60,7 @@ class BiasState(PositionState):
 
     def __init__(self, pe: Any, positions: Tensor) -> None:  # pe: a BiasEncoding
         self.pe, self.positions = pe, positions
-        self._bias: Tensor | None = None
-        self._score_mod: Any = _UNSET
+        self._kept: dict[str, Any] = {}  # hook name -> what it gave, for q/k-free schemes
 
     @property
     def needs_qk(self) -> bool:
@@ -76,21 +72,21 @@ class BiasState(PositionState):
 
     def bias(self, q: Tensor, k: Tensor) -> Tensor:
         """The logit bias ``(h, n, n)`` or ``(b, h, n, n)`` for this layer's ``q``, ``k``."""
-        pos = self.positions
-        if self.pe.needs_qk:
-            return self.pe.bias(pos, pos, q=q, k=k)
-        if self._bias is None:
-            self._bias = self.pe.bias(pos, pos)
-        return self._bias
+        return self._ask("bias", q, k)
 
     def score_mod(self, q: Tensor, k: Tensor) -> Callable[..., Tensor] | None:
         """The scheme's flex_attention ``score_mod``, or ``None`` when it has none."""
+        return self._ask("score_mod", q, k)
+
+    def _ask(self, hook: str, q: Tensor, k: Tensor) -> Any:
+        """The encoding's ``hook`` at these positions: asked again for every layer when it
+        reads ``q``/``k``, else once and kept."""
         pos = self.positions
         if self.pe.needs_qk:
-            return self.pe.score_mod(pos, pos, q=q, k=k)
-        if self._score_mod is _UNSET:
-            self._score_mod = self.pe.score_mod(pos, pos)
-        return self._score_mod
+            return getattr(self.pe, hook)(pos, pos, q=q, k=k)
+        if hook not in self._kept:
+            self._kept[hook] = getattr(self.pe, hook)(pos, pos)
+        return self._kept[hook]
 
     def value_term(self, weights: Tensor) -> Tensor:
         """Shaw et al.'s value-side term: weights ``(b, h, n, n)`` -> ``(b, h, n, d)``."""
