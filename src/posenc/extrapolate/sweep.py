@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
-from ..lengthgen.checkpoint import CHECKPOINT
+from ..lengthgen.checkpoint import check_sweep_start
 from ..lengthgen.distributed import barrier, torch_threads, world
 from ..lengthgen.pool import run_in_processes, slug, threads_per_job
 from .config import EvalSettings, ExtrapolateConfig
@@ -211,16 +211,7 @@ def check_sweep(
     dirs = [run_dir_for(Path(out), c) for c in configs]
     if len(set(dirs)) != len(dirs):
         raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
-    if not resume:
-        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
-        if existing:
-            raise PosencValueError(
-                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
-                "pass --resume to continue them, or choose another --out"
-            )
-    _, world_size = world()
-    if jobs > 1 and world_size > 1:
-        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
     return dirs
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import PosencValueError
+from .distributed import world
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
@@ -108,3 +109,19 @@ def prepare_run_dir(run_dir: Path | str | None, *, resume: bool, rank: int) -> P
         for stale in path.parent.glob(f".{CHECKPOINT}.*.tmp"):  # left by a kill mid-write
             stale.unlink(missing_ok=True)
     return path
+
+
+def check_sweep_start(dirs: list[Path], out: object, *, resume: bool, jobs: int) -> None:
+    """Before a sweep of runs into ``dirs`` (under ``out``): without ``resume`` no run may
+    have started already, and parallel ``jobs`` cannot be combined with torchrun (each run
+    already uses every rank)."""
+    if not resume:
+        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
+        if existing:
+            raise PosencValueError(
+                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
+                "pass --resume to continue them, or choose another --out"
+            )
+    _, world_size = world()
+    if jobs > 1 and world_size > 1:
+        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")

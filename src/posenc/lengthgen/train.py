@@ -40,6 +40,7 @@ from .checkpoint import (
     CHECKPOINT,
     CHECKPOINT_VERSION,
     RESULT,
+    check_sweep_start,
     load_checkpoint,
     prepare_run_dir,
     save_checkpoint,
@@ -389,16 +390,7 @@ def run_sweep(
         if d in seen:
             raise PosencValueError(f"runs {seen[d]} and {i} would share the folder {d}")
         seen[d] = i
-    if not resume:
-        existing = [str(d / CHECKPOINT) for d in dirs if (d / CHECKPOINT).exists()]
-        if existing:
-            raise PosencValueError(
-                f"{existing[0]} exists ({len(existing)} run(s) already started in {out}): "
-                "pass --resume to continue them, or choose another --out"
-            )
-    _, world_size = world()
-    if jobs > 1 and world_size > 1:
-        raise PosencValueError("--jobs must be 1 under torchrun (each run already uses every rank)")
+    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
     if jobs <= 1 or len(configs) == 1:
         records = []
         for c, d in zip(configs, dirs, strict=True):
