@@ -445,13 +445,12 @@ class MultiHeadAttention(nn.Module):
         layers (the Encoder does); ``positions`` are then not read. ``residual`` is
         deprecated: add the output to it instead.
         """
+        if state is None:
+            check_input(x, self.dim)  # bad input fails before the encoding does any work
+            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            state = self.state_for(x, positions, pe)
         heads, weights = self.attend(
-            x,
-            positions=positions,
-            key_padding_mask=key_padding_mask,
-            need_weights=need_weights,
-            pe=pe,
-            state=state,
+            x, state, key_padding_mask=key_padding_mask, need_weights=need_weights
         )
         out = self.out(heads)  # (b, n, D)
         if residual is not None:
@@ -464,25 +463,31 @@ class MultiHeadAttention(nn.Module):
             out = residual + out
         return (out, weights) if need_weights else out
 
+    def state_for(
+        self, x: Tensor, positions: Tensor | None = None, pe: PositionalEncoding | None = None
+    ) -> PositionState | None:
+        """What :meth:`attend` needs of ``pe`` (default: the module's own encoding) at
+        ``positions`` for the input ``x`` (``None`` without an encoding); arguments as for
+        :meth:`forward`."""
+        check_input(x, self.dim)
+        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        return None if pe is None else pe.position_state(positions, x)
+
     def attend(
         self,
         x: Tensor,
+        state: PositionState | None,
         *,
-        positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
-        pe: PositionalEncoding | None = None,
-        state: PositionState | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The heads before the output projection: ``Concat(head_1, ..., head_h)``
         ``(b, n, D)``, and the weights ``(b, h, n, n)`` when ``need_weights`` (else ``None``).
-        Arguments as for :meth:`forward`."""
+        ``state`` is from :meth:`state_for` (or an Encoder's encoding); the other arguments
+        as for :meth:`forward`."""
         check_input(x, self.dim)
         b, n, _ = x.shape
         key_padding_mask = check_key_padding_mask(key_padding_mask, b, n)
-        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
-        if state is None and pe is not None:
-            state = pe.position_state(positions, x)
 
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)

@@ -34,11 +34,11 @@ def encoder_layer(
     """One :class:`~posenc.EncoderLayer` (``layer``) applied to ``x`` ``(b, n, D)`` without
     autograd and without active dropout; the other arguments as for its ``forward``."""
     attn, ffn = layer.attn, layer.ffn
+    if state is None:
+        state = attn.state_for(x, positions, pe)
 
     def attention(h: Tensor, residual: Tensor) -> Tensor:  # residual + attn(h)
-        heads, _ = attn.attend(
-            h, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
-        )
+        heads, _ = attn.attend(h, state, key_padding_mask=key_padding_mask)
         return residual_linear(attn.out, heads, residual).view(x.shape)
 
     def feed_forward(h: Tensor, residual: Tensor) -> Tensor:  # residual + ffn(h)

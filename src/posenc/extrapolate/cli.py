@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
-from ..lengthgen.cli import parse_jobs, parse_pe_list, parse_pe_option, parse_seeds
+from ..lengthgen.cli import (
+    MODEL_FLAGS,
+    add_field_flags,
+    parse_jobs,
+    parse_pe_list,
+    parse_pe_option,
+    parse_seeds,
+    read_field_flags,
+)
 from .config import DEFAULT_PES, PRESETS, SCALINGS, EvalSettings, ExtrapolateConfig
 
 DEFAULT_OUT = "extrapolate-results"
@@ -29,26 +37,15 @@ SWEEP_KEYS = ("pe", "seeds", "jobs", "pe_options")
 EVAL_KEYS = tuple(EvalSettings().to_dict())
 
 # (flag, field, type, help); the field is an ExtrapolateConfig or EvalSettings field
-_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
-    ("--steps", "steps", int, "optimiser steps per model (default 1500)"),
-    ("--train-len", "train_len", int, "L, tokens per training window (default 64)"),
-    ("--batch-size", "batch_size", int, "windows per step (default 32)"),
-    ("--lr", "lr", float, "peak learning rate (default 2e-3)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0)"),
-    ("--warmup", "warmup", float, "fraction of steps of linear warm-up (default 0.05)"),
-    ("--grad-clip", "grad_clip", float, "gradient-norm clip, 0 = off (default 1.0)"),
-    ("--dim", "dim", int, "model width (default 128)"),
-    ("--depth", "depth", int, "layers (default 3)"),
-    ("--heads", "heads", int, "attention heads (default 4)"),
-    ("--ffn-dim", "ffn_dim", int, "feed-forward width, 0 = 4*dim (default 0)"),
-    ("--dropout", "dropout", float, "dropout (default 0)"),
-    ("--checkpoint-every", "checkpoint_every", int, "checkpoint every N steps (default 100)"),
-    ("--eval-tokens", "eval_tokens", int, "most validation tokens scored (default 65536)"),
-    ("--batch-tokens", "batch_tokens", int, "tokens per evaluation forward (default 4096)"),
-    ("--sliding", "sliding", int, "also score sliding windows with this stride (default off)"),
-    ("--finetune-steps", "finetune_steps", int, "fine-tune RoPE models N steps (default 0)"),
-    ("--finetune-len", "finetune_len", int, "fine-tuning length (default: longest eval)"),
-    ("--finetune-lr", "finetune_lr", float, "fine-tuning peak learning rate (default 2e-4)"),
+_OPTIONS = (
+    *MODEL_FLAGS,
+    ("--train-len", "train_len", int, "L, tokens per training window"),
+    ("--eval-tokens", "eval_tokens", int, "most validation tokens scored"),
+    ("--batch-tokens", "batch_tokens", int, "tokens per evaluation forward"),
+    ("--sliding", "sliding", int, "also score sliding windows with this stride, 0 = off"),
+    ("--finetune-steps", "finetune_steps", int, "fine-tune RoPE models N steps"),
+    ("--finetune-len", "finetune_len", int, "fine-tuning length, 0 = the longest eval length"),
+    ("--finetune-lr", "finetune_lr", float, "fine-tuning peak learning rate"),
 )
 
 
@@ -78,8 +75,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue runs from their checkpoints")
     p.add_argument("--jobs", help="models trained in parallel processes (an int or 'auto')")
     p.add_argument("--valid-fraction", type=float, default=0.05, help="share of validation text")
-    for flag, _field, kind, text in _OPTIONS:
-        p.add_argument(flag, type=kind, help=text)
+    add_field_flags(p, _OPTIONS, {**ExtrapolateConfig().to_dict(), **EvalSettings().to_dict()})
     p.add_argument(
         "--pe-option",
         action="append",
@@ -138,10 +134,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["eval_lens"] = parse_lengths(args.eval_lens)
     if args.scalings is not None:
         settings["scalings"] = parse_scalings(args.scalings)
-    for flag, fld, _kind, _text in _OPTIONS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            settings[fld] = value
+    settings.update(read_field_flags(args, _OPTIONS))
     # a preset's options fit the preset's encodings: keep those of the encodings still named
     named = {name for name, _ in parse_pe_list(settings["pe"])}
     options = {k: dict(v) for k, v in settings["pe_options"].items() if k in named}

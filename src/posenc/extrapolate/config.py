@@ -81,15 +81,7 @@ class ExtrapolateConfig:
         check_fields(self, positive, ("ffn_dim", "checkpoint_every", "seed"))
         if self.train_len > MAX_LENGTH:
             raise PosencValueError(f"train_len must be <= {MAX_LENGTH}, got {self.train_len}")
-        from posenc import entry
-
-        axes = getattr(entry(self.pe).cls, "axes", 1)  # unknown names list the known ones
-        if axes != 1:
-            raise PosencValueError(
-                f"pe {self.pe!r} encodes {axes}-D coordinates; extrapolate needs an encoding "
-                "of sequence positions"
-            )
-        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options)
+        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options, "extrapolate")
         if table is not None and table < self.train_len:
             raise PosencValueError(
                 f"pe {self.pe!r} has a table of max_len={table} positions, shorter than "

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import PosencValueError
 from ..lengthgen.checkpoint import check_sweep_start
 from ..lengthgen.distributed import barrier, torch_threads, world
-from ..lengthgen.pool import run_in_processes, slug, threads_per_job
+from ..lengthgen.pool import run_all, slug
 from .config import EvalSettings, ExtrapolateConfig
 from .corpus import Corpus, open_corpus
 from .evaluate import evaluate_model, rope_scalable, scaled_variants
@@ -168,28 +168,38 @@ def run_sweep(
     ``threads`` torch threads, default the cores divided by ``jobs``); returns their results
     in the order of ``configs`` (empty dicts on ranks other than 0)."""
     dirs = check_sweep(configs, corpus, settings, out, jobs=jobs, resume=resume)
-    if jobs <= 1 or len(configs) == 1:
-        results = []
-        for config, run_dir in zip(configs, dirs, strict=True):
-            with torch_threads(threads):
-                result = run_one(
-                    config,
-                    corpus,
-                    settings,
-                    run_dir,
-                    resume=resume,
-                    progress=progress,
-                    console=console,
-                )
-            results.append(result)
-            log_done(console, result)
-        return results
-    per_job = threads_per_job(jobs, threads)
-    calls = [
-        (c.to_dict(), str(corpus.path), settings.to_dict(), str(d), resume, per_job)
-        for c, d in zip(configs, dirs, strict=True)
-    ]
-    return run_in_processes(_job, calls, jobs=jobs, on_done=lambda i, r: log_done(console, r))
+
+    def here(i: int) -> dict[str, Any]:
+        with torch_threads(threads):
+            return run_one(
+                configs[i],
+                corpus,
+                settings,
+                dirs[i],
+                resume=resume,
+                progress=progress,
+                console=console,
+            )
+
+    def job_args(i: int, each: int) -> tuple[Any, ...]:
+        return (
+            configs[i].to_dict(),
+            str(corpus.path),
+            settings.to_dict(),
+            str(dirs[i]),
+            resume,
+            each,
+        )
+
+    return run_all(
+        len(configs),
+        here,
+        _job,
+        job_args,
+        jobs=jobs,
+        threads=threads,
+        on_done=lambda i, result: log_done(console, result),
+    )
 
 
 def check_sweep(

@@ -17,11 +17,9 @@
 from __future__ import annotations
 
 import copy
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,8 +27,8 @@ from torch import nn
 from ..errors import PosencValueError
 from ..lengthgen.checkpoint import RESULT, prepare_run_dir, write_json
 from ..lengthgen.config import transformer_for
-from ..lengthgen.distributed import all_reduce_sum, global_mean, world
-from ..lengthgen.loop import Trainer, make_optimizer, optimizer_step
+from ..lengthgen.distributed import all_reduce_sum, check_divisible, global_mean, world
+from ..lengthgen.loop import Trainer, make_optimizer, optimizer_for, optimizer_step, seed_everything
 from ..lengthgen.progress import Bar
 from .config import ExtrapolateConfig
 from .corpus import Corpus
@@ -100,51 +98,26 @@ def train_model(
     """
     config.validate()
     rank, world_size = world()
-    _check_divisible(config.batch_size, world_size)
+    check_divisible(config.batch_size, world_size)
     path = prepare_run_dir(run_dir, resume=resume, rank=rank)
-    random.seed(config.seed)
-    np.random.seed(config.seed)
-    torch.manual_seed(config.seed)
+    seed_everything(config.seed)
     model = build_model(config, corpus.vocab_size)
     if probe_length:
         _probe(model, config.pe, probe_length)
-    optimizer, scheduler = make_optimizer(
-        model,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        steps=config.steps,
-        warmup=config.warmup,
-        decay=config.decay,
-    )
-    description = f"{corpus.name} {config.pe} seed {config.seed}"
-    run_config = {**config.to_dict(), "corpus": corpus.key}
-
-    def step(trained: nn.Module, at: int) -> tuple[float, float]:
-        return lm_step(
-            trained,
-            optimizer,
-            scheduler,
-            corpus,
-            at,
-            batch_size=config.batch_size,
-            length=config.train_len,
-            seed=config.seed,
-            grad_clip=config.grad_clip,
-            rank=rank,
-            world_size=world_size,
-        )
-
+    optimizer, scheduler = optimizer_for(model, config)
     record = _run(
         model,
         optimizer,
         scheduler,
-        run_config,
+        {**config.to_dict(), "corpus": corpus.key},
         path,
-        step,
+        corpus,
+        config,
+        first=0,
+        batch_size=config.batch_size,
+        length=config.train_len,
         steps=config.steps,
-        checkpoint_every=config.checkpoint_every,
-        extra={"trained_length": config.train_len},
-        bar_text=description,
+        bar_text=f"{corpus.name} {config.pe} seed {config.seed}",
         progress=progress,
         console=console,
     )
@@ -195,32 +168,18 @@ def finetune(
         "lr": lr,
         "batch_size": batch_size,
     }
-
-    def step(trained: nn.Module, at: int) -> tuple[float, float]:
-        return lm_step(
-            trained,
-            optimizer,
-            scheduler,
-            corpus,
-            config.steps + at,  # the windows after the training run's
-            batch_size=batch_size,
-            length=length,
-            seed=config.seed,
-            grad_clip=config.grad_clip,
-            rank=rank,
-            world_size=world_size,
-        )
-
     record = _run(
         tuned,
         optimizer,
         scheduler,
         run_config,
         path,
-        step,
+        corpus,
+        config,
+        first=config.steps,  # the windows after the training run's
+        batch_size=batch_size,
+        length=length,
         steps=steps,
-        checkpoint_every=config.checkpoint_every,
-        extra={"trained_length": config.train_len},
         bar_text=f"{corpus.name} {config.pe}+{rope_type} fine-tune at {length}",
         progress=progress,
         console=console,
@@ -234,16 +193,19 @@ def _run(
     scheduler: Any,
     run_config: dict[str, Any],
     path: Path | None,
-    step: Any,
+    corpus: Corpus,
+    config: ExtrapolateConfig,
     *,
+    first: int,
+    batch_size: int,
+    length: int,
     steps: int,
-    checkpoint_every: int,
-    extra: dict[str, Any],
     bar_text: str,
     progress: bool,
     console: Any,
 ) -> dict[str, Any]:
-    """Restore or train with :class:`~posenc.lengthgen.loop.Trainer`; write the record."""
+    """Restore or train with :class:`~posenc.lengthgen.loop.Trainer` (step ``s`` trains on
+    the corpus's batch number ``first + s``); write the record."""
     rank, world_size = world()
     trainer = Trainer(
         model,
@@ -251,21 +213,30 @@ def _run(
         scheduler,
         config=run_config,
         path=path,
-        rank=rank,
-        world=world_size,
         resume_free=RESUME_FREE,
-        extra=extra,
+        extra={"trained_length": config.train_len},
     )
     finished = trainer.restore()
     if finished is not None:
         return finished
     bar = Bar(progress and rank == 0, bar_text, steps, console, start=trainer.step)
-    trainer.fit(
-        steps,
-        lambda trained: step(trained, trainer.step),
-        checkpoint_every=checkpoint_every,
-        bar=bar,
-    )
+
+    def step(trained: nn.Module) -> tuple[float, float]:
+        return lm_step(
+            trained,
+            optimizer,
+            scheduler,
+            corpus,
+            first + trainer.step,
+            batch_size=batch_size,
+            length=length,
+            seed=config.seed,
+            grad_clip=config.grad_clip,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    trainer.fit(steps, step, checkpoint_every=config.checkpoint_every, bar=bar)
     record = {
         "steps": trainer.step,
         "losses": trainer.losses,
@@ -291,10 +262,3 @@ def _probe(model: nn.Module, pe: str, length: int) -> None:
         raise PosencValueError(f"encoding {pe!r} cannot handle windows of {length}: {exc}") from exc
     finally:
         model.train()
-
-
-def _check_divisible(batch_size: int, world_size: int) -> None:
-    if batch_size % world_size:
-        raise PosencValueError(
-            f"batch_size ({batch_size}) must be divisible by the number of processes ({world_size})"
-        )

@@ -1,21 +1,10 @@
-"""``python -m posenc.lengthgen ...``: the ``posenc lengthgen`` command on its own, also the
-entry point for ``torchrun`` (``python -m torch.distributed.run --nproc_per_node 2 -m
-posenc.lengthgen ...``). A bad argument ends as one line and exit status 2, a bug as a
-traceback, as in ``posenc``."""
-
-from __future__ import annotations
+"""``python -m posenc.lengthgen ...``: ``posenc lengthgen`` on its own, and the entry point for
+``torchrun`` (see :func:`posenc.cli.run_alone`)."""
 
 import sys
-from collections.abc import Sequence
 
+from ..cli import run_alone
 from .cli import add_subcommand
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from posenc.cli import run_alone
-
-    return run_alone("lengthgen", add_subcommand, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_alone("lengthgen", add_subcommand, None))

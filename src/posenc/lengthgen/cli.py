@@ -63,26 +63,52 @@ PRESETS: dict[str, dict[str, Any]] = {
     }
 }
 
-# (flag, TrainConfig field, type, help)
-_TRAIN_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
-    ("--steps", "steps", int, "optimiser steps per run (default 1000)"),
-    ("--batch-size", "batch_size", int, "global batch size (default 64)"),
-    ("--lr", "lr", float, "peak learning rate (default 1e-3)"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay (default 0)"),
-    ("--warmup", "warmup", float, "fraction of steps of linear warm-up (default 0.1)"),
-    ("--grad-clip", "grad_clip", float, "gradient-norm clip, 0 = off (default 1.0)"),
-    ("--dim", "dim", int, "model width (default 64)"),
-    ("--depth", "depth", int, "layers (default 2)"),
-    ("--heads", "heads", int, "attention heads (default 4)"),
-    ("--ffn-dim", "ffn_dim", int, "feed-forward width, 0 = 4*dim (default 0)"),
-    ("--dropout", "dropout", float, "dropout (default 0)"),
-    ("--random-max", "random_max", int, "L for +random: positions drawn from [0, L) (default 256)"),
-    ("--eval-every", "eval_every", int, "periodic evaluation every N steps, 0 = off (default 250)"),
-    ("--eval-samples", "eval_samples", int, "examples per length, periodic evaluation (16)"),
-    ("--test-samples", "test_samples", int, "examples per length, final evaluation (100)"),
-    ("--checkpoint-every", "checkpoint_every", int, "checkpoint every N steps (default 100)"),
+#: The model and optimiser flags both training harnesses (lengthgen, extrapolate) take:
+#: ``(flag, config field, type, help)``; :func:`add_field_flags` appends each harness's
+#: default to the help.
+MODEL_FLAGS: tuple[tuple[str, str, type, str], ...] = (
+    ("--steps", "steps", int, "optimiser steps per run"),
+    ("--batch-size", "batch_size", int, "global batch size"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--weight-decay", "weight_decay", float, "AdamW weight decay"),
+    ("--warmup", "warmup", float, "fraction of steps of linear warm-up"),
+    ("--grad-clip", "grad_clip", float, "gradient-norm clip, 0 = off"),
+    ("--dim", "dim", int, "model width"),
+    ("--depth", "depth", int, "layers"),
+    ("--heads", "heads", int, "attention heads"),
+    ("--ffn-dim", "ffn_dim", int, "feed-forward width, 0 = 4*dim"),
+    ("--dropout", "dropout", float, "dropout"),
+    ("--checkpoint-every", "checkpoint_every", int, "checkpoint every N steps"),
+)
+
+# lengthgen's own TrainConfig flags
+_TRAIN_OPTIONS = (
+    *MODEL_FLAGS,
+    ("--random-max", "random_max", int, "L for +random: positions drawn from [0, L)"),
+    ("--eval-every", "eval_every", int, "periodic evaluation every N steps, 0 = off"),
+    ("--eval-samples", "eval_samples", int, "examples per length, periodic evaluation"),
+    ("--test-samples", "test_samples", int, "examples per length, final evaluation"),
     ("--valid-threshold", "valid_threshold", float, "in-distribution exact match for a valid run"),
 )
+
+
+def add_field_flags(
+    parser: argparse.ArgumentParser,
+    flags: tuple[tuple[str, str, type, str], ...],
+    defaults: dict[str, Any],
+) -> None:
+    """Add one option per ``(flag, field, type, help)`` row; ``defaults`` (field -> value)
+    gives the default each help states."""
+    for flag, name, kind, text in flags:
+        parser.add_argument(flag, type=kind, help=f"{text} (default {defaults[name]})")
+
+
+def read_field_flags(
+    args: argparse.Namespace, flags: tuple[tuple[str, str, type, str], ...]
+) -> dict[str, Any]:
+    """The config fields the command line set, by field name."""
+    values = {name: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, name, *_ in flags}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
@@ -116,8 +142,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--train-lengths", metavar="A-B", help="training input lengths (default 1-20)")
     p.add_argument("--test-lengths", metavar="A-B", help="test input lengths (default 21-40)")
     p.add_argument("--decay", choices=("cosine", "linear", "constant"), help="after warm-up")
-    for flag, _field, kind, text in _TRAIN_OPTIONS:
-        p.add_argument(flag, type=kind, help=text)
+    from .config import TrainConfig
+
+    add_field_flags(p, _TRAIN_OPTIONS, TrainConfig().to_dict())
     p.add_argument(
         "--pe-option",
         action="append",
@@ -301,10 +328,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("task", "pe", "seeds", "out", "jobs"):
         if getattr(args, key) is not None:
             cli[key] = getattr(args, key)
-    for flag, fld, _kind, _text in _TRAIN_OPTIONS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            cli[fld] = value
+    cli.update(read_field_flags(args, _TRAIN_OPTIONS))
     if args.decay is not None:
         cli["decay"] = args.decay
     if args.greedy_eval is not None:

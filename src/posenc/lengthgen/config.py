@@ -113,15 +113,7 @@ class TrainConfig:
                     f"{name} must be <= {MAX_INPUT_LENGTH} (attention over a longer sequence "
                     f"would not fit a tiny-model sweep), got {getattr(self, name)}"
                 )
-        from posenc import entry
-
-        axes = getattr(entry(self.pe).cls, "axes", 1)  # unknown names list the known ones
-        if axes != 1:
-            raise PosencValueError(
-                f"pe {self.pe!r} encodes {axes}-D coordinates; lengthgen needs an encoding "
-                "of sequence positions"
-            )
-        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options)
+        table = check_encoding(self.pe, self.dim, self.heads, self.pe_options, "lengthgen")
         task = get_task(self.task)
         probe = np.random.default_rng([self.seed, 99])
         longest = longest_model_length(task, [self.train_max_length, self.test_max_length], probe)
@@ -154,11 +146,22 @@ class TrainConfig:
         return task
 
 
-def check_encoding(pe: str, dim: int, heads: int, options: dict[str, Any]) -> int | None:
-    """Build the encoding alone (cheap: no model) so that bad ``pe_options`` or a size it
-    cannot take fail before any run starts, naming the encoding and its options. Returns the
-    number of rows of a learned table (positions past it have no embedding), else ``None``."""
-    from posenc import LearnedPositionalEncoding, build_for_model
+def check_encoding(
+    pe: str, dim: int, heads: int, options: dict[str, Any], harness: str = "training"
+) -> int | None:
+    """Build the encoding alone (cheap: no model) so that an unknown name, an encoding of
+    N-D coordinates, bad ``pe_options`` or a size it cannot take fail before any run starts,
+    naming the encoding and its options (``harness`` names the command in the message).
+    Returns the number of rows of a learned table (positions past it have no embedding),
+    else ``None``."""
+    from posenc import LearnedPositionalEncoding, build_for_model, entry
+
+    axes = getattr(entry(pe).cls, "axes", 1)  # unknown names list the known ones
+    if axes != 1:
+        raise PosencValueError(
+            f"pe {pe!r} encodes {axes}-D coordinates; {harness} needs an encoding of "
+            "sequence positions"
+        )
 
     try:
         module = build_for_model(pe, dim, heads, **options)

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ..errors import PosencValueError
+
 
 def world() -> tuple[int, int]:
     """``(rank, world size)``: ``(0, 1)`` outside ``torchrun``."""
@@ -22,6 +24,14 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def check_divisible(batch_size: int, world_size: int) -> None:
+    """A global batch must split evenly over the processes."""
+    if batch_size % world_size:
+        raise PosencValueError(
+            f"batch_size ({batch_size}) must be divisible by the number of processes ({world_size})"
+        )
 
 
 def barrier(world_size: int) -> None:

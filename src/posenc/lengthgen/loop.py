@@ -22,6 +22,7 @@ another order with another thread count).
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -40,6 +41,7 @@ from .checkpoint import (
     set_rng_state,
 )
 from .distributed import barrier
+from .distributed import world as _world
 from .progress import Bar
 
 DECAYS = ("cosine", "linear", "constant")
@@ -77,6 +79,26 @@ def make_optimizer(
     return optimizer, scheduler
 
 
+def optimizer_for(model: nn.Module, config: Any) -> tuple[torch.optim.Optimizer, Any]:
+    """:func:`make_optimizer` with a run config's ``lr``, ``weight_decay``, ``steps``,
+    ``warmup`` and ``decay``."""
+    return make_optimizer(
+        model,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        steps=config.steps,
+        warmup=config.warmup,
+        decay=config.decay,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (model init draws from them)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -103,7 +125,8 @@ class Trainer:
         config: the run's settings as plain data, saved in the checkpoint and compared on
             resume.
         path: the checkpoint file (``None``: nothing is saved).
-        rank, world: this process and the number of processes.
+        rank, world: this process and the number of processes (default: from
+            ``torch.distributed``, or 0 and 1 outside ``torchrun``).
         data_rng: a NumPy generator the step function draws data from, saved and restored.
         resume_free: config fields that may change between a run and its resumption.
         extra: more plain data for every checkpoint (read back from :attr:`saved`).
@@ -121,15 +144,17 @@ class Trainer:
         *,
         config: dict[str, Any],
         path: Path | None,
-        rank: int = 0,
-        world: int = 1,
+        rank: int | None = None,
+        world: int | None = None,
         data_rng: np.random.Generator | None = None,
         resume_free: Iterable[str] = (),
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config, self.path = config, path
-        self.rank, self.world = rank, world
+        here, size = _world()
+        self.rank = here if rank is None else rank
+        self.world = size if world is None else world
         self.data_rng = data_rng
         self.resume_free = frozenset(resume_free)
         self.extra = dict(extra or {})

@@ -60,3 +60,28 @@ def run_in_processes(
             if on_done is not None:
                 on_done(i, results[-1])
     return results
+
+
+def run_all(
+    count: int,
+    here: Callable[[int], Any],
+    job: Callable[..., Any],
+    job_args: Callable[[int, int], tuple[Any, ...]],
+    *,
+    jobs: int,
+    threads: int,
+    on_done: Callable[[int, Any], None],
+) -> list[Any]:
+    """The results of ``count`` runs, in order: one after another in this process
+    (``here(i)``) when ``jobs <= 1`` or there is one run, else ``job(*job_args(i, each))``
+    ``jobs`` at a time in worker processes, ``each`` being :func:`threads_per_job`.
+    ``on_done(i, result)`` is called in this process as each result arrives."""
+    if jobs <= 1 or count == 1:
+        results = []
+        for i in range(count):
+            results.append(here(i))
+            on_done(i, results[-1])
+        return results
+    each = threads_per_job(jobs, threads)
+    calls = [job_args(i, each) for i in range(count)]
+    return run_in_processes(job, calls, jobs=jobs, on_done=on_done)

@@ -25,7 +25,6 @@ stay importable from here.
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -48,10 +47,17 @@ from .checkpoint import (
 )
 from .config import MAX_INPUT_LENGTH, TrainConfig, check_encoding, transformer_for
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
-from .distributed import all_reduce_sum, global_mean, torch_threads, world
+from .distributed import all_reduce_sum, check_divisible, global_mean, torch_threads, world
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
-from .loop import DECAYS, Trainer, lr_multiplier, make_optimizer, optimizer_step
-from .pool import run_in_processes, slug, threads_per_job
+from .loop import (
+    DECAYS,
+    Trainer,
+    lr_multiplier,
+    optimizer_for,
+    optimizer_step,
+    seed_everything,
+)
+from .pool import run_all, slug
 from .progress import Bar
 from .tasks import Task
 
@@ -117,11 +123,7 @@ def train(
     """
     task = config.validate()
     rank, world_size = world()
-    if config.batch_size % world_size:
-        raise PosencValueError(
-            f"batch_size ({config.batch_size}) must be divisible by the number of processes "
-            f"({world_size})"
-        )
+    check_divisible(config.batch_size, world_size)
     path = prepare_run_dir(run_dir, resume=resume, rank=rank)
     with torch_threads(threads):
         record = _train(config, task, path, rank, world_size, progress=progress, console=console)
@@ -140,18 +142,9 @@ def _train(
     progress: bool,
     console: Any,
 ) -> dict[str, Any]:
-    random.seed(config.seed)
-    np.random.seed(config.seed)
-    torch.manual_seed(config.seed)
+    seed_everything(config.seed)
     model = build_model(config, task)
-    optimizer, scheduler = make_optimizer(
-        model,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        steps=config.steps,
-        warmup=config.warmup,
-        decay=config.decay,
-    )
+    optimizer, scheduler = optimizer_for(model, config)
     data_rng = np.random.default_rng([config.seed, 0])
     random_max = config.random_max if config.random_positions else None
     vocab = Vocab(task.vocab_size)
@@ -161,8 +154,6 @@ def _train(
         scheduler,
         config=config.to_dict(),
         path=path,
-        rank=rank,
-        world=world_size,
         data_rng=data_rng,
         resume_free=_RESUME_FREE,
     )
@@ -213,24 +204,7 @@ def _train(
         trainer.finish(None)
         return {}
     eval_started = time.perf_counter()
-    lengths = {
-        "in_distribution": range(config.train_min_length, config.train_max_length + 1),
-        "test": range(config.test_min_length, config.test_max_length + 1),
-    }
-    rows = {
-        split: evaluate_lengths(
-            model,
-            task,
-            span,
-            config.test_samples,
-            seed=config.seed,
-            salt=FINAL_SALT,
-            random_max=random_max,
-            coupled=config.coupled_positions,
-            greedy=config.greedy_eval,
-        )
-        for split, span in lengths.items()
-    }
+    rows = _evaluate(model, task, config, config.test_samples, FINAL_SALT, random_max)
     losses = trainer.losses
     record = run_record(
         config=config.to_dict(),
@@ -323,6 +297,36 @@ def _step(
     return float(total) / scored_total, float(accuracy)
 
 
+def _evaluate(
+    model: nn.Module,
+    task: Task,
+    config: TrainConfig,
+    samples: int,
+    salt: int,
+    random_max: int | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Rows of :func:`~posenc.lengthgen.evaluate.evaluate_lengths` for the in-distribution
+    and the test lengths, ``samples`` examples per length from the generator ``salt``."""
+    lengths = {
+        "in_distribution": range(config.train_min_length, config.train_max_length + 1),
+        "test": range(config.test_min_length, config.test_max_length + 1),
+    }
+    return {
+        split: evaluate_lengths(
+            model,
+            task,
+            span,
+            samples,
+            seed=config.seed,
+            salt=salt,
+            random_max=random_max,
+            coupled=config.coupled_positions,
+            greedy=config.greedy_eval,
+        )
+        for split, span in lengths.items()
+    }
+
+
 def _periodic_eval(
     model: nn.Module,
     task: Task,
@@ -331,25 +335,11 @@ def _periodic_eval(
     loss: float,
     random_max: int | None,
 ) -> dict[str, Any]:
-    lengths = {
-        "id": range(config.train_min_length, config.train_max_length + 1),
-        "test": range(config.test_min_length, config.test_max_length + 1),
-    }
     out: dict[str, Any] = {"step": step, "loss": loss}
-    for split, ls in lengths.items():
-        rows = evaluate_lengths(
-            model,
-            task,
-            ls,
-            config.eval_samples,
-            seed=config.seed,
-            salt=PERIODIC_SALT,
-            random_max=random_max,
-            coupled=config.coupled_positions,
-            greedy=config.greedy_eval,
-        )
-        out[f"{split}_exact"] = mean_of(rows, "exact")
-        out[f"{split}_token"] = mean_of(rows, "token")
+    rows = _evaluate(model, task, config, config.eval_samples, PERIODIC_SALT, random_max)
+    for split, key in (("in_distribution", "id"), ("test", "test")):
+        out[f"{key}_exact"] = mean_of(rows[split], "exact")
+        out[f"{key}_token"] = mean_of(rows[split], "token")
     return out
 
 
@@ -391,17 +381,23 @@ def run_sweep(
             raise PosencValueError(f"runs {seen[d]} and {i} would share the folder {d}")
         seen[d] = i
     check_sweep_start(dirs, out, resume=resume, jobs=jobs)
-    if jobs <= 1 or len(configs) == 1:
-        records = []
-        for c, d in zip(configs, dirs, strict=True):
-            rec = train(c, d, resume=resume, progress=progress, threads=threads, console=console)
-            records.append(rec)
-            _log_done(console, c, rec)
-        return records
-    per_job = threads_per_job(jobs, threads)
-    calls = [(c.to_dict(), str(d), resume, per_job) for c, d in zip(configs, dirs, strict=True)]
-    return run_in_processes(
-        _train_job, calls, jobs=jobs, on_done=lambda i, rec: _log_done(console, configs[i], rec)
+
+    def here(i: int) -> dict[str, Any]:
+        return train(
+            configs[i], dirs[i], resume=resume, progress=progress, threads=threads, console=console
+        )
+
+    def job_args(i: int, each: int) -> tuple[Any, ...]:
+        return (configs[i].to_dict(), str(dirs[i]), resume, each)
+
+    return run_all(
+        len(configs),
+        here,
+        _train_job,
+        job_args,
+        jobs=jobs,
+        threads=threads,
+        on_done=lambda i, rec: _log_done(console, configs[i], rec),
     )
 
 
