@@ -29,6 +29,7 @@ from ..lengthgen.cli import (
     parse_pe_option,
     parse_seeds,
     read_field_flags,
+    sweep_options,
 )
 from .config import DEFAULT_PES, PRESETS, SCALINGS, EvalSettings, ExtrapolateConfig
 
@@ -245,17 +246,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{corpus.skipped} files skipped); {len(configs)} model(s) into {out} "
                 f"({jobs} at a time)"
             )
-        results = run_sweep(
-            configs,
-            corpus,
-            evaluation,
-            out,
-            jobs=jobs,
-            resume=args.resume,
-            progress=not args.no_progress and jobs == 1,
-            threads=args.threads,
-            console=console,
-        )
+        results = run_sweep(configs, corpus, evaluation, out, **sweep_options(args, jobs, console))
         if rank == 0:
             from .results import corpus_summary, markdown_report, write_results
 

@@ -290,6 +290,17 @@ def parse_pe_option(text: str) -> tuple[str, str, Any]:
     return name, key, _scalar(value)
 
 
+def sweep_options(args: argparse.Namespace, jobs: int, console: Any) -> dict[str, Any]:
+    """The keywords of ``run_sweep`` that both harnesses take from their command line."""
+    return {
+        "jobs": jobs,
+        "resume": args.resume,
+        "progress": not args.no_progress and jobs == 1,
+        "threads": args.threads,
+        "console": console,
+    }
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a settings file; a missing file or bad TOML is a ValueError naming it."""
     try:
@@ -450,15 +461,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = min(jobs, len(configs))
         if rank == 0:
             console.log(f"{len(configs)} run(s) into {out} ({jobs} at a time)")
-        records = run_sweep(
-            configs,
-            out,
-            jobs=jobs,
-            resume=args.resume,
-            progress=not args.no_progress and jobs == 1,
-            threads=args.threads,
-            console=console,
-        )
+        records = run_sweep(configs, out, **sweep_options(args, jobs, console))
         if rank == 0:
             write_outputs(out, records, plot=not args.no_plot)
             from .evaluate import aggregate, wide_table
