@@ -274,6 +274,40 @@ def test_in_place_compiles_as_one_graph_and_trains(pe: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_compiled_in_place_rotates_the_inputs_own_storage(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without autograd, a compiled in-place rotation calls the fast path on q's and k's own
+    storage (the ``posenc::rotary_`` operator), not a fresh tensor copied back: values equal
+    the eager in-place rotation and the tensors keep their memory."""
+    from posenc.encodings import rotate as rotate_module
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    compiled = torch.compile(lambda q, k, p: rope(q, k, p, inplace=True), fullgraph=True)
+    q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
+    want = rope(q.clone(), k.clone(), positions)
+    calls = []
+    fast = rotate_module._rotate_fast
+
+    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+        calls.append((x.data_ptr(), out.data_ptr()))
+        fast(x, out, *args)
+
+    monkeypatch.setattr(rotate_module, "_rotate_fast", counted)
+    pointers = (q.data_ptr(), k.data_ptr())
+    with torch.no_grad():
+        got = compiled(q, k, positions)
+    assert got[0] is q or got[0].data_ptr() == pointers[0]
+    assert (q.data_ptr(), k.data_ptr()) == pointers
+    assert sorted(calls) == sorted((ptr, ptr) for ptr in pointers)
+    assert_close(q, want[0], rtol=0, atol=0)
+    assert_close(k, want[1], rtol=0, atol=0)
+
+
+@pytest.mark.slow
 def test_in_place_exports() -> None:
     torch.manual_seed(0)
     model = FusedAttention(RotaryEmbedding(16)).eval()

