@@ -23,7 +23,9 @@ where a scheme scales them (an attention factor, xPos's decay).
   once.
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) choose between them;
   under autograd the fast path is one :class:`torch.autograd.Function` whose backward turns
-  the incoming gradient back.
+  the incoming gradient back. Inside ``torch.compile``, an in-place rotation without
+  autograd is the operator ``posenc::rotary_``, the fast path on the tensor's own storage
+  (the traced formula would write a fresh tensor and copy it back).
 
 Nothing here compiles anything or keeps global state: no ``torch.compile``, no C compiler, no
 switch. See ``benchmarks/rope.md`` for the speed of each path.
@@ -56,7 +58,7 @@ BLOCK_ELEMENTS = 1 << 19
 
 
 def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
-    """Eq. 34 for all pairs at once, computed in ``cos``'s dtype and cast back to ``x``'s once.
+    """Eq. 34, computed in ``cos``'s dtype and cast back to ``x``'s once.
 
     Args:
         x: ``(..., n, d)``.
@@ -68,11 +70,12 @@ def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     half = cos.shape[-1]
     r = 2 * half
     work = x.to(cos.dtype)
-    # eq. 34 for every pair at once: [x1', x2'] = [x1, x2] cos + [x2, x1] [-sin, sin]
+    # two spellings of eq. 34, each the one inductor compiles to its fastest loop (measured
+    # in benchmarks/rope.md): a pair's channels side by side, or the halves stacked
     if interleaved:
-        pairs = work[..., :r].unflatten(-1, (half, 2))  # (..., n, r/2, 2): x1 x2 side by side
-        turned = pairs * cos[..., None] + pairs.flip(-1) * torch.stack((-sin, sin), dim=-1)
-    else:
+        x1, x2 = work[..., 0:r:2], work[..., 1:r:2]  # (..., n, r/2) each
+        turned = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:  # [x1', x2'] = [x1, x2] cos + [x2, x1] [-sin, sin]
         pairs = work[..., :r].unflatten(-1, (2, half))  # (..., n, 2, r/2): x1 above x2
         turned = pairs * cos[..., None, :] + pairs.flip(-2) * torch.stack((-sin, sin), dim=-2)
     rotated = turned.flatten(-2)  # (..., n, r)
