@@ -308,6 +308,43 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_compiled_out_of_place_is_one_operator_with_its_gradient(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the native kernel is built, a compiled out-of-place rotation is the
+    ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
+    eager's, and the backward is the same operator turning the gradient back."""
+    from posenc.encodings import rotate as rotate_module
+
+    if rotate_module._native is None:
+        pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    compiled = torch.compile(lambda q, k, p: rope(q, k, p), fullgraph=True)
+    q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
+    calls = []
+    fast = rotate_module._rotate_fast
+
+    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+        calls.append(x.shape)
+        fast(x, out, *args)
+
+    monkeypatch.setattr(rotate_module, "_rotate_fast", counted)
+    grads = []
+    for run in (rope, compiled):
+        calls.clear()
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = run(qg, kg, positions)
+        (out[0].square().sum() + (out[1] * 3).sum()).backward()
+        grads.append((out[0].detach(), out[1].detach(), qg.grad, kg.grad))
+    assert len(calls) == 4  # the compiled forward (q, k) and backward (their gradients)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
 def test_in_place_exports() -> None:
     torch.manual_seed(0)
     model = FusedAttention(RotaryEmbedding(16)).eval()

@@ -79,13 +79,53 @@ LAYOUTS = ["contiguous", "transposed", "fused", "odd-offset"]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(params=[False, True], ids=["one-block", "many-blocks"])
+@pytest.fixture(params=["native", "one-block", "many-blocks"])
 def blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Run with the tensors as one block, or cut into blocks of 48 elements (several rows,
-    the last block short)."""
-    if request.param:
+    """Run on each fast path: the native kernel (float32 and bfloat16 with contiguous
+    channels; other tensors take the torch path), or the pure-torch path with the tensors as
+    one block, or cut into blocks of 48 elements (several rows, the last block short)."""
+    if request.param == "native":
+        if rotate._native is None:
+            pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
+        return False
+    monkeypatch.setattr(rotate, "_native", None)
+    if request.param == "many-blocks":
         monkeypatch.setattr(rotate, "BLOCK_ELEMENTS", 48)
-    return bool(request.param)
+    return request.param == "many-blocks"
+
+
+def test_the_native_kernel_is_built_where_a_compiler_is() -> None:
+    """The install builds ``_rotary_native`` wherever a C compiler exists (setup.py makes it
+    optional, for machines without one): a silent build failure would leave every caller on
+    the slower torch path."""
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine: the pure-torch path is the one in use")
+    assert rotate._native is not None
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_kernel_equals_the_formula_bit_for_bit(
+    interleaved: bool, dtype: torch.dtype
+) -> None:
+    """Products rounded before the sum and one rounding to bfloat16, as the formula in torch
+    operations: the kernel's results are identical to :func:`rotate_reference`'s, in place
+    and out of place, threaded (a tensor above ``NATIVE_THREAD_MIN``) or not."""
+    if rotate._native is None:
+        pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
+    torch.manual_seed(0)
+    for shape in [(2, 3, 5, 16), (2, 4, 1100, 16)]:  # one thread; above NATIVE_THREAD_MIN
+        x = make_x("fused", shape[0], shape[1], shape[2], shape[3], dtype)
+        angles = torch.rand(shape[2], 8, dtype=torch.float64) * 1000
+        cos, sin = angles.cos().float(), angles.sin().float()
+        want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        rotate._rotate_native(x, out, cos, sin, interleaved)
+        assert torch.equal(out, want)
+        rotate._rotate_native(x, x, cos, sin, interleaved)
+        assert torch.equal(x, want)
 
 
 # --------------------------------------------------------------------------- the formula

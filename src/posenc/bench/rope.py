@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from ..encodings import rotate
 from ..encodings.rotary import RotaryEmbedding
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
 from .timing import Timing, copy_floor
@@ -51,6 +52,8 @@ DECODE_Q, DECODE_K, DECODE_POSITION = (8, 32, 1, 128), (8, 8, 1, 128), 4095
 #: Names of the posenc rows, as the tables show them.
 FORWARD, IN_PLACE = "posenc RotaryEmbedding", "posenc RotaryEmbedding, in place"
 COMPILED, COMPILED_IN_PLACE = "posenc compiled", "posenc compiled, in place"
+TORCH_PATH = "posenc pure-torch path (no native kernel)"
+TORCH_PATH_IN_PLACE = "posenc pure-torch path, in place"
 
 
 def rope_peers(q: Tensor, k: Tensor, interleaved: bool) -> list[tuple[str, Callable[[], object]]]:
@@ -128,6 +131,8 @@ def rope_cases(
             rope(q, k)  # builds the table
         cases.append((FORWARD, layout, lambda rope=rope: rope(q, k)))
         cases.append((IN_PLACE, layout, lambda rope=rope: rope(q, k, inplace=True)))
+        if rotate._native is not None:  # what the same calls cost without the native kernel
+            cases += _torch_path_rows(rope, q, k, layout)
         if compile:
             for name, inplace in ((COMPILED, False), (COMPILED_IN_PLACE, True)):
                 compiled = torch.compile(_Rotate(rope, inplace), fullgraph=True, dynamic=False)
@@ -138,6 +143,31 @@ def rope_cases(
                 cases.append((name, layout, lambda compiled=compiled: compiled(q, k)))
         cases += [(name, layout, fn) for name, fn in rope_peers(q, k, interleaved)]
     return cases
+
+
+def _torch_path_rows(
+    rope: RotaryEmbedding, q: Tensor, k: Tensor, layout: str
+) -> list[tuple[str, str, Callable[[], object]]]:
+    """The module's rotation on the pure-torch path (the fallback where the native kernel is
+    not built), out of place and in place, with the module's own tables: what the native
+    kernel is measured against."""
+    cos, sin = rope.cos_sin(None, q.shape[-2], dtype=torch.float32)
+    interleaved = layout == "interleaved"
+
+    def new() -> object:
+        outs = []
+        for x in (q, k):
+            out = torch.empty_like(x)
+            rotate._rotate_torch(x, out, cos, sin, interleaved)
+            outs.append(out)
+        return outs
+
+    def in_place() -> object:
+        for x in (q, k):
+            rotate._rotate_torch(x, x, cos, sin, interleaved)
+        return q, k
+
+    return [(TORCH_PATH, layout, new), (TORCH_PATH_IN_PLACE, layout, in_place)]
 
 
 # --------------------------------------------------------------------------- first call
@@ -338,6 +368,13 @@ def _summary(
         for name, bound in GOALS.items()
         if spans.get(name)
     ]
+    for name in (FORWARD, IN_PLACE):
+        if spans.get(f"native speed-up|{name}"):
+            got = spans[f"native speed-up|{name}"]
+            lines.append(
+                f"`{name}` with the native kernel against the pure-torch path: "
+                f"{min(got):.2f}–{max(got):.2f}x faster (it stays only at 1.5x or more)"
+            )
     extra = [float(r["first"]) - float(r["second"]) for r in first if "first" in r]  # type: ignore[arg-type]
     if extra:
         lines.append(
@@ -362,6 +399,12 @@ def _add_rows(
 ) -> None:
     floor = t[0]
     ours = {layout: x for (name, layout, _), x in zip(triples, t, strict=True) if name == FORWARD}
+    medians = {(name, layout): x.median for (name, layout, _), x in zip(triples, t, strict=True)}
+    for fallback, native in ((TORCH_PATH, FORWARD), (TORCH_PATH_IN_PLACE, IN_PLACE)):
+        for layout in ("half", "interleaved"):
+            if (fallback, layout) in medians:
+                speedup = medians[(fallback, layout)] / medians[(native, layout)]
+                spans.setdefault(f"native speed-up|{native}", []).append(speedup)
     for (name, layout, _), x in zip(triples, t, strict=True):
         if name in GOALS:
             spans.setdefault(name, []).append(x.median / floor.median)

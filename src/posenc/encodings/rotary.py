@@ -437,6 +437,17 @@ class RotaryEmbedding(RotaryEncoding):
     ) -> tuple[Tensor, Tensor]:
         """:meth:`cos_sin`, given the :func:`_extent` of integer ``positions`` where known."""
         table_cos = self.cos_cached
+        if (  # the common case first (a decode step): one run of rows already in the table
+            extent is not None
+            and extent[2]
+            and extent[1] < table_cos.shape[0]
+            and table_cos.dtype == dtype
+            and self.rope_type != "dynamic"
+            and not self.learned_freq
+            and not table_cos.is_meta
+        ):
+            lo = extent[0]
+            return table_cos[lo : lo + seq_len], self.sin_cached[lo : lo + seq_len]  # (n, r/2)
         device = table_cos.device if device is None else device
         if self.learned_freq:
             pos = torch.arange(seq_len, device=device) if positions is None else positions
@@ -578,7 +589,9 @@ class RotaryEmbedding(RotaryEncoding):
             allows it).
         """
         q, k = _check_qk(q, k, self.head_dim)
-        work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
+        work = compute_dtype(q.dtype)
+        if k.dtype != q.dtype:
+            work = torch.promote_types(work, compute_dtype(k.dtype))
         tables = self._tables(positions, q.shape[0], q.shape[2], work, q.device)
         return _rotate_qk(q, k, tables, tables, self.interleaved, inplace)
 

@@ -1,5 +1,5 @@
-"""The rotary arithmetic (Su et al. 2021, "RoFormer", eq. 34): the formula, and one fast way
-to compute it.
+"""The rotary arithmetic (Su et al. 2021, "RoFormer", eq. 34): the formula, a native kernel
+built at install time, and a pure-torch fast path where that kernel is not built.
 
 Each pair of channels ``(x1, x2)`` of a query or key turns by its angle ``θ``:
 
@@ -10,25 +10,30 @@ Pairs are ``(x[i], x[i + r/2])`` in the half layout (GPT-NeoX, Llama, Hugging Fa
 through. Callers hand in ``cos`` and ``sin`` of the angles, ``(..., n, r/2)``, already scaled
 where a scheme scales them (an attention factor, xPos's decay).
 
-* :func:`rotate_reference` is eq. 34 as written: differentiable in ``x``, ``cos`` and ``sin``,
-  exact in float64. It is what runs inside ``torch.compile`` and ``torch.export`` (inductor
-  fuses it into one kernel, so a user who compiles a model gets the fused rotation), under
-  ``torch.jit.trace`` and ``torch.func`` transforms, and when ``cos``/``sin`` require grad.
-* :func:`_rotate_fast` is the one fast implementation, plain torch operations on CPU and any
-  other device: it goes one cache-sized block of rows at a time, so memory sees the tensor
-  read once and written once, in place or into a fresh output. The interleaved pairs are
-  turned as one complex multiply; the half layout with four operations (``x1 cos``, minus
-  ``x2 sin``, ``x2 cos``, plus ``x1 sin``), in place keeping a copy of ``x1``. Half-precision
-  inputs are widened block by block into a float32 buffer, rotated there and rounded back
+* :func:`rotate_reference` is eq. 34 in torch operations: differentiable in ``x``, ``cos``
+  and ``sin``, exact in float64. It runs under ``torch.export`` (and so ONNX), where no native
+  kernel is built, under ``torch.jit.trace`` and ``torch.func`` transforms, and when
+  ``cos``/``sin`` require grad (learned frequencies).
+* ``_rotary_native.c`` (:func:`_rotate_native`) is the kernel: each row read once and
+  written once, in place or into a fresh tensor, float32 arithmetic and one rounding for
+  bfloat16, results identical to :func:`rotate_reference`'s. setup.py builds it for the
+  baseline instruction set with run-time dispatch to AVX2/AVX-512; it takes float32 and
+  bfloat16 CPU tensors with contiguous channels (any strides elsewhere).
+* :func:`_rotate_torch` is the pure-torch fast path, for every other tensor and machine: it
+  goes one cache-sized block of rows at a time. The interleaved pairs are turned as one
+  complex multiply; the half layout with four operations, in place keeping a copy of ``x1``.
+  Half-precision inputs are widened block by block into a float32 buffer and rounded back
   once.
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) choose between them;
   under autograd the fast path is one :class:`torch.autograd.Function` whose backward turns
-  the incoming gradient back. Inside ``torch.compile``, an in-place rotation without
-  autograd is the operator ``posenc::rotary_``, the fast path on the tensor's own storage
-  (the traced formula would write a fresh tensor and copy it back).
+  the incoming gradient back. Inside ``torch.compile`` the rotation is one operator,
+  ``posenc::rotary`` (out of place, with its fake and autograd kernels; where the native
+  kernel is built, else inductor fuses the formula) or ``posenc::rotary_`` (in place without
+  autograd, on the tensor's own storage).
 
-Nothing here compiles anything or keeps global state: no ``torch.compile``, no C compiler, no
-switch. See ``benchmarks/rope.md`` for the speed of each path.
+Nothing here compiles anything at import or on a call, or keeps global state: no
+``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
+path.
 
 Dimension legend: ``n`` sequence, ``d`` channels of ``x``, ``r`` rotary channels (``r <= d``).
 """
@@ -47,11 +52,22 @@ from .base import compute_dtype
 
 __all__ = ["apply_rotary", "apply_rotary_", "rotate_reference", "set_rotary_compile"]
 
-#: Elements (of the work dtype) per block of :func:`_rotate_fast`: 2**19 float32 values are
+#: Elements (of the work dtype) per block of :func:`_rotate_torch`: 2**19 float32 values are
 #: 2 MiB, so a block, its tables and its temporary stay in the last-level cache while the
 #: operations of a block run over it (measured on a 2-core AMD EPYC: 2**18 and 2**20 are
 #: 5-25% slower for (4, 16, 2048, 128)). Smaller tensors are one block.
 BLOCK_ELEMENTS = 1 << 19
+
+#: Leading dims (all but the channels) the native kernel takes; more go to the torch path.
+NATIVE_MAX_LEAD = 4
+#: From this many elements the native kernel splits the rows over torch's thread count
+#: (below it, starting threads costs more than it saves: a decode step is one thread).
+NATIVE_THREAD_MIN = 1 << 16
+
+try:  # built at install time from _rotary_native.c; absent where no C compiler was found
+    from . import _rotary_native as _native
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 
 # --------------------------------------------------------------------------- the formula
@@ -149,8 +165,66 @@ def _turn(
     torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
 
 
+def _native_takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether the native kernel can rotate ``x`` with these tables: it is built, ``x`` is a
+    float32 or bfloat16 CPU tensor with contiguous channels and at most
+    :data:`NATIVE_MAX_LEAD` leading dims, and the tables are float32 with contiguous
+    channels."""
+    return (
+        _native is not None
+        and x.is_cpu
+        and (x.dtype is torch.float32 or x.dtype is torch.bfloat16)
+        and cos.dtype is torch.float32
+        and sin.dtype is torch.float32
+        and 1 <= x.dim() <= NATIVE_MAX_LEAD + 1
+        and (x.stride(-1) == 1 or x.shape[-1] == 1)
+        and (cos.stride(-1) == 1 or cos.shape[-1] == 1)
+        and (sin.stride(-1) == 1 or sin.shape[-1] == 1)
+    )
+
+
+def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """The native kernel (``_rotary_native.c``): every element read once and written once,
+    ``out`` being ``x`` (in place) or a fresh contiguous tensor; channels past ``r`` are
+    copied by torch. Tensors of :data:`NATIVE_THREAD_MIN` elements or more are split over
+    torch's thread count."""
+    half = cos.shape[-1]
+    lead = x.shape[:-1]
+    if 2 * half < x.shape[-1] and out is not x:
+        out[..., 2 * half :].copy_(x[..., 2 * half :])
+    threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
+    _native.rotate(  # type: ignore[union-attr]
+        x.data_ptr(),
+        out.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        x.dtype is torch.bfloat16,
+        interleaved,
+        half,
+        lead,
+        x.stride()[:-1],
+        out.stride()[:-1],
+        cos.shape[:-1],  # broadcast against lead by the kernel, as expand would
+        cos.stride()[:-1],
+        sin.stride()[:-1],
+        threads,
+    )
+
+
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
-    """Write the rotation of ``x`` into ``out``: ``x`` itself (in place) or a tensor of its
+    """Write the rotation of ``x`` into ``out`` (``x`` itself, or a fresh tensor of its
+    shape): the native kernel where it takes the tensors, else the pure-torch path."""
+    if x.numel() == 0:
+        return
+    if _native_takes(x, cos, sin):  # ``out`` is x or contiguous: every caller makes it so
+        _rotate_native(x, out, cos, sin, interleaved)
+    else:
+        _rotate_torch(x, out, cos, sin, interleaved)
+
+
+def _rotate_torch(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """The pure-torch fast path (where the native kernel is not built or cannot take the
+    tensors). Write the rotation of ``x`` into ``out``: ``x`` itself (in place) or a tensor of its
     shape and dtype. ``cos``/``sin`` are in the work dtype and broadcast to
     ``x.shape[:-1] + (r/2,)``.
 
@@ -198,7 +272,7 @@ def _rotate_block(
     spare: Tensor | None,
     buffer: Tensor | None,
 ) -> None:
-    """One block of :func:`_rotate_fast`; ``spare`` (half the block's rotary channels) and
+    """One block of :func:`_rotate_torch`; ``spare`` (half the block's rotary channels) and
     ``buffer`` (all of them) are flat reused work-dtype storage, or ``None`` for new."""
     d = src.shape[-1]
     if r < d:
@@ -233,6 +307,35 @@ def _rotate_in_place_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) 
     the tensor's own storage, where the traced formula plus a copy back would write a fresh
     tensor and then copy it (measured 1.2-1.4x a clone, against 0.3x for this)."""
     _rotate_fast(x, x, cos, sin, interleaved)
+
+
+@torch.library.custom_op("posenc::rotary", mutates_args=())
+def _rotate_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """The fast path out of place as one operator, for ``torch.compile`` and ``torch.export``
+    where the native kernel is built: one pass over memory, where inductor's fusion of the
+    formula takes up to 3x a clone (bfloat16, interleaved)."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _rotate_fast(x, out, cos, sin, interleaved)
+    return out
+
+
+@_rotate_op.register_fake
+def _(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _rotate_op_context(ctx: object, inputs: tuple, output: Tensor) -> None:
+    _, cos, sin, interleaved = inputs
+    ctx.save_for_backward(cos, sin)  # type: ignore[attr-defined]
+    ctx.interleaved = interleaved  # type: ignore[attr-defined]
+
+
+def _rotate_op_backward(ctx: object, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
+    return _rotate_op(grad, cos, -sin, ctx.interleaved), None, None, None  # type: ignore[attr-defined]
+
+
+_rotate_op.register_autograd(_rotate_op_backward, setup_context=_rotate_op_context)
 
 
 class _Rotation(torch.autograd.Function):
@@ -326,9 +429,15 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
         grad = torch.is_grad_enabled() and (
             x.requires_grad or cos.requires_grad or sin.requires_grad
         )
-        if inplace and torch.compiler.is_compiling() and not grad:
+        # under torch.compile, the operators; torch.export (and ONNX) get the formula, which
+        # every exporter lowers
+        compiling = torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+        if inplace and compiling and not grad:
             _rotate_in_place_op(x, cos, sin, interleaved)
             return x
+        tables_grad = cos.requires_grad or sin.requires_grad
+        if not inplace and compiling and not tables_grad and _native_takes(x, cos, sin):
+            return _rotate_op(x, cos, sin, interleaved)
         rotated = rotate_reference(x, cos, sin, interleaved=interleaved)
         return x.copy_(rotated) if inplace else rotated
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
@@ -336,7 +445,10 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
             return rotate_reference(x, cos, sin, interleaved=interleaved)
         return _Rotation.apply(x, cos, sin, interleaved, inplace)
     out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-    _rotate_fast(x, out, cos, sin, interleaved)
+    if x.numel() and _native_takes(x, cos, sin):  # _rotate_fast, one call less (decode steps)
+        _rotate_native(x, out, cos, sin, interleaved)
+    else:
+        _rotate_fast(x, out, cos, sin, interleaved)
     return out
 
 

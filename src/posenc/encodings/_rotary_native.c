@@ -1,0 +1,329 @@
+/* The rotary rotation (RoFormer eq. 34) as one pass over memory, for posenc/encodings/rotate.py.
+ *
+ * Each pair (x1, x2) of a row turns by its angle:  x1' = x1 cos - x2 sin,  x2' = x2 cos + x1 sin.
+ * Pairs are (x[j], x[j + half]) (half layout) or (x[2j], x[2j + 1]) (interleaved). float32 and
+ * bfloat16 rows; the arithmetic is float32 and a bfloat16 result is rounded once (to nearest
+ * even, as torch rounds). Every element is read once and written once, in place or into another
+ * row; the products are rounded before the sum (built with -ffp-contract=off), as torch's own
+ * operations do, so the results equal posenc's pure-torch path.
+ *
+ * Built at install time (setup.py) for the baseline instruction set; on x86-64 Linux each row
+ * function is also compiled for AVX2 and AVX-512 and the loader picks the widest the CPU has
+ * (GCC's target_clones). Where the build fails the package falls back to pure torch.
+ *
+ * The caller (rotate.py) checks everything: dtypes, the last dimension contiguous, at most
+ * MAX_LEAD leading dimensions, no overlap. Strides are in elements.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_LEAD 4
+#define MAX_THREADS 64
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define WIDEST __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDEST
+#endif
+
+static inline float bf16_to_float(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7fc0; /* NaN, as torch writes it */
+    }
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* One row each: `in` and `out` may be the same row (in place); every pair is read before it is
+ * written. */
+WIDEST static void row_f32_half(float *out, const float *in, const float *restrict c,
+                                const float *restrict s, Py_ssize_t half)
+{
+    if (out == in) {
+        float *x = out;
+        for (Py_ssize_t j = 0; j < half; j++) {
+            float a = x[j], b = x[j + half];
+            x[j] = a * c[j] - b * s[j];
+            x[j + half] = b * c[j] + a * s[j];
+        }
+        return;
+    }
+    float *restrict o = out;
+    const float *restrict x = in;
+    for (Py_ssize_t j = 0; j < half; j++) {
+        float a = x[j], b = x[j + half];
+        o[j] = a * c[j] - b * s[j];
+        o[j + half] = b * c[j] + a * s[j];
+    }
+}
+
+WIDEST static void row_f32_interleaved(float *out, const float *in, const float *restrict c,
+                                       const float *restrict s, Py_ssize_t half)
+{
+    if (out == in) {
+        float *x = out;
+        for (Py_ssize_t j = 0; j < half; j++) {
+            float a = x[2 * j], b = x[2 * j + 1];
+            x[2 * j] = a * c[j] - b * s[j];
+            x[2 * j + 1] = b * c[j] + a * s[j];
+        }
+        return;
+    }
+    float *restrict o = out;
+    const float *restrict x = in;
+    for (Py_ssize_t j = 0; j < half; j++) {
+        float a = x[2 * j], b = x[2 * j + 1];
+        o[2 * j] = a * c[j] - b * s[j];
+        o[2 * j + 1] = b * c[j] + a * s[j];
+    }
+}
+
+WIDEST static void row_bf16_half(uint16_t *out, const uint16_t *in, const float *restrict c,
+                                 const float *restrict s, Py_ssize_t half)
+{
+    if (out == in) {
+        uint16_t *x = out;
+        for (Py_ssize_t j = 0; j < half; j++) {
+            float a = bf16_to_float(x[j]), b = bf16_to_float(x[j + half]);
+            x[j] = float_to_bf16(a * c[j] - b * s[j]);
+            x[j + half] = float_to_bf16(b * c[j] + a * s[j]);
+        }
+        return;
+    }
+    uint16_t *restrict o = out;
+    const uint16_t *restrict x = in;
+    for (Py_ssize_t j = 0; j < half; j++) {
+        float a = bf16_to_float(x[j]), b = bf16_to_float(x[j + half]);
+        o[j] = float_to_bf16(a * c[j] - b * s[j]);
+        o[j + half] = float_to_bf16(b * c[j] + a * s[j]);
+    }
+}
+
+WIDEST static void row_bf16_interleaved(uint16_t *out, const uint16_t *in,
+                                        const float *restrict c, const float *restrict s,
+                                        Py_ssize_t half)
+{
+    if (out == in) {
+        uint16_t *x = out;
+        for (Py_ssize_t j = 0; j < half; j++) {
+            float a = bf16_to_float(x[2 * j]), b = bf16_to_float(x[2 * j + 1]);
+            x[2 * j] = float_to_bf16(a * c[j] - b * s[j]);
+            x[2 * j + 1] = float_to_bf16(b * c[j] + a * s[j]);
+        }
+        return;
+    }
+    uint16_t *restrict o = out;
+    const uint16_t *restrict x = in;
+    for (Py_ssize_t j = 0; j < half; j++) {
+        float a = bf16_to_float(x[2 * j]), b = bf16_to_float(x[2 * j + 1]);
+        o[2 * j] = float_to_bf16(a * c[j] - b * s[j]);
+        o[2 * j + 1] = float_to_bf16(b * c[j] + a * s[j]);
+    }
+}
+
+typedef struct {
+    char *x, *out;            /* the rows, in their dtype */
+    const float *cos, *sin;   /* the tables, float32 */
+    int bf16, interleaved;
+    Py_ssize_t half;
+    Py_ssize_t sizes[MAX_LEAD];
+    Py_ssize_t xs[MAX_LEAD], os[MAX_LEAD], cs[MAX_LEAD], ss[MAX_LEAD];
+    Py_ssize_t start, stop;   /* flat row range of one thread */
+} Job;
+
+/* Rotate rows [start, stop) of the leading index space (row-major over `sizes`). */
+static void run_rows(const Job *job)
+{
+    Py_ssize_t idx[MAX_LEAD];
+    Py_ssize_t rest = job->start;
+    Py_ssize_t xo = 0, oo = 0, co = 0, so = 0;
+    for (int k = MAX_LEAD - 1; k >= 0; k--) {
+        idx[k] = rest % job->sizes[k];
+        rest /= job->sizes[k];
+        xo += idx[k] * job->xs[k];
+        oo += idx[k] * job->os[k];
+        co += idx[k] * job->cs[k];
+        so += idx[k] * job->ss[k];
+    }
+    const size_t item = job->bf16 ? 2 : 4;
+    for (Py_ssize_t row = job->start; row < job->stop; row++) {
+        const float *c = job->cos + co, *s = job->sin + so;
+        char *in = job->x + xo * (Py_ssize_t)item, *out = job->out + oo * (Py_ssize_t)item;
+        if (job->bf16) {
+            if (job->interleaved) {
+                row_bf16_interleaved((uint16_t *)out, (const uint16_t *)in, c, s, job->half);
+            } else {
+                row_bf16_half((uint16_t *)out, (const uint16_t *)in, c, s, job->half);
+            }
+        } else if (job->interleaved) {
+            row_f32_interleaved((float *)out, (const float *)in, c, s, job->half);
+        } else {
+            row_f32_half((float *)out, (const float *)in, c, s, job->half);
+        }
+        for (int k = MAX_LEAD - 1; k >= 0; k--) { /* next multi-index */
+            xo += job->xs[k];
+            oo += job->os[k];
+            co += job->cs[k];
+            so += job->ss[k];
+            if (++idx[k] < job->sizes[k]) {
+                break;
+            }
+            xo -= job->xs[k] * job->sizes[k];
+            oo -= job->os[k] * job->sizes[k];
+            co -= job->cs[k] * job->sizes[k];
+            so -= job->ss[k] * job->sizes[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+static void *run_rows_thread(void *arg)
+{
+    run_rows((const Job *)arg);
+    return NULL;
+}
+
+static int read_dims(PyObject *seq, Py_ssize_t *dst, const char *name)
+{
+    PyObject *fast = PySequence_Fast(seq, name);
+    if (fast == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_LEAD) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d leading dimensions", name, MAX_LEAD);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < MAX_LEAD; k++) { /* right-aligned, padded with 1 / 0 */
+        dst[k] = -1;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t v = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, k));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        dst[MAX_LEAD - n + k] = v;
+    }
+    Py_DECREF(fast);
+    return (int)n;
+}
+
+/* rotate(x, out, cos, sin, bf16, interleaved, half, sizes, x_strides, out_strides, table_sizes,
+ *        cos_strides, sin_strides, threads): addresses as ints, sizes and strides as sequences of
+ * the leading dimensions (the last dimension is contiguous everywhere). The tables' leading
+ * dimensions broadcast against x's (right-aligned; a size of 1 repeats). Releases the GIL. */
+static PyObject *rotate(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long x, out, cos, sin;
+    int bf16, interleaved, threads;
+    Py_ssize_t half;
+    PyObject *sizes, *xs, *os, *tsizes, *cs, *ss;
+    if (!PyArg_ParseTuple(args, "KKKKppnOOOOOOi", &x, &out, &cos, &sin, &bf16, &interleaved,
+                          &half, &sizes, &xs, &os, &tsizes, &cs, &ss, &threads)) {
+        return NULL;
+    }
+    Job job;
+    Py_ssize_t table_sizes[MAX_LEAD];
+    int n = read_dims(sizes, job.sizes, "sizes");
+    int m = n < 0 ? -1 : read_dims(tsizes, table_sizes, "table_sizes");
+    if (n < 0 || m < 0 || m > n || read_dims(xs, job.xs, "x_strides") != n
+        || read_dims(os, job.os, "out_strides") != n || read_dims(cs, job.cs, "cos_strides") != m
+        || read_dims(ss, job.ss, "sin_strides") != m) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "sizes and strides differ in length");
+        }
+        return NULL;
+    }
+    Py_ssize_t rows = 1;
+    for (int k = 0; k < MAX_LEAD; k++) {
+        if (job.sizes[k] < 0) { /* a padding dimension */
+            job.sizes[k] = 1;
+            job.xs[k] = job.os[k] = 0;
+        }
+        if (table_sizes[k] < 0 || table_sizes[k] == 1) { /* the table repeats along it */
+            job.cs[k] = job.ss[k] = 0;
+        } else if (table_sizes[k] != job.sizes[k]) {
+            PyErr_SetString(PyExc_ValueError, "the tables do not broadcast against x");
+            return NULL;
+        }
+        rows *= job.sizes[k];
+    }
+    job.x = (char *)(uintptr_t)x;
+    job.out = (char *)(uintptr_t)out;
+    job.cos = (const float *)(uintptr_t)cos;
+    job.sin = (const float *)(uintptr_t)sin;
+    job.bf16 = bf16;
+    job.interleaved = interleaved;
+    job.half = half;
+    if (rows == 0 || half == 0) {
+        Py_RETURN_NONE;
+    }
+    if (threads < 1) {
+        threads = 1;
+    }
+    if (threads > MAX_THREADS) {
+        threads = MAX_THREADS;
+    }
+    if ((Py_ssize_t)threads > rows) {
+        threads = (int)rows;
+    }
+    Job jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = job;
+        jobs[t].start = rows * t / threads;
+        jobs[t].stop = rows * (t + 1) / threads;
+    }
+    for (int t = 1; t < threads; t++) { /* this thread takes the first share */
+        if (pthread_create(&ids[t], NULL, run_rows_thread, &jobs[t]) != 0) {
+            break;
+        }
+        started = t;
+    }
+    run_rows(&jobs[0]);
+    for (int t = 1; t <= started; t++) {
+        pthread_join(ids[t], NULL);
+    }
+    for (int t = started + 1; t < threads; t++) { /* shares no thread could be started for */
+        run_rows(&jobs[t]);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"rotate", rotate, METH_VARARGS,
+     "rotate(x, out, cos, sin, bf16, interleaved, half, sizes, x_strides, out_strides, "
+     "table_sizes, cos_strides, sin_strides, threads): eq. 34 on raw memory (see "
+     "posenc.encodings.rotate)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rotary_native",
+    "The rotary rotation as one pass over memory (built at install time; see rotate.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rotary_native(void)
+{
+    return PyModule_Create(&module);
+}
