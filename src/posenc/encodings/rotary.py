@@ -65,6 +65,7 @@ from .rotate import (
     check_inplace,
     fast_path_ok,
     rotate,
+    rotate_pair,
     set_rotary_compile,
 )
 from .state import RotaryState
@@ -163,7 +164,13 @@ def _rotate_qk(
     inplace: object,
 ) -> tuple[Tensor, Tensor]:
     """:func:`_rotate_one` for ``q`` and ``k``; in place, they must not start at the same
-    memory (the second rotation would turn the first's result)."""
+    memory (the second rotation would turn the first's result). With one pair of tables,
+    :func:`rotate_pair` first (the eager call in one go)."""
+    eager = not torch.compiler.is_compiling()  # (dynamo cannot trace ``is`` on tuples)
+    if (inplace is False or inplace is True) and eager and q_tables is k_tables:
+        pair = rotate_pair(q, k, *q_tables, interleaved, inplace)
+        if pair is not None:
+            return pair
     if inplace is True and (
         q is k or (fast_path_ok(q) and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
     ):
@@ -188,9 +195,12 @@ def _extent(positions: Tensor) -> tuple[int, int, bool]:
     """The smallest and largest of integer ``positions`` and whether they are one run
     ``lo, lo + 1, ...`` (1-D only), read from the device once."""
     if positions.numel() <= _FEW_POSITIONS:
+        if positions.dim() == 1:
+            values = positions.tolist()
+            lo, hi = min(values), max(values)
+            return lo, hi, hi - lo == len(values) - 1 and values == list(range(lo, hi + 1))
         values = positions.flatten().tolist()
-        lo, hi = min(values), max(values)
-        return lo, hi, positions.dim() == 1 and values == list(range(lo, lo + len(values)))
+        return min(values), max(values), False
     lo, hi = torch.aminmax(positions)
     return int(lo), int(hi), False
 
@@ -436,18 +446,20 @@ class RotaryEmbedding(RotaryEncoding):
         extent: tuple[int, int, bool] | None,
     ) -> tuple[Tensor, Tensor]:
         """:meth:`cos_sin`, given the :func:`_extent` of integer ``positions`` where known."""
-        table_cos = self.cos_cached
+        buffers = self._buffers  # (nn.Module's __getattr__ costs a microsecond a buffer)
+        table_cos = buffers["cos_cached"]
         if (  # the common case first (a decode step): one run of rows already in the table
             extent is not None
             and extent[2]
             and extent[1] < table_cos.shape[0]
-            and table_cos.dtype == dtype
+            and table_cos.dtype is dtype
             and self.rope_type != "dynamic"
             and not self.learned_freq
             and not table_cos.is_meta
         ):
             lo = extent[0]
-            return table_cos[lo : lo + seq_len], self.sin_cached[lo : lo + seq_len]  # (n, r/2)
+            table_sin = buffers["sin_cached"]
+            return table_cos[lo : lo + seq_len], table_sin[lo : lo + seq_len]  # (n, r/2)
         device = table_cos.device if device is None else device
         if self.learned_freq:
             pos = torch.arange(seq_len, device=device) if positions is None else positions

@@ -420,6 +420,42 @@ def fast_path_ok(x: Tensor) -> bool:
     )
 
 
+def rotate_pair(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` turned by the same tables with the native kernel, what they share
+    checked once: the common eager call, a decode step above all, where checks and calls cost
+    more than the arithmetic. ``None`` where this does not apply (autograd records, compiling
+    or tracing, a dtype or layout the kernel does not take, an in-place rotation that
+    :func:`check_inplace` must explain): the caller then rotates each through :func:`rotate`."""
+    if (
+        torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)
+    ) or not (fast_path_ok(q) and type(k) is Tensor):
+        return None
+    if not (_native_takes(q, cos, sin) and k.dtype is q.dtype and k.is_cpu):
+        return None
+    if k.stride(-1) != 1 or not q.numel() or not k.numel() or k.dim() != q.dim():
+        return None
+    if torch._C._functorch.is_functorch_wrapped_tensor(k):
+        return None
+    if inplace:
+        if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+            return None
+        if q.data_ptr() == k.data_ptr() or 1 in (
+            torch._debug_has_internal_overlap(q),
+            torch._debug_has_internal_overlap(k),
+        ):
+            return None
+        out_q, out_k = q, k
+    else:
+        out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
+    _rotate_native(q, out_q, cos, sin, interleaved)
+    _rotate_native(k, out_k, cos, sin, interleaved)
+    return out_q, out_k
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool) -> Tensor:
     """The rotation behind :func:`apply_rotary` and :func:`apply_rotary_` once their arguments
     are checked (``cos``/``sin`` in the work dtype and broadcasting against ``x``; for in
