@@ -65,7 +65,7 @@ NATIVE_MAX_LEAD = 4
 NATIVE_THREAD_MIN = 1 << 16
 
 try:  # built at install time from _rotary_native.c; absent where no C compiler was found
-    from . import _rotary_native as _native
+    from ._rotary_native import rotate as _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
@@ -193,7 +193,7 @@ def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved
     if 2 * half < x.shape[-1] and out is not x:
         out[..., 2 * half :].copy_(x[..., 2 * half :])
     threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
-    _native.rotate(  # type: ignore[union-attr]
+    _native(  # type: ignore[misc]
         x.data_ptr(),
         out.data_ptr(),
         cos.data_ptr(),

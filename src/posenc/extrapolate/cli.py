@@ -218,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     """Carry out ``posenc extrapolate``; returns the exit status."""
     from rich.console import Console
 
+    from ..lengthgen.checkpoint import check_sweep_start
     from ..lengthgen.distributed import close_distributed, init_distributed, world
     from .corpus import prepare_corpus
     from .sweep import check_sweep, eval_tokens, run_sweep
@@ -235,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
     corpus = prepare_corpus(args.text, tokenizer=args.tokenizer, valid_fraction=args.valid_fraction)
     train_len = configs[0].train_len
     lengths = evaluation.lengths(train_len)
-    check_sweep(configs, corpus, evaluation, out, jobs=jobs, resume=args.resume)
+    dirs = check_sweep(configs, corpus, evaluation, out)  # every mistake before any work
+    check_sweep_start(dirs, out, resume=args.resume, jobs=jobs)
     joined = init_distributed()
     try:
         rank, _ = world()

@@ -167,7 +167,8 @@ def run_sweep(
     """:func:`run_one` for every config (``jobs`` at a time in separate processes, each with
     ``threads`` torch threads, default the cores divided by ``jobs``); returns their results
     in the order of ``configs`` (empty dicts on ranks other than 0)."""
-    dirs = check_sweep(configs, corpus, settings, out, jobs=jobs, resume=resume)
+    dirs = check_sweep(configs, corpus, settings, out)
+    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
 
     def here(i: int) -> dict[str, Any]:
         with torch_threads(threads):
@@ -203,17 +204,11 @@ def run_sweep(
 
 
 def check_sweep(
-    configs: list[ExtrapolateConfig],
-    corpus: Corpus,
-    settings: EvalSettings,
-    out: Path | str,
-    *,
-    jobs: int = 1,
-    resume: bool = False,
+    configs: list[ExtrapolateConfig], corpus: Corpus, settings: EvalSettings, out: Path | str
 ) -> list[Path]:
-    """Every check of a sweep, before any work: the configs, the evaluation settings, the
-    corpus's size, the folders (one per run; started runs need ``resume``) and ``jobs``
-    under ``torchrun``. Returns the run folders."""
+    """The checks of a sweep's settings, before any work: the configs, the evaluation
+    settings, the corpus's size and the folders (one per run). Returns the run folders; the
+    caller then checks how they may start (:func:`check_sweep_start`)."""
     for config in configs:
         config.validate()
         settings.validate(config.train_len)
@@ -221,7 +216,6 @@ def check_sweep(
     dirs = [run_dir_for(Path(out), c) for c in configs]
     if len(set(dirs)) != len(dirs):
         raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
-    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
     return dirs
 
 

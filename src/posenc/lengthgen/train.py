@@ -25,6 +25,7 @@ stay importable from here.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -163,19 +164,10 @@ def _train(
     if not trainer.resumed:
         _probe(model, task, config, random_max)
 
-    def step(trained: nn.Module) -> tuple[float, float]:
-        return _step(
-            trained,
-            optimizer,
-            scheduler,
-            task,
-            vocab,
-            config,
-            data_rng,
-            random_max,
-            rank,
-            world_size,
-        )
+    # the trainer calls step(model): the model is _step's last argument
+    step = functools.partial(
+        _step, optimizer, scheduler, task, vocab, config, data_rng, random_max, rank, world_size
+    )
 
     def periodic(at: int, loss: float) -> tuple[dict[str, Any], str]:
         entry = _periodic_eval(model, task, config, at, loss, random_max)
@@ -253,7 +245,6 @@ def _probe(model: nn.Module, task: Task, config: TrainConfig, random_max: int | 
 
 
 def _step(
-    model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     task: Task,
@@ -263,6 +254,7 @@ def _step(
     random_max: int | None,
     rank: int,
     world_size: int,
+    model: nn.Module,
 ) -> tuple[float, float]:
     """One optimiser step on this rank's slice of the global batch. Returns the global mean
     loss per scored token and this slice's token accuracy (teacher-forced)."""
