@@ -48,8 +48,8 @@ static inline uint16_t float_to_bf16(float f)
 }
 
 /* One row each: `in` and `out` may be the same row (in place); every pair is read before it is
- * written. */
-WIDEST static void row_f32_half(float *out, const float *in, const float *restrict c,
+ * written. Inlined into the run functions below, so they are compiled for each instruction set. */
+static inline void row_f32_half(float *out, const float *in, const float *restrict c,
                                 const float *restrict s, Py_ssize_t half)
 {
     if (out == in) {
@@ -70,7 +70,7 @@ WIDEST static void row_f32_half(float *out, const float *in, const float *restri
     }
 }
 
-WIDEST static void row_f32_interleaved(float *out, const float *in, const float *restrict c,
+static inline void row_f32_interleaved(float *out, const float *in, const float *restrict c,
                                        const float *restrict s, Py_ssize_t half)
 {
     if (out == in) {
@@ -91,7 +91,7 @@ WIDEST static void row_f32_interleaved(float *out, const float *in, const float 
     }
 }
 
-WIDEST static void row_bf16_half(uint16_t *out, const uint16_t *in, const float *restrict c,
+static inline void row_bf16_half(uint16_t *out, const uint16_t *in, const float *restrict c,
                                  const float *restrict s, Py_ssize_t half)
 {
     if (out == in) {
@@ -112,7 +112,7 @@ WIDEST static void row_bf16_half(uint16_t *out, const uint16_t *in, const float 
     }
 }
 
-WIDEST static void row_bf16_interleaved(uint16_t *out, const uint16_t *in,
+static inline void row_bf16_interleaved(uint16_t *out, const uint16_t *in,
                                         const float *restrict c, const float *restrict s,
                                         Py_ssize_t half)
 {
@@ -134,6 +134,51 @@ WIDEST static void row_bf16_interleaved(uint16_t *out, const uint16_t *in,
     }
 }
 
+/* A run of `rows` rows `stride` elements apart (x, out: in their dtype; tables: floats): one call
+ * per run, compiled for the baseline and for AVX2/AVX-512, picked once at load. */
+typedef void (*RunFn)(char *out, const char *in, const float *c, const float *s, Py_ssize_t half,
+                      Py_ssize_t rows, Py_ssize_t os, Py_ssize_t xs, Py_ssize_t cs, Py_ssize_t ss);
+
+WIDEST static void run_f32_half(char *out, const char *in, const float *c, const float *s,
+                                Py_ssize_t half, Py_ssize_t rows, Py_ssize_t os, Py_ssize_t xs,
+                                Py_ssize_t cs, Py_ssize_t ss)
+{
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        row_f32_half((float *)out + i * os, (const float *)in + i * xs, c + i * cs, s + i * ss,
+                     half);
+    }
+}
+
+WIDEST static void run_f32_interleaved(char *out, const char *in, const float *c, const float *s,
+                                       Py_ssize_t half, Py_ssize_t rows, Py_ssize_t os,
+                                       Py_ssize_t xs, Py_ssize_t cs, Py_ssize_t ss)
+{
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        row_f32_interleaved((float *)out + i * os, (const float *)in + i * xs, c + i * cs,
+                            s + i * ss, half);
+    }
+}
+
+WIDEST static void run_bf16_half(char *out, const char *in, const float *c, const float *s,
+                                 Py_ssize_t half, Py_ssize_t rows, Py_ssize_t os, Py_ssize_t xs,
+                                 Py_ssize_t cs, Py_ssize_t ss)
+{
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        row_bf16_half((uint16_t *)out + i * os, (const uint16_t *)in + i * xs, c + i * cs,
+                      s + i * ss, half);
+    }
+}
+
+WIDEST static void run_bf16_interleaved(char *out, const char *in, const float *c,
+                                        const float *s, Py_ssize_t half, Py_ssize_t rows,
+                                        Py_ssize_t os, Py_ssize_t xs, Py_ssize_t cs, Py_ssize_t ss)
+{
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        row_bf16_interleaved((uint16_t *)out + i * os, (const uint16_t *)in + i * xs, c + i * cs,
+                             s + i * ss, half);
+    }
+}
+
 typedef struct {
     char *x, *out;            /* the rows, in their dtype */
     const float *cos, *sin;   /* the tables, float32 */
@@ -144,13 +189,15 @@ typedef struct {
     Py_ssize_t start, stop;   /* flat row range of one thread */
 } Job;
 
-/* Rotate rows [start, stop) of the leading index space (row-major over `sizes`). */
+/* Rotate rows [start, stop) of the leading index space (row-major over `sizes`), one call per
+ * run along the innermost dimension. */
 static void run_rows(const Job *job)
 {
+    const int in = MAX_LEAD - 1;
     Py_ssize_t idx[MAX_LEAD];
     Py_ssize_t rest = job->start;
     Py_ssize_t xo = 0, oo = 0, co = 0, so = 0;
-    for (int k = MAX_LEAD - 1; k >= 0; k--) {
+    for (int k = in; k >= 0; k--) {
         idx[k] = rest % job->sizes[k];
         rest /= job->sizes[k];
         xo += idx[k] * job->xs[k];
@@ -158,35 +205,69 @@ static void run_rows(const Job *job)
         co += idx[k] * job->cs[k];
         so += idx[k] * job->ss[k];
     }
-    const size_t item = job->bf16 ? 2 : 4;
-    for (Py_ssize_t row = job->start; row < job->stop; row++) {
-        const float *c = job->cos + co, *s = job->sin + so;
-        char *in = job->x + xo * (Py_ssize_t)item, *out = job->out + oo * (Py_ssize_t)item;
-        if (job->bf16) {
-            if (job->interleaved) {
-                row_bf16_interleaved((uint16_t *)out, (const uint16_t *)in, c, s, job->half);
-            } else {
-                row_bf16_half((uint16_t *)out, (const uint16_t *)in, c, s, job->half);
-            }
-        } else if (job->interleaved) {
-            row_f32_interleaved((float *)out, (const float *)in, c, s, job->half);
-        } else {
-            row_f32_half((float *)out, (const float *)in, c, s, job->half);
+    RunFn run = job->bf16 ? (job->interleaved ? run_bf16_interleaved : run_bf16_half)
+                          : (job->interleaved ? run_f32_interleaved : run_f32_half);
+    const Py_ssize_t item = job->bf16 ? 2 : 4;
+    Py_ssize_t row = job->start;
+    while (row < job->stop) {
+        Py_ssize_t count = job->sizes[in] - idx[in];
+        if (count > job->stop - row) {
+            count = job->stop - row;
         }
-        for (int k = MAX_LEAD - 1; k >= 0; k--) { /* next multi-index */
-            xo += job->xs[k];
-            oo += job->os[k];
-            co += job->cs[k];
-            so += job->ss[k];
-            if (++idx[k] < job->sizes[k]) {
-                break;
-            }
-            xo -= job->xs[k] * job->sizes[k];
-            oo -= job->os[k] * job->sizes[k];
-            co -= job->cs[k] * job->sizes[k];
-            so -= job->ss[k] * job->sizes[k];
+        run(job->out + oo * item, job->x + xo * item, job->cos + co, job->sin + so, job->half, count,
+            job->os[in], job->xs[in], job->cs[in], job->ss[in]);
+        row += count;
+        idx[in] += count;
+        xo += count * job->xs[in];
+        oo += count * job->os[in];
+        co += count * job->cs[in];
+        so += count * job->ss[in];
+        for (int k = in; k > 0 && idx[k] == job->sizes[k]; k--) { /* carry outwards */
+            xo += job->xs[k - 1] - job->xs[k] * job->sizes[k];
+            oo += job->os[k - 1] - job->os[k] * job->sizes[k];
+            co += job->cs[k - 1] - job->cs[k] * job->sizes[k];
+            so += job->ss[k - 1] - job->ss[k] * job->sizes[k];
             idx[k] = 0;
+            idx[k - 1]++;
         }
+    }
+}
+
+/* Merge neighbouring dimensions that every operand walks as one (drop size-1 dimensions first),
+ * so that runs are as long as the memory allows: a decode step's (batch, heads, 1) rows become
+ * one run. Keeps the dimensions right-aligned, padded with size 1. */
+static void coalesce(Job *job)
+{
+    Py_ssize_t sz[MAX_LEAD], xs[MAX_LEAD], os[MAX_LEAD], cs[MAX_LEAD], ss[MAX_LEAD];
+    int m = 0;
+    for (int k = 0; k < MAX_LEAD; k++) {
+        if (job->sizes[k] == 1) {
+            continue;
+        }
+        if (m > 0 && xs[m - 1] == job->xs[k] * job->sizes[k]
+            && os[m - 1] == job->os[k] * job->sizes[k] && cs[m - 1] == job->cs[k] * job->sizes[k]
+            && ss[m - 1] == job->ss[k] * job->sizes[k]) {
+            sz[m - 1] *= job->sizes[k]; /* the outer one continues into this one */
+            xs[m - 1] = job->xs[k];
+            os[m - 1] = job->os[k];
+            cs[m - 1] = job->cs[k];
+            ss[m - 1] = job->ss[k];
+            continue;
+        }
+        sz[m] = job->sizes[k];
+        xs[m] = job->xs[k];
+        os[m] = job->os[k];
+        cs[m] = job->cs[k];
+        ss[m] = job->ss[k];
+        m++;
+    }
+    for (int k = 0; k < MAX_LEAD; k++) {
+        int j = k - (MAX_LEAD - m);
+        job->sizes[k] = j < 0 ? 1 : sz[j];
+        job->xs[k] = j < 0 ? 0 : xs[j];
+        job->os[k] = j < 0 ? 0 : os[j];
+        job->cs[k] = j < 0 ? 0 : cs[j];
+        job->ss[k] = j < 0 ? 0 : ss[j];
     }
 }
 
@@ -264,6 +345,7 @@ static PyObject *rotate(PyObject *self, PyObject *args)
         }
         rows *= job.sizes[k];
     }
+    coalesce(&job);
     job.x = (char *)(uintptr_t)x;
     job.out = (char *)(uintptr_t)out;
     job.cos = (const float *)(uintptr_t)cos;

@@ -439,6 +439,9 @@ def rotate_pair(
         return None
     if torch._C._functorch.is_functorch_wrapped_tensor(k):
         return None
+    half = cos.shape[-1]
+    if 2 * half != q.shape[-1]:  # partial rotation: _rotate_native copies the other channels
+        return None
     if inplace:
         if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
             return None
@@ -451,8 +454,15 @@ def rotate_pair(
     else:
         out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
         out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
-    _rotate_native(q, out_q, cos, sin, interleaved)
-    _rotate_native(k, out_k, cos, sin, interleaved)
+    # the arguments of _rotate_native that q and k share, made once
+    shared = (cos.data_ptr(), sin.data_ptr(), q.dtype is torch.bfloat16, interleaved, half)
+    table = (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
+    for x, out in ((q, out_q), (k, out_k)):
+        threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
+        _native(  # type: ignore[misc]
+            x.data_ptr(), out.data_ptr(), *shared, x.shape[:-1], x.stride()[:-1],
+            out.stride()[:-1], *table, threads,
+        )  # fmt: skip
     return out_q, out_k
 
 
