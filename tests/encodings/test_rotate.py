@@ -126,6 +126,18 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         assert torch.equal(out, want)
         rotate._rotate_native(x, x, cos, sin, interleaved)
         assert torch.equal(x, want)
+    # three threads: shares that start and end inside a run of rows
+    for layout in ("contiguous", "fused"):
+        x = make_x(layout, 2, 3, 37, 16, dtype)
+        angles = torch.rand(37, 8, dtype=torch.float64) * 1000
+        cos, sin = angles.cos().float(), angles.sin().float()
+        want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
+        pointers = (x.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr())
+        layout_args = (x.shape[:-1], x.stride()[:-1], x.stride()[:-1])
+        tables = (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
+        bf16 = dtype is torch.bfloat16
+        rotate._native(*pointers, bf16, interleaved, 8, *layout_args, *tables, 3)
+        assert torch.equal(x, want)
 
 
 # --------------------------------------------------------------------------- the formula
