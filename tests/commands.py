@@ -5,8 +5,10 @@ subprocess that imports the posenc these tests import."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,42 @@ def assert_one_line_exit_2(status: int | str, err: str) -> str:
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
+
+
+def kill_after_first_checkpoint(
+    module: str, argv: list[str], checkpoint: Path, env: dict[str, str] | None = None
+) -> None:
+    """``python -m MODULE ARGV`` in a subprocess, killed with SIGKILL a moment after
+    ``checkpoint`` first appears (somewhere in a later step or checkpoint write); fails if the
+    run ended on its own before that."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *argv],
+        env=SUBPROCESS_ENV if env is None else env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists():
+            assert proc.poll() is None, "training ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.01)
+        time.sleep(0.05)  # land somewhere in the middle of a later step or write
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+
+
+def torchrun_two(module: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    """``python -m torch.distributed.run --standalone --nproc_per_node 2 -m MODULE ARGV``; fails
+    with the end of its stderr unless it exits 0."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    result = subprocess.run(
+        [*launcher, "--nproc_per_node", "2", "-m", module, *argv],
+        env=SUBPROCESS_ENV if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -5,11 +5,6 @@ the same global batch; ``--jobs 2`` equals ``--jobs 1``."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +12,7 @@ import pytest
 import torch
 
 from posenc.cli import main
+from tests.commands import SUBPROCESS_ENV, kill_after_first_checkpoint, torchrun_two
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +23,7 @@ TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--t
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     """The environment of a child process: this tree's sources, a cache of its own."""
-    out = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    out["PYTHONPATH"] = src + os.pathsep + out.get("PYTHONPATH", "")
-    out["POSENC_CACHE_DIR"] = str(tmp_path / "cache")
-    return out
+    return {**SUBPROCESS_ENV, "POSENC_CACHE_DIR": str(tmp_path / "cache")}
 
 
 @pytest.fixture
@@ -61,23 +53,9 @@ def test_sigkill_then_resume_equals_uninterrupted(
             "--finetune-steps", "3", *TINY]  # fmt: skip
     killed = tmp_path / "killed"
     checkpoint = killed / "rope" / "seed0" / "checkpoint.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "posenc.extrapolate", *argv, "--out", str(killed)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    kill_after_first_checkpoint(
+        "posenc.extrapolate", [*argv, "--out", str(killed)], checkpoint, env
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists():
-            assert proc.poll() is None, "training ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.01)
-        time.sleep(0.05)  # land somewhere in the middle of a later step or write
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     saved = torch.load(checkpoint, weights_only=True)
     assert saved["record"] is None and 1 <= saved["step"] < 60
     assert saved["trained_length"] == 8
@@ -98,26 +76,7 @@ def test_torchrun_two_processes_equal_one(
     tmp_path: Path, env: dict[str, str], text: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     argv = ["--text", str(text), "--pe", "alibi", "--steps", "6", *TINY]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "posenc.extrapolate",
-            *argv,
-            "--out",
-            str(tmp_path / "ddp"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    torchrun_two("posenc.extrapolate", [*argv, "--out", str(tmp_path / "ddp")], env)
     assert in_process([*argv, "--out", str(tmp_path / "single")], env, monkeypatch) == 0
     path = Path("alibi") / "seed0"
     a = json.loads((tmp_path / "ddp" / path / "result.json").read_text())

@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import posenc
 from posenc.lengthgen.evaluate import read_jsonl
 from posenc.lengthgen.train import TrainConfig, lr_factor, train
-from tests.commands import posenc_cli
+from tests.commands import kill_after_first_checkpoint, posenc_cli, torchrun_two
 from tests.lengthgen import tiny
 from tests.lengthgen.tiny import run_cli
 from tests.misuse import Misuse, check
@@ -36,13 +30,6 @@ TINY = [
     "--train-lengths", "1-6", "--test-lengths", "7-8", "--test-samples", "4",
     "--eval-every", "0", "--threads", "1", "--no-progress", "--no-plot",
 ]  # fmt: skip
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(posenc.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _strip(record: dict) -> dict:
@@ -186,23 +173,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
             "--checkpoint-every", "1", *TINY]  # fmt: skip
     killed = tmp_path / "killed"
     checkpoint = killed / "copy-v3" / "sinusoidal" / "seed0" / "checkpoint.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "posenc.lengthgen", *argv, "--out", str(killed)],
-        env=_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists():
-            assert proc.poll() is None, "training ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.01)
-        time.sleep(0.05)  # land somewhere in the middle of a later step or write
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_after_first_checkpoint("posenc.lengthgen", [*argv, "--out", str(killed)], checkpoint)
     saved = torch.load(checkpoint, weights_only=True)
     assert saved["record"] is None and 1 <= saved["step"] < 80
 
@@ -231,26 +202,7 @@ def test_torchrun_two_processes_equal_one(tmp_path: Path) -> None:
     """Both a decoder task and an encoder task (padding mask), with randomized positions."""
     argv = ["--task", "copy-v3,bucket-sort", "--pe", "sinusoidal+random", "--random-max", "64",
             "--steps", "8", *TINY]  # fmt: skip
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "posenc.lengthgen",
-            *argv,
-            "--out",
-            str(tmp_path / "ddp"),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    torchrun_two("posenc.lengthgen", [*argv, "--out", str(tmp_path / "ddp")])
     assert run_cli([*argv, "--out", str(tmp_path / "single")]) == 0
     ddp = read_jsonl(tmp_path / "ddp" / "results.jsonl")
     single = read_jsonl(tmp_path / "single" / "results.jsonl")
