@@ -29,21 +29,9 @@ from tests.misuse import BadCommand, Misuse, check, check_command, commands
 
 def test_cli_sweep_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code = run_cli(
-        [
-            "--task",
-            "copy-v1,even-pairs",
-            "--pe",
-            "none,sinusoidal+random",
-            "--seeds",
-            "2",
-            "--random-max",
-            "32",
-            "--out",
-            str(out),
-            *TINY_CLI,
-        ]
-    )
+    sweep = ["--task", "copy-v1,even-pairs", "--pe", "none,sinusoidal+random", "--seeds", "2",
+             "--random-max", "32", "--out", str(out), *TINY_CLI]  # fmt: skip
+    code = run_cli(sweep)
     assert code == 0
     records = read_jsonl(out / "results.jsonl")
     assert [(r["task"], r["label"], r["seed"]) for r in records] == [
@@ -66,25 +54,7 @@ def test_cli_sweep_writes_results(tmp_path: Path) -> None:
     # running again without --resume refuses; with --resume it reuses every finished run
     with pytest.raises(ValueError, match="pass --resume"):
         run_cli(["--task", "copy-v1", "--pe", "none", "--out", str(out), *TINY_CLI])
-    assert (
-        run_cli(
-            [
-                "--task",
-                "copy-v1,even-pairs",
-                "--pe",
-                "none,sinusoidal+random",
-                "--seeds",
-                "2",
-                "--random-max",
-                "32",
-                "--out",
-                str(out),
-                "--resume",
-                *TINY_CLI,
-            ]
-        )
-        == 0
-    )
+    assert run_cli([*sweep, "--resume"]) == 0
     assert read_jsonl(out / "results.jsonl") == records
 
 
