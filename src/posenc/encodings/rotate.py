@@ -183,32 +183,35 @@ def _native_takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     )
 
 
+def _kernel_tables(cos: Tensor, sin: Tensor, bf16: bool, interleaved: bool) -> tuple:
+    """The arguments of the native kernel that depend only on the tables and the layout (what
+    tensors rotated by the same tables share)."""
+    half = cos.shape[-1]
+    shared = (cos.data_ptr(), sin.data_ptr(), bf16, interleaved, half)
+    return shared, (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
+
+
+def _run_kernel(x: Tensor, out: Tensor, tables: tuple) -> None:
+    """The native kernel on ``x`` into ``out`` (``x`` itself, or contiguous) with
+    :func:`_kernel_tables`'s arguments (the tables broadcast against ``x.shape[:-1]`` inside
+    the kernel, as ``expand`` would). Tensors of :data:`NATIVE_THREAD_MIN` elements or more
+    are split over torch's thread count."""
+    shared, table = tables
+    threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
+    _native(  # type: ignore[misc]
+        x.data_ptr(), out.data_ptr(), *shared, x.shape[:-1], x.stride()[:-1],
+        out.stride()[:-1], *table, threads,
+    )  # fmt: skip
+
+
 def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
     """The native kernel (``_rotary_native.c``): every element read once and written once,
     ``out`` being ``x`` (in place) or a fresh contiguous tensor; channels past ``r`` are
-    copied by torch. Tensors of :data:`NATIVE_THREAD_MIN` elements or more are split over
-    torch's thread count."""
-    half = cos.shape[-1]
-    lead = x.shape[:-1]
-    if 2 * half < x.shape[-1] and out is not x:
-        out[..., 2 * half :].copy_(x[..., 2 * half :])
-    threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
-    _native(  # type: ignore[misc]
-        x.data_ptr(),
-        out.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        x.dtype is torch.bfloat16,
-        interleaved,
-        half,
-        lead,
-        x.stride()[:-1],
-        out.stride()[:-1],
-        cos.shape[:-1],  # broadcast against lead by the kernel, as expand would
-        cos.stride()[:-1],
-        sin.stride()[:-1],
-        threads,
-    )
+    copied by torch."""
+    r = 2 * cos.shape[-1]
+    if r < x.shape[-1] and out is not x:
+        out[..., r:].copy_(x[..., r:])
+    _run_kernel(x, out, _kernel_tables(cos, sin, x.dtype is torch.bfloat16, interleaved))
 
 
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
@@ -431,17 +434,12 @@ def rotate_pair(
     if (
         torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)
-    ) or not (fast_path_ok(q) and type(k) is Tensor):
+    ) or not (fast_path_ok(q) and fast_path_ok(k)):
         return None
-    if not (_native_takes(q, cos, sin) and k.dtype is q.dtype and k.is_cpu):
+    if not (_native_takes(q, cos, sin) and _native_takes(k, cos, sin) and k.dtype is q.dtype):
         return None
-    if k.stride(-1) != 1 or not q.numel() or not k.numel() or k.dim() != q.dim():
-        return None
-    if torch._C._functorch.is_functorch_wrapped_tensor(k):
-        return None
-    half = cos.shape[-1]
-    if 2 * half != q.shape[-1]:  # partial rotation: _rotate_native copies the other channels
-        return None
+    if not q.numel() or not k.numel() or 2 * cos.shape[-1] != q.shape[-1]:
+        return None  # (partial rotation: _rotate_native copies the channels past r)
     if inplace:
         if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
             return None
@@ -454,15 +452,9 @@ def rotate_pair(
     else:
         out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
         out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
-    # the arguments of _rotate_native that q and k share, made once
-    shared = (cos.data_ptr(), sin.data_ptr(), q.dtype is torch.bfloat16, interleaved, half)
-    table = (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
-    for x, out in ((q, out_q), (k, out_k)):
-        threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
-        _native(  # type: ignore[misc]
-            x.data_ptr(), out.data_ptr(), *shared, x.shape[:-1], x.stride()[:-1],
-            out.stride()[:-1], *table, threads,
-        )  # fmt: skip
+    tables = _kernel_tables(cos, sin, q.dtype is torch.bfloat16, interleaved)  # made once
+    _run_kernel(q, out_q, tables)
+    _run_kernel(k, out_k, tables)
     return out_q, out_k
 
 
@@ -491,10 +483,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
             return rotate_reference(x, cos, sin, interleaved=interleaved)
         return _Rotation.apply(x, cos, sin, interleaved, inplace)
     out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-    if x.numel() and _native_takes(x, cos, sin):  # _rotate_fast, one call less (decode steps)
-        _rotate_native(x, out, cos, sin, interleaved)
-    else:
-        _rotate_fast(x, out, cos, sin, interleaved)
+    _rotate_fast(x, out, cos, sin, interleaved)
     return out
 
 
