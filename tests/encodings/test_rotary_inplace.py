@@ -225,6 +225,74 @@ def test_the_fast_position_check_defers_errors_to_the_full_one(
         RotaryEmbedding(8)(q, q.clone(), positions)
 
 
+#: Rows of a new RotaryEmbedding's tables.
+ROWS = RotaryEmbedding.initial_table_size
+
+
+@pytest.mark.parametrize(
+    ("positions", "n", "first"),
+    [
+        (None, 3, 0),
+        (torch.tensor([4095]), 1, 4095),
+        (torch.tensor([5, 6, 7], dtype=torch.int32), 3, 5),
+        (torch.tensor([7, 5, 6]), 3, None),  # not one run: gathered
+        (torch.tensor([5, 5]), 2, None),
+        (torch.tensor([-1, 0]), 2, None),  # the full check names it
+        (torch.tensor([[5, 6]]), 2, None),  # per-batch positions
+        (torch.tensor([5.0]), 1, None),  # angles computed in float64
+        (torch.arange(17), 17, None),  # more than _FEW_POSITIONS: not read whole
+        (torch.tensor([ROWS - 1]), 1, ROWS - 1),
+        (torch.tensor([ROWS]), 1, None),  # past the table: the full path grows it
+    ],
+    ids=str,
+)
+def test_the_decode_lane_takes_runs_of_rows_already_in_the_table(
+    positions: torch.Tensor | None, n: int, first: int | None
+) -> None:
+    rope = RotaryEmbedding(8)
+    assert rope.cos_cached.shape[0] == ROWS
+    assert rope._first_row(positions, n) == first
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 16},
+        {"scaling": {"rope_type": "longrope", "short_factor": [1.0] * 4,
+                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16},
+         "max_position_embeddings": 64},
+        {"learned_freq": True},
+        {"device": "meta"},
+    ],
+    ids=["dynamic", "longrope", "learned", "meta"],
+)  # fmt: skip
+def test_the_decode_lane_leaves_moving_or_absent_tables_to_the_full_path(options: dict) -> None:
+    rope = RotaryEmbedding(8, **options)
+    assert rope._first_row(torch.tensor([3]), 1) is None
+    assert rope._first_row(None, 1) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("positions", [None, [9], [9, 10, 11]], ids=str)
+def test_the_decode_lane_equals_the_full_path_bit_for_bit(
+    dtype: torch.dtype, interleaved: bool, inplace: bool, positions: list | None
+) -> None:
+    """The lane (1-D positions: rows of the table read where they lie) against the full path
+    (the same positions per batch, ``(b, n)``: validated, gathered), on q and k sliced from a
+    fused projection."""
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    q, k = fused_qk(2, 3 if positions is None else len(positions), 4, 2, 16, dtype)
+    pos = None if positions is None else torch.tensor(positions)
+    per_batch = torch.arange(q.shape[2]).expand(2, -1) if pos is None else pos.expand(2, -1)
+    assert rope._first_row(pos, q.shape[2]) is not None
+    want_q, want_k = rope(q, k, per_batch)
+    got_q, got_k = rope(q, k, pos, inplace=inplace)
+    assert (got_q is q) == inplace and (got_k is k) == inplace
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
 def test_extent_reads_runs_only_when_consecutive() -> None:
     assert rotary._extent(torch.tensor([4, 5, 6])) == (4, 6, True)
     assert rotary._extent(torch.tensor([4, 6, 5])) == (4, 6, False)

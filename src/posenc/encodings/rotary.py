@@ -571,6 +571,37 @@ class RotaryEmbedding(RotaryEncoding):
                 return positions, extent
         return resolve_positions(positions, n, batch=batch, device=device), None
 
+    def _first_row(self, positions: Tensor | None, n: int) -> int | None:
+        """Where the rows of the cached float32 tables for ``positions`` start, when they are
+        rows ``p, p + 1, ..., p + n - 1`` already there: ``positions`` is ``None`` or at most
+        :data:`_FEW_POSITIONS` 1-D integer CPU positions making one run (a decode step). The
+        forward then rotates with those rows where they lie, and nothing else is built or
+        checked. ``None`` for anything else: the general path validates the positions (and
+        names what is wrong), grows the tables or computes the angles."""
+        if self.learned_freq or self.rope_type in ("dynamic", "longrope"):
+            return None  # (their tables move with the length, or there are none)
+        table = self._buffers["cos_cached"]
+        if positions is None:
+            first = 0
+        elif (
+            type(positions) is Tensor
+            and positions.dim() == 1
+            and 0 < n <= _FEW_POSITIONS
+            and positions.shape[0] == n
+            and positions.dtype in _INTEGER
+            and positions.is_cpu
+            and fast_path_ok(positions)
+        ):
+            values = positions.tolist()
+            first = values[0]
+            if first < 0 or (n > 1 and values != list(range(first, first + n))):
+                return None
+        else:
+            return None
+        if first + n > table.shape[0] or table.dtype is not torch.float32 or not table.is_cpu:
+            return None
+        return first
+
     def _tables(
         self, positions: Tensor | None, batch: int, n: int, dtype: torch.dtype, device: Any
     ) -> tuple[Tensor, Tensor]:
@@ -601,6 +632,13 @@ class RotaryEmbedding(RotaryEncoding):
             allows it).
         """
         q, k = _check_qk(q, k, self.head_dim)
+        first = self._first_row(positions, q.shape[2])
+        if first is not None and (inplace is False or inplace is True):
+            buffers = self._buffers
+            cos, sin = buffers["cos_cached"], buffers["sin_cached"]
+            pair = rotate_pair(q, k, cos, sin, self.interleaved, inplace, first)
+            if pair is not None:
+                return pair
         work = compute_dtype(q.dtype)
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))

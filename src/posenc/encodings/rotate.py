@@ -170,25 +170,46 @@ def _native_takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     float32 or bfloat16 CPU tensor with contiguous channels and at most
     :data:`NATIVE_MAX_LEAD` leading dims, and the tables are float32 with contiguous
     channels."""
+    return _native is not None and _native_tensor(x) and _native_tables(cos, sin)
+
+
+def _native_tensor(x: Tensor) -> bool:
+    """:func:`_native_takes`'s conditions on the rotated tensor."""
     return (
-        _native is not None
-        and x.is_cpu
+        x.is_cpu
         and (x.dtype is torch.float32 or x.dtype is torch.bfloat16)
-        and cos.dtype is torch.float32
-        and sin.dtype is torch.float32
         and 1 <= x.dim() <= NATIVE_MAX_LEAD + 1
         and (x.stride(-1) == 1 or x.shape[-1] == 1)
+    )
+
+
+def _native_tables(cos: Tensor, sin: Tensor) -> bool:
+    """:func:`_native_takes`'s conditions on the tables."""
+    return (
+        cos.dtype is torch.float32
+        and sin.dtype is torch.float32
         and (cos.stride(-1) == 1 or cos.shape[-1] == 1)
         and (sin.stride(-1) == 1 or sin.shape[-1] == 1)
     )
 
 
-def _kernel_tables(cos: Tensor, sin: Tensor, bf16: bool, interleaved: bool) -> tuple:
+def _kernel_tables(
+    cos: Tensor, sin: Tensor, bf16: bool, interleaved: bool, rows: tuple[int, int] | None = None
+) -> tuple:
     """The arguments of the native kernel that depend only on the tables and the layout (what
-    tensors rotated by the same tables share)."""
+    tensors rotated by the same tables share). ``rows = (first, n)``: ``cos`` and ``sin`` are
+    whole ``(positions, r/2)`` tables and the kernel reads their rows ``first`` to
+    ``first + n - 1`` where they lie, as ``cos[first : first + n]`` would view them."""
     half = cos.shape[-1]
-    shared = (cos.data_ptr(), sin.data_ptr(), bf16, interleaved, half)
-    return shared, (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
+    if rows is None:
+        shared = (cos.data_ptr(), sin.data_ptr(), bf16, interleaved, half)
+        return shared, (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
+    first, n = rows
+    cos_row, sin_row = cos.stride(0), sin.stride(0)
+    size = cos.element_size()  # (float32: the kernel's only table dtype)
+    cos_at = cos.data_ptr() + first * cos_row * size
+    sin_at = sin.data_ptr() + first * sin_row * size
+    return (cos_at, sin_at, bf16, interleaved, half), ((n,), (cos_row,), (sin_row,))
 
 
 def _run_kernel(x: Tensor, out: Tensor, tables: tuple) -> None:
@@ -424,19 +445,36 @@ def fast_path_ok(x: Tensor) -> bool:
 
 
 def rotate_pair(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+    inplace: bool,
+    first_row: int | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """``q`` and ``k`` turned by the same tables with the native kernel, what they share
     checked once: the common eager call, a decode step above all, where checks and calls cost
-    more than the arithmetic. ``None`` where this does not apply (autograd records, compiling
-    or tracing, a dtype or layout the kernel does not take, an in-place rotation that
-    :func:`check_inplace` must explain): the caller then rotates each through :func:`rotate`."""
+    more than the arithmetic. ``first_row``: ``cos`` and ``sin`` are whole cached tables
+    ``(positions, r/2)`` and ``q``/``k`` sit at positions ``first_row, first_row + 1, ...``,
+    read from the tables where they lie (no sliced views). ``None`` where this does not apply
+    (autograd records, compiling or tracing, a dtype or layout the kernel does not take, an
+    in-place rotation that :func:`check_inplace` must explain): the caller then rotates each
+    through :func:`rotate`."""
     if (
-        torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)
-    ) or not (fast_path_ok(q) and fast_path_ok(k)):
-        return None
-    if not (_native_takes(q, cos, sin) and _native_takes(k, cos, sin) and k.dtype is q.dtype):
+        _native is None
+        or torch.compiler.is_compiling()
+        or torch._C._get_tracing_state() is not None
+        or type(q) is not Tensor
+        or type(k) is not Tensor
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+        or cos.requires_grad
+        or sin.requires_grad
+        or k.dtype is not q.dtype
+        or not (_native_tensor(q) and _native_tensor(k) and _native_tables(cos, sin))
+        or torch._C._functorch.is_functorch_wrapped_tensor(q)
+        or torch._C._functorch.is_functorch_wrapped_tensor(k)
+    ):
         return None
     if not q.numel() or not k.numel() or 2 * cos.shape[-1] != q.shape[-1]:
         return None  # (partial rotation: _rotate_native copies the channels past r)
@@ -452,7 +490,8 @@ def rotate_pair(
     else:
         out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
         out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
-    tables = _kernel_tables(cos, sin, q.dtype is torch.bfloat16, interleaved)  # made once
+    rows = None if first_row is None else (first_row, q.shape[-2])
+    tables = _kernel_tables(cos, sin, q.dtype is torch.bfloat16, interleaved, rows)  # made once
     _run_kernel(q, out_q, tables)
     _run_kernel(k, out_k, tables)
     return out_q, out_k
