@@ -140,6 +140,37 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         assert torch.equal(x, want)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_kernel_rounds_special_values_as_torch_does(
+    interleaved: bool, dtype: torch.dtype
+) -> None:
+    """NaN, infinities, the largest finite values (whose products overflow), subnormals and
+    halfway cases: the kernel writes what the formula in torch operations writes, bit for bit,
+    and NaN where it has NaN."""
+    if rotate._native is None:
+        pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
+    info = torch.finfo(dtype)
+    special = [float("nan"), float("inf"), -float("inf"), info.max, -info.max, info.tiny,
+               info.tiny / 4, -0.0, 1 + info.eps / 2, 1 + 3 * info.eps / 2, 1.0, -3.5]  # fmt: skip
+    torch.manual_seed(0)
+    x = torch.tensor(special * 8, dtype=torch.float32).to(dtype)  # 96 values
+    x = x[torch.randperm(x.numel())].view(3, 2, 16)
+    angles = torch.rand(2, 8, dtype=torch.float64) * 1000
+    cos, sin = angles.cos().float(), angles.sin().float()
+    want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
+    for inplace in (False, True):
+        out = x.clone() if inplace else torch.empty_like(x)
+        rotate._rotate_native(out if inplace else x, out, cos, sin, interleaved)
+        nan = want.isnan()  # (torch itself writes bfloat16 NaN as 0x7fc0 or 0xffff)
+        assert torch.equal(out.isnan(), nan)
+        assert torch.equal(_bits(out[~nan]), _bits(want[~nan]))
+
+
 # --------------------------------------------------------------------------- the formula
 
 

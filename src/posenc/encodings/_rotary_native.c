@@ -42,7 +42,7 @@ static inline uint16_t float_to_bf16(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return 0x7fc0; /* NaN, as torch writes it */
+        return 0x7fc0; /* NaN (the one torch's scalar conversion writes) */
     }
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
@@ -112,25 +112,43 @@ static inline void row_bf16_half(uint16_t *out, const uint16_t *in, const float 
     }
 }
 
+/* An interleaved bfloat16 pair is one 32-bit word, so both channels turn in one 32-bit vector
+ * lane, with no shuffles. FIRST is where x[2j] sits in the word: its low half on little-endian
+ * machines. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FIRST 16
+#else
+#define FIRST 0
+#endif
+
+static inline uint32_t turn_bf16_pair(const uint16_t *in, float c, float s)
+{
+    uint32_t w;
+    memcpy(&w, in, sizeof w);
+    uint32_t a_bits = ((w >> FIRST) & 0xffffu) << 16, b_bits = ((w >> (16 - FIRST)) & 0xffffu) << 16;
+    float a, b;
+    memcpy(&a, &a_bits, sizeof a);
+    memcpy(&b, &b_bits, sizeof b);
+    uint32_t r1 = float_to_bf16(a * c - b * s), r2 = float_to_bf16(b * c + a * s);
+    return (r1 << FIRST) | (r2 << (16 - FIRST));
+}
+
 static inline void row_bf16_interleaved(uint16_t *out, const uint16_t *in,
                                         const float *restrict c, const float *restrict s,
                                         Py_ssize_t half)
 {
     if (out == in) {
-        uint16_t *x = out;
         for (Py_ssize_t j = 0; j < half; j++) {
-            float a = bf16_to_float(x[2 * j]), b = bf16_to_float(x[2 * j + 1]);
-            x[2 * j] = float_to_bf16(a * c[j] - b * s[j]);
-            x[2 * j + 1] = float_to_bf16(b * c[j] + a * s[j]);
+            uint32_t w = turn_bf16_pair(out + 2 * j, c[j], s[j]);
+            memcpy(out + 2 * j, &w, sizeof w);
         }
         return;
     }
     uint16_t *restrict o = out;
     const uint16_t *restrict x = in;
     for (Py_ssize_t j = 0; j < half; j++) {
-        float a = bf16_to_float(x[2 * j]), b = bf16_to_float(x[2 * j + 1]);
-        o[2 * j] = float_to_bf16(a * c[j] - b * s[j]);
-        o[2 * j + 1] = float_to_bf16(b * c[j] + a * s[j]);
+        uint32_t w = turn_bf16_pair(x + 2 * j, c[j], s[j]);
+        memcpy(o + 2 * j, &w, sizeof w);
     }
 }
 
