@@ -422,6 +422,24 @@ def test_in_place_exports() -> None:
         assert_close(exported.module()(x, positions), model(x, positions), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
+def test_export_sees_the_rotation_as_one_operator() -> None:
+    """torch.export keeps ``posenc::rotary`` (where the native kernel is built) through
+    ``run_decompositions``, and the program equals the eager Encoder; an ONNX export gets the
+    formula instead (tests/test_model.py runs it in onnxruntime)."""
+    from posenc.encodings import rotate
+
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(16, 1, 2, pe="rope").eval()
+    x = torch.randn(2, 8, 16)
+    program = torch.export.export(encoder, (x,)).run_decompositions()
+    targets = {str(node.target) for node in program.graph.nodes}
+    assert ("posenc.rotary.default" in targets) == (rotate._native is not None), targets
+    with torch.no_grad():
+        assert_close(program.module()(x), encoder(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("per_batch", [False, True])
 def test_one_call_rotates_q_and_k_inside_a_fused_projection(

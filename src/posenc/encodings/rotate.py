@@ -11,9 +11,9 @@ through. Callers hand in ``cos`` and ``sin`` of the angles, ``(..., n, r/2)``, a
 where a scheme scales them (an attention factor, xPos's decay).
 
 * :func:`rotate_reference` is eq. 34 in torch operations: differentiable in ``x``, ``cos``
-  and ``sin``, exact in float64. It runs under ``torch.export`` (and so ONNX), where no native
-  kernel is built, under ``torch.jit.trace`` and ``torch.func`` transforms, and when
-  ``cos``/``sin`` require grad (learned frequencies).
+  and ``sin``, exact in float64. It runs in an ONNX export (which lowers it to ONNX
+  operations), where no native kernel is built, under ``torch.jit.trace`` and ``torch.func``
+  transforms, and when ``cos``/``sin`` require grad (learned frequencies).
 * ``_rotary_native.c`` (:func:`_rotate_native`) is the kernel: each row read once and
   written once, in place or into a fresh tensor, float32 arithmetic and one rounding for
   bfloat16, results identical to :func:`rotate_reference`'s. setup.py builds it for the
@@ -26,10 +26,10 @@ where a scheme scales them (an attention factor, xPos's decay).
   once.
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) choose between them;
   under autograd the fast path is one :class:`torch.autograd.Function` whose backward turns
-  the incoming gradient back. Inside ``torch.compile`` the rotation is one operator,
-  ``posenc::rotary`` (out of place, with its fake and autograd kernels; where the native
-  kernel is built, else inductor fuses the formula) or ``posenc::rotary_`` (in place without
-  autograd, on the tensor's own storage).
+  the incoming gradient back. Inside ``torch.compile`` and ``torch.export`` the rotation is
+  one operator, ``posenc::rotary`` (out of place, with its fake and autograd kernels; where
+  the native kernel is built, else inductor fuses the formula) or ``posenc::rotary_`` (in
+  place without autograd, on the tensor's own storage).
 
 Nothing here compiles anything at import or on a call, or keeps global state: no
 ``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
@@ -506,9 +506,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, inplace: bool
         grad = torch.is_grad_enabled() and (
             x.requires_grad or cos.requires_grad or sin.requires_grad
         )
-        # under torch.compile, the operators; torch.export (and ONNX) get the formula, which
-        # every exporter lowers
-        compiling = torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+        # under torch.compile and torch.export, the operators; an ONNX export gets the
+        # formula, which it lowers to ONNX operations
+        compiling = torch.compiler.is_compiling() and not (
+            torch.compiler.is_exporting() and torch.onnx.is_in_onnx_export()
+        )
         if inplace and compiling and not grad:
             _rotate_in_place_op(x, cos, sin, interleaved)
             return x
