@@ -136,20 +136,45 @@ def attention_mask(
     return mask
 
 
-def check_key_padding_mask(mask: object, batch: int, seq: int) -> Tensor | None:
+#: How a transformers ``attention_mask`` (1 = keep) becomes posenc's ``key_padding_mask``.
+_FROM_TRANSFORMERS = (
+    "posenc's key_padding_mask marks padding with True (as torch.nn.MultiheadAttention); "
+    "from a transformers attention_mask (1 = keep) use key_padding_mask = attention_mask == 0"
+)
+
+
+def check_key_padding_mask(
+    mask: object, batch: int, seq: int, *, read_values: bool = False
+) -> Tensor | None:
+    """``mask`` checked to be a ``(batch, seq)`` bool tensor (True = padding), or ``None``.
+
+    ``read_values`` also reads it (one transfer from its device) and refuses a row that is
+    padding throughout: no real token is left to attend to, which is almost always a mask
+    with the opposite convention (transformers' ``attention_mask.bool()``). The entry points
+    (``Encoder.forward``, ``MultiHeadAttention.forward``) read it once per forward; the layers
+    only check its type and shape.
+    """
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
         raise PosencTypeError(f"key_padding_mask must be a torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise PosencTypeError(
-            f"key_padding_mask must be a bool tensor (True = padding), got {mask.dtype}"
+            f"key_padding_mask must be a bool tensor, got {mask.dtype}; {_FROM_TRANSFORMERS}"
         )
     if tuple(mask.shape) != (batch, seq):
         raise PosencValueError(
             f"key_padding_mask must have shape (batch, seq) = {(batch, seq)}, "
             f"got {tuple(mask.shape)}"
         )
+    if read_values and mask.numel() and not mask.is_meta and not torch.compiler.is_compiling():
+        empty = mask.all(dim=-1)  # (b,)
+        if bool(empty.any()):
+            rows = empty.nonzero().flatten().tolist()
+            raise PosencValueError(
+                f"key_padding_mask marks every token of row(s) {rows[:8]} as padding, leaving "
+                f"nothing to attend to; {_FROM_TRANSFORMERS}"
+            )
     return mask
 
 
@@ -447,7 +472,7 @@ class MultiHeadAttention(nn.Module):
         """
         if state is None:
             check_input(x, self.dim)  # bad input fails before the encoding does any work
-            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
             state = self.state_for(x, positions, pe)
         heads, weights = self.attend(
             x, state, key_padding_mask=key_padding_mask, need_weights=need_weights
@@ -523,7 +548,8 @@ class MultiHeadAttention(nn.Module):
                     extra = bias_state.value_term(weights.to(compute_dtype(q.dtype)))
                     out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
             else:
-                out = self._sdpa(q, k, v, mask, bias, dropout_p)
+                plain_causal = self.causal and key_padding_mask is None
+                out = self._sdpa(q, k, v, mask, bias, dropout_p, plain_causal=plain_causal)
         self.last_backend = backend
         return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
 
@@ -582,14 +608,23 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _sdpa(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, p: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        p: float,
+        *,
+        plain_causal: bool = False,
     ) -> Tensor:
-        """Fused attention. A pure causal mask uses ``is_causal``; other masks and biases become
+        """Fused attention. ``plain_causal`` says ``mask`` is the causal mask and nothing else
+        (no padding): SDPA's ``is_causal`` then stands for it. Other masks and biases become
         one additive float mask whose masked entries are the most negative finite value, so a
         fully padded row cannot produce NaN."""
         if bias is None and mask is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-        if bias is None and self.causal and mask is not None and mask.shape[0] == 1:
+        if bias is None and plain_causal:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         work = compute_dtype(q.dtype)
         b, h, nq, _ = q.shape

@@ -125,9 +125,14 @@ class EncoderLayer(nn.Module):
 
         Pre-norm: ``x = x + attn(norm1(x))``, then ``x = x + ffn(norm2(x))``;
         post-norm: ``x = norm1(x + attn(x))``, then ``x = norm2(x + ffn(x))``. Outside
-        autograd the same sums run through :func:`posenc.fused.encoder_layer`.
+        autograd the same sums run through :func:`posenc.fused.encoder_layer` (not under
+        autocast: its in-place GEMMs are not operations autocast converts).
         """
-        if not torch.is_grad_enabled() and not (self.training and self.drop.p > 0):
+        if (
+            not torch.is_grad_enabled()
+            and not (self.training and self.drop.p > 0)
+            and not torch.is_autocast_enabled(x.device.type)
+        ):
             return fused.encoder_layer(
                 self, x, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
             )
@@ -275,7 +280,7 @@ class Encoder(nn.Module):
         """
         check_input(x, self.dim)
         b, n, _ = x.shape
-        check_key_padding_mask(key_padding_mask, b, n)
+        check_key_padding_mask(key_padding_mask, b, n, read_values=True)
         if self.training and self.random_positions is not None:
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
         if isinstance(self.pe, AdditiveEncoding):
