@@ -350,3 +350,54 @@ def test_yarn_attention_factor_is_the_papers_temperature() -> None:
         {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64}, 16, 1e4
     )
     assert factor == pytest.approx(0.1 * math.log(16.0) + 1.0, rel=1e-15)
+
+
+# --------------------------------------------------------------------------- public tables
+
+
+@pytest.mark.parametrize(("head_dim", "base", "max_len", "params"), CASES, ids=IDS)
+def test_public_tables_match_transformers_over_a_generation(
+    head_dim: int, base: float, max_len: int, params: dict[str, Any]
+) -> None:
+    """``cos_sin`` asked before any forward, then over a generation, gives transformers' cos
+    and sin (dynamic NTK and LongRoPE pick their frequencies from the positions asked for),
+    leaves the module as the forward would, and is what the forward rotates by."""
+    config = _config(head_dim, base, max_len, params)
+    hf = LlamaRotaryEmbedding(config)
+    tables = RotaryEmbedding.from_hf_config(config)
+    rotates = RotaryEmbedding.from_hf_config(config)
+    original = params.get("original_max_position_embeddings", max_len)
+    long = min(max(2 * original, max_len + 8), 400)
+    half = head_dim // 2
+    for positions in (torch.arange(long), torch.arange(long - 3, long), torch.arange(10)):
+        n = positions.shape[0]
+        want_cos, want_sin = hf(torch.zeros(1, n, head_dim), positions[None])  # (1, n, d)
+        cos, sin = tables.cos_sin(positions, n, dtype=torch.float32)  # (n, d/2)
+        assert_close(cos, want_cos[0, :, :half], rtol=1e-4, atol=1e-4)
+        assert_close(sin, want_sin[0, :, :half], rtol=1e-4, atol=1e-4)
+        q, k = torch.randn(1, 2, n, head_dim), torch.randn(1, 2, n, head_dim)
+        rotates(q, k, positions)
+        assert tables._seq_len == rotates._seq_len
+        assert torch.equal(tables.inv_freq, rotates.inv_freq)
+        # the forward's rotation is by exactly these tables
+        by_tables = torch.cat((q[..., :half] * cos - q[..., half:] * sin,
+                               q[..., half:] * cos + q[..., :half] * sin), dim=-1)  # fmt: skip
+        assert_close(rotates(q, k, positions)[0], by_tables, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("factor", [2.0, 8.0])
+def test_ntk_tables_equal_the_float64_formula(factor: float) -> None:
+    """posenc's own ``ntk`` (NTK-aware base scaling, not a transformers type): cos and sin at
+    p of ``θ' = θ · factor^(r/(r-2))``, frequencies ``θ'^(-2i/r)``, in float64."""
+    r, base = 16, 10000.0
+    rope = RotaryEmbedding(r, scaling={"rope_type": "ntk", "factor": factor})
+    positions = torch.tensor([0, 1, 7, 100, 4095, 5000, 123456])
+    scaled = base * factor ** (r / (r - 2))
+    inv_freq = scaled ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)
+    angles = positions.double()[:, None] * inv_freq
+    cos, sin = rope.cos_sin(positions, len(positions), dtype=torch.float64)
+    assert_close(cos, angles.cos(), rtol=0.0, atol=1e-12)
+    assert_close(sin, angles.sin(), rtol=0.0, atol=1e-12)
+    cos32, sin32 = rope.cos_sin(positions, len(positions), dtype=torch.float32)
+    assert_close(cos32, angles.cos().float(), rtol=0.0, atol=2e-7)
+    assert_close(sin32, angles.sin().float(), rtol=0.0, atol=2e-7)

@@ -156,6 +156,20 @@ def test_xpos_matches_float64_formula() -> None:
     assert_close(got_k, rope_reference(k, angles, interleaved=False, scale=zeta**-power))
 
 
+def test_xpos_public_tables_are_the_ones_it_rotates_by() -> None:
+    """``XPos.cos_sin`` gives the scaled tables of queries (``key=True``: of keys), the float64
+    formula, not plain RoPE's tables."""
+    xpos = XPos(8, scale_base=16.0, center=3.0)
+    positions = torch.arange(7)
+    zeta = (torch.arange(0, 8, 2, dtype=torch.float64) + 0.4 * 8) / (1.4 * 8)
+    power = (positions.double()[:, None] - 3.0) / 16.0
+    angles = positions.double()[:, None] * inv_freq64(8)
+    for key, scale in ((False, zeta**power), (True, zeta**-power)):
+        cos, sin = xpos.cos_sin(positions, 7, dtype=torch.float64, key=key)
+        assert_close(cos, angles.cos() * scale)
+        assert_close(sin, angles.sin() * scale)
+
+
 def test_axial_matches_rotary_embedding_torch_axial_freqs() -> None:
     ret = pytest.importorskip("rotary_embedding_torch")
     height, width, d = 5, 7, 16

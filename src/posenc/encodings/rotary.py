@@ -434,8 +434,14 @@ class RotaryEmbedding(RotaryEncoding):
     ) -> tuple[Tensor, Tensor]:
         """cos and sin (times the attention factor) for ``positions`` (``None``:
         ``arange(seq_len)``), as ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``
-        (float32 for half-precision work, float64 when asked)."""
-        return self._cos_sin(positions, seq_len, dtype, device, None)
+        (float32 for half-precision work, float64 when asked).
+
+        These are the tables :meth:`forward` would rotate by if called now with the same
+        positions, made by the same code: the positions are validated, and dynamic NTK and
+        LongRoPE first pick their frequencies from them (which changes the module's state
+        exactly as that forward would)."""
+        batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
+        return self._tables(positions, batch, seq_len, dtype, device)
 
     def _cos_sin(
         self,
@@ -765,6 +771,23 @@ class XPos(RotaryEmbedding):
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
+
+    def cos_sin(
+        self,
+        positions: Tensor | None,
+        seq_len: int,
+        *,
+        dtype: torch.dtype,
+        device: Any = None,
+        key: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """The tables :meth:`forward` rotates queries by (``key=True``: keys by) at
+        ``positions`` (``None``: ``arange(seq_len)``): cos and sin times xPos's scale, from
+        :meth:`scaled_cos_sin`; ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``."""
+        batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
+        device = self.inv_freq.device if device is None else device
+        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
+        return self.scaled_cos_sin(pos, dtype, key=check_bool("key", key))
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The scaled cos and sin of queries and of keys, computed once for every layer."""
