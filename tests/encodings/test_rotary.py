@@ -20,6 +20,7 @@ from posenc import (
 )
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
+from tests.peers import parameters, require_internals
 from tests.schemes import SEQUENCE, of_family
 
 # --------------------------------------------------------------------------- reference
@@ -602,6 +603,16 @@ def test_llama_with_posenc_rotary_gives_the_same_logits(
         calls.append(positions.shape)
         return rope(q, k, positions)
 
+    require_internals(
+        transformers,
+        {
+            "LlamaModel.rotary_emb": hasattr(model.model, "rotary_emb"),
+            "apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)": parameters(
+                modeling_llama.apply_rotary_pos_emb
+            )
+            == ["q", "k", "cos", "sin", "unsqueeze_dim"],
+        },
+    )
     monkeypatch.setattr(model.model, "rotary_emb", PositionsThrough())
     monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", posenc_rotary)
     with torch.no_grad():
