@@ -425,6 +425,12 @@ MISUSE = [
            ValueError, "key_padding_mask", (2, 4)),
     Misuse("mask-float", lambda: MultiHeadAttention(8, 2)(X, key_padding_mask=torch.zeros(2, 5)),
            TypeError, "key_padding_mask", torch.float32),
+    Misuse("mask-a-row-all-padding",  # transformers' attention_mask.bool(): True = keep
+           lambda: MultiHeadAttention(8, 2)(X, key_padding_mask=torch.ones(2, 5, dtype=torch.bool)),
+           ValueError, "key_padding_mask", "attention_mask == 0"),
+    Misuse("mask-long-names-the-conversion",
+           lambda: MultiHeadAttention(8, 2)(X, key_padding_mask=torch.ones(2, 5, dtype=torch.long)),
+           TypeError, "key_padding_mask", "attention_mask == 0"),
     Misuse("positions-length",
            lambda: MultiHeadAttention(8, 2, pe=ALiBi(2))(torch.randn(1, 4, 8),
                                                          positions=torch.arange(5)),
@@ -448,6 +454,20 @@ MISUSE = [
 @pytest.mark.parametrize("case", cases(MISUSE))
 def test_misuse_names_the_argument_and_the_value(case: Misuse) -> None:
     check(case)
+
+
+def test_a_row_of_all_padding_is_refused_by_every_entry_point() -> None:
+    """The silent case of the opposite convention: a bool mask made from transformers'
+    ``attention_mask.bool()`` marks every real token of a row as padding. The Encoder and
+    MultiHeadAttention refuse it, naming the row and the conversion; a mask with padding
+    somewhere in each row is read as posenc's (True = padding)."""
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])  # transformers: 1 = keep
+    encoder = Encoder(8, 1, 2, pe="rope", causal=True)
+    for module in (encoder, MultiHeadAttention(8, 2)):
+        with pytest.raises(ValueError, match=r"row\(s\) \[0\].*attention_mask == 0"):
+            module(X, key_padding_mask=attention_mask.bool())
+        out = module(X, key_padding_mask=attention_mask == 0)
+        assert torch.isfinite(out).all()
 
 
 def test_t5_refuses_fractional_positions_inside_attention() -> None:

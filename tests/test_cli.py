@@ -33,6 +33,27 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
         assert posenc.entry(name).family in line
 
 
+def test_plot_help_names_the_kinds_each_scheme_supports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``posenc plot --help`` lists, per scheme, the kinds a built module of it accepts (the
+    default first), read from the registry without building anything."""
+    from posenc.plots import build_for_plot, default_kind, kinds_for
+
+    assert main(["plot", "--help"]) == 0
+    out = capsys.readouterr().out
+    shown = {
+        line.split()[0]: line.split(None, 1)[1].split(", ")
+        for line in out.split("kinds each scheme supports")[1].splitlines()[1:]
+        if line.strip()
+    }
+    assert set(shown) == set(posenc.available())
+    for name in NAMES:
+        pe = build_for_plot(name)
+        assert set(shown[name]) == set(kinds_for(pe)), name
+        assert shown[name][0] == default_kind(pe), name
+
+
 @pytest.mark.parametrize("kind", ["heatmap", "dims"])
 @pytest.mark.parametrize("suffix", ["png", "svg"])
 def test_plot(tmp_path: Path, kind: str, suffix: str) -> None:

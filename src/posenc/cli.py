@@ -101,6 +101,21 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- plot
 
+#: Stands for the plot command's epilog until its help is shown (see :class:`_PlotHelp`).
+_KINDS_EPILOG = "<kinds of picture, per scheme>"
+
+
+class _PlotHelp(argparse.RawDescriptionHelpFormatter):
+    """Fills ``posenc plot --help``'s epilog with the kinds each scheme supports, importing
+    the plotting package (matplotlib) only when the help is shown."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text == _KINDS_EPILOG:
+            from .plots import kinds_help
+
+            text = kinds_help()
+        return super()._fill_text(text, width, indent)
+
 
 def cmd_plot(args: argparse.Namespace) -> int:
     import matplotlib.pyplot as plt
@@ -197,9 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", choices=FAMILIES, default=None, help="only this family")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("plot", help="plot encodings to a PNG/SVG/PDF file")
+    p = sub.add_parser(
+        "plot",
+        help="plot encodings to a PNG/SVG/PDF file",
+        epilog=_KINDS_EPILOG,
+        formatter_class=_PlotHelp,
+    )
     p.add_argument("names", nargs="+", metavar="NAME", help=f"registry names: {names}")
-    p.add_argument("--kind", default=None, help="what to draw (default: by family)")
+    p.add_argument(
+        "--kind", default=None, help="what to draw (default: by family; the kinds are below)"
+    )
     p.add_argument(
         "--positions",
         type=_bounded(MAX_POSITIONS),

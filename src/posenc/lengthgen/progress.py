@@ -15,7 +15,15 @@ class Bar:
         console: a ``rich.console.Console`` (default: one on stderr).
         start: steps already done (a resumed run).
         metric: the name of the second number shown after the loss.
+        loss_unit: what the loss is measured in, shown after it (both trainers report the mean
+            cross-entropy per scored token, in nats).
+
+    Before the first step of a run (or of a resumed run) the loss and the metric show a dash,
+    not a number.
     """
+
+    #: Shown in place of a number not measured yet.
+    NOT_YET = "—"
 
     def __init__(
         self,
@@ -26,6 +34,7 @@ class Bar:
         *,
         start: int,
         metric: str = "acc",
+        loss_unit: str = "nats/token",
     ) -> None:
         self.enabled = enabled
         self.progress: Any = None
@@ -49,14 +58,14 @@ class Bar:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn(f"loss {{task.fields[loss]:.4f}}  {metric} {{task.fields[metric]:.3f}}"),
+            TextColumn(f"loss {{task.fields[loss]}} {loss_unit}  {metric} {{task.fields[metric]}}"),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=console,
         )
         self.task_id = self.progress.add_task(
-            description, total=total, completed=start, loss=float("nan"), metric=float("nan")
+            description, total=total, completed=start, loss=self.NOT_YET, metric=self.NOT_YET
         )
 
     def __enter__(self) -> Bar:
@@ -70,7 +79,9 @@ class Bar:
 
     def update(self, step: int, loss: float, metric: float) -> None:
         if self.progress is not None:
-            self.progress.update(self.task_id, completed=step, loss=loss, metric=metric)
+            self.progress.update(
+                self.task_id, completed=step, loss=f"{loss:.4f}", metric=f"{metric:.3f}"
+            )
 
     def log(self, text: str) -> None:
         """Print a line above the bar (or on the console when the bar is off)."""

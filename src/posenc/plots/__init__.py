@@ -18,7 +18,7 @@ import matplotlib
 
 from ..encodings.base import FAMILIES, PositionalEncoding
 from ..encodings.checks import check_positive_int
-from ..encodings.registry import build_for_model, entry
+from ..encodings.registry import available, build_for_model, entry
 from ..errors import PosencValueError
 
 matplotlib.use("Agg")  # no window, ever: figures are returned or saved
@@ -64,11 +64,15 @@ class Kind:
     sequence_only: bool = False
 
     def applies_to(self, pe: PositionalEncoding) -> bool:
-        if self.grid_only and pe.axes == 1:
+        return self.applies(pe.family, pe.axes)
+
+    def applies(self, family: str, axes: int) -> bool:
+        """Whether this kind draws an encoding of ``family`` on ``axes`` coordinates."""
+        if self.grid_only and axes == 1:
             return False
-        if self.sequence_only and pe.axes != 1:
+        if self.sequence_only and axes != 1:
             return False
-        return pe.family in self.families
+        return family in self.families
 
 
 ALL: tuple[str, ...] = FAMILIES  # kinds that work through every family's hook
@@ -182,6 +186,22 @@ def kinds_for(pe: PositionalEncoding) -> list[str]:
 def default_kind(pe: PositionalEncoding) -> str:
     """The kind drawn when none is asked for: ``grid`` for grid encodings, else by family."""
     return "grid" if pe.axes != 1 else DEFAULT_KIND[pe.family]
+
+
+def kinds_help() -> str:
+    """The kinds of picture, and for each registered scheme the kinds it supports (its
+    default first), as ``posenc plot --help`` shows them. Read from the registry's classes:
+    nothing is built."""
+    lines = ["kinds (--kind):"]
+    lines += [f"  {kind.name:<11} {kind.help}" for kind in KINDS.values()]
+    lines += ["", "kinds each scheme supports (its default first):"]
+    for name in available():
+        cls = entry(name).cls
+        kinds = [k.name for k in KINDS.values() if k.applies(cls.family, cls.axes)]
+        default = "grid" if cls.axes != 1 else DEFAULT_KIND[cls.family]
+        kinds.sort(key=lambda k: k != default)
+        lines.append(f"  {name:<18} {', '.join(kinds)}")
+    return "\n".join(lines)
 
 
 def build_for_plot(name: str, dim: int | None = None, num_heads: int = 4) -> PositionalEncoding:
