@@ -5,7 +5,9 @@ is run on random q, k at explicit positions (one row at an offset of 100, one fr
 whole rotated tensors are compared with posenc's. The reference is the family's own code: its
 ``*RotaryEmbedding`` module and ``apply_rotary_pos_emb`` (partial families rotate the first
 ``cos.shape[-1]`` channels, as their attention does), GPT-J/CodeGen's sinusoidal table and
-``rotate_every_two``, DeepSeek-V2/Llama 4's complex multiply, DeepSeek-V3's de-interleaving one.
+``rotate_every_two``, DeepSeek-V2/Llama 4's complex multiply, DeepSeek-V3's de-interleaving one,
+OpenAI's privacy filter's per-pair table. The list of model types read without a warning
+(``KNOWN_MODEL_TYPES``) is checked against the installed transformers' source.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,8 +34,16 @@ importlib.import_module("transformers.models.llama.modeling_llama")
 importlib.import_module("transformers.models.gptj.modeling_gptj")
 
 from posenc import RotaryEmbedding  # noqa: E402
+from posenc.encodings import hf_config  # noqa: E402
+from posenc.encodings.hf_config import (  # noqa: E402
+    CHECKED_TRANSFORMERS_VERSION,
+    KNOWN_MODEL_TYPES,
+    MROPE_MODEL_TYPES,
+    rotary_arguments_from_hf_config,
+)
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
 from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
+from tests.peers import parameters, require_internals  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -157,6 +170,23 @@ def deinterleaving_reference(module: str, rotary_class: str) -> Reference:
     return build
 
 
+def per_pair_reference(module: str, rotary_class: str) -> Reference:
+    """OpenAI's privacy filter: the rotary module gives one cos/sin column per pair,
+    ``(b, n, r/2)``, and ``apply_rotary_pos_emb`` turns the pairs of the whole head."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            cos, sin = rotary(q, positions)  # (b, n, r/2) each
+            return modeling.apply_rotary_pos_emb(q, k, cos, sin)
+
+        return rotate
+
+    return build
+
+
 def deinterleave(x: Tensor) -> Tensor:
     """posenc's interleaved output in DeepSeek-V3's channel order: ``cat(x[0::2], x[1::2])``."""
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
@@ -179,6 +209,14 @@ def _longrope(pairs: int, original: int, **extra: Any) -> dict[str, Any]:
 MLA = _tiny(
     qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=16, q_lora_rank=16
 )
+# the Perception Encoder's audio and video towers (which take no vocab_size)
+PE_ENCODER = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+    "num_hidden_layers": 1,
+    "intermediate_size": 128,
+}
 GEMMA3 = _tiny(
     num_hidden_layers=2,
     layer_types=["sliding_attention", "full_attention"],
@@ -197,6 +235,11 @@ class Family:
     layer_type: str | None = None
     #: maps posenc's output into the reference's channel order
     reorder: Callable[[Tensor], Tensor] = field(default=lambda x: x)
+    #: each pair turns by -angle (NanoChat)
+    clockwise: bool = False
+    #: for the families read wrong before transformers 5.24's census: the arguments posenc
+    #: used to read (the rest as now), which must differ from the family's code
+    misread_as: dict[str, Any] = field(default_factory=dict)
 
 
 def _config(name: str, **kwargs: Any) -> Callable[[], Any]:
@@ -534,6 +577,92 @@ FAMILIES = [
         cos_sin_reference("phi3", "Phi3RotaryEmbedding"),
         (32, 24, 10000.0, False),
     ),
+    # The families transformers 5.24's census found read wrong: seven rotate interleaved pairs,
+    # MiniMax-M3-VL ignores its rotary_dim, NanoChat turns by -angle.
+    Family(
+        "cohere-interleaved",
+        _config("CohereConfig", **_tiny(num_key_value_heads=2)),
+        cos_sin_reference("cohere", "CohereRotaryEmbedding"),
+        (16, 16, 500000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "cohere2-interleaved",
+        _config("Cohere2Config", **_tiny(num_key_value_heads=2)),
+        cos_sin_reference("cohere2", "Cohere2RotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "cohere2-moe-interleaved",
+        _config("Cohere2MoeConfig", **_tiny(num_key_value_heads=2, head_dim=16, num_experts=2)),
+        cos_sin_reference("cohere2_moe", "Cohere2MoeRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "blt-local-encoder-interleaved",  # BLT builds one rotary module per sub-config
+        _config("BltLocalEncoderConfig", **_tiny()),
+        cos_sin_reference("blt", "BltRotaryEmbedding"),
+        (16, 16, 500000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "blt-patcher-interleaved",  # the patcher's config has no default_theta of its own
+        _config("BltPatcherConfig", **_tiny()),
+        cos_sin_reference("blt", "BltRotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "openai-privacy-filter-interleaved-yarn",  # its default: YaRN, factor 32
+        _config(
+            "OpenAIPrivacyFilterConfig",
+            **_tiny(num_key_value_heads=2, head_dim=16, num_local_experts=2),
+        ),
+        per_pair_reference("openai_privacy_filter", "OpenAIPrivacyFilterRotaryEmbedding"),
+        (16, 16, 150000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "pe-audio-encoder-interleaved",
+        _config("PeAudioEncoderConfig", **PE_ENCODER),
+        cos_sin_reference("pe_audio", "PeAudioEncoderRotaryEmbedding"),
+        (16, 16, 20000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "pe-video-encoder-interleaved",
+        _config("PeVideoEncoderConfig", **PE_ENCODER),
+        cos_sin_reference("pe_video", "PeVideoEncoderRotaryEmbedding"),
+        (16, 16, 20000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "pe-audio-video-encoder-interleaved",
+        _config("PeAudioVideoEncoderConfig", **PE_ENCODER),
+        cos_sin_reference("pe_audio_video", "PeAudioVideoEncoderRotaryEmbedding"),
+        (16, 16, 20000.0, True),
+        misread_as={"interleaved": False},
+    ),
+    Family(
+        "minimax-m3-vl-ignores-rotary-dim",  # rotary_dim=16 of 32 in the config, 32 rotate
+        _config(
+            "MiniMaxM3VLTextConfig",
+            **_tiny(num_key_value_heads=2, head_dim=32, rotary_dim=16, num_local_experts=2),
+        ),
+        cos_sin_reference("minimax_m3_vl", "MiniMaxM3VLRotaryEmbedding"),
+        (32, 32, 5e6, False),
+        misread_as={"rotary_dim": 16},
+    ),
+    Family(
+        "nanochat-clockwise",  # rotate_half returns cat(x2, -x1): each pair turns by -angle
+        _config("NanoChatConfig", **_tiny(num_key_value_heads=2)),
+        cos_sin_reference("nanochat", "NanoChatRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+        clockwise=True,
+        misread_as={"clockwise": False},
+    ),
 ]
 
 
@@ -542,6 +671,7 @@ def test_rotated_qk_match_the_familys_own_code(family: Family) -> None:
     config = family.make_config()
     ours = RotaryEmbedding.from_hf_config(config, layer_type=family.layer_type)
     assert (ours.head_dim, ours.rotary_dim, ours.base, ours.interleaved) == family.expected
+    assert ours.clockwise is family.clockwise
     q, k = _qk(ours.head_dim)
     want_q, want_k = family.reference(config)(q, k, POSITIONS)
     got_q, got_k = ours(q, k, POSITIONS)
@@ -588,6 +718,26 @@ def test_deepseek_v3_scores_equal_without_reordering() -> None:
 # --------------------------------------------------------------------------- GPT-J end to end
 
 
+def _require_gptj_internals(model: Any, modeling_gptj: Any) -> None:
+    """What the end-to-end test patches: a model-level ``rotary_emb(x, position_ids) ->
+    (sin, cos)`` handed to every layer as ``position_embeddings``, each layer's
+    ``rotary_dim``, and ``apply_rotary_pos_emb(tensor, sin, cos)``."""
+    attention = modeling_gptj.GPTJAttention.forward
+    require_internals(
+        transformers,
+        {
+            "GPTJModel.rotary_emb": hasattr(model.transformer, "rotary_emb"),
+            "GPTJAttention.rotary_dim": all(
+                hasattr(b.attn, "rotary_dim") for b in model.transformer.h
+            ),
+            "GPTJAttention.forward(position_embeddings=)": "position_embeddings"
+            in parameters(attention),
+            "apply_rotary_pos_emb(tensor, sin, cos)": parameters(modeling_gptj.apply_rotary_pos_emb)
+            == ["tensor", "sin", "cos"],
+        },
+    )
+
+
 def test_gptj_logits_match_when_posenc_rotates_and_the_old_reading_did_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -612,19 +762,25 @@ def test_gptj_logits_match_when_posenc_rotates_and_the_old_reading_did_not(
     with torch.no_grad():
         want = model(tokens, position_ids=POSITIONS).logits
 
-    # Route every attention layer through a posenc module on the whole head: each layer's
-    # sinusoid table is replaced by one whose row p holds p, so the (sin, cos) GPT-J gathers
-    # carry the positions to the patched apply function.
+    # Route every attention layer through a posenc module on the whole head: the model's
+    # rotary module is replaced by one whose (sin, cos) carry the positions themselves, and
+    # the patched apply function reads them back. This reaches into GPT-J's internals, so the
+    # names and signatures it relies on are checked first.
+    _require_gptj_internals(model, modeling_gptj)
     rotary: list[RotaryEmbedding] = []
 
     def posenc_apply(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:  # x: (b, n, h, d)
         positions = sin[..., 0].round().long()  # (b, n)
         return rotary[0].rotate(x.transpose(1, 2), positions).transpose(1, 2)
 
+    class PositionsAsTables(torch.nn.Module):
+        def forward(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+            carried = position_ids[..., None].to(x.dtype)  # (b, n, 1)
+            return carried, carried
+
     for block in model.transformer.h:
         block.attn.rotary_dim = None  # hand the whole head to apply_rotary_pos_emb
-        table = torch.arange(config.n_positions, dtype=torch.float32)[:, None].expand(-1, 2)
-        block.attn.embed_positions = table.contiguous()
+    monkeypatch.setattr(model.transformer, "rotary_emb", PositionsAsTables())
     monkeypatch.setattr(modeling_gptj, "apply_rotary_pos_emb", posenc_apply)
 
     def logits_with(rope: RotaryEmbedding) -> Tensor:
@@ -831,3 +987,263 @@ def test_explicit_keyword_arguments_override_the_config() -> None:
     rope = RotaryEmbedding.from_hf_config(config, rotary_dim=32, base=500.0)
     assert (rope.rotary_dim, rope.base, rope.interleaved) == (32, 500.0, True)
     assert math.isclose(rope.inv_freq[1].item(), 500.0 ** (-2 / 32))
+
+
+# --------------------------------------------------------------------------- the census fixes
+
+CENSUS_FAMILIES = [family for family in FAMILIES if family.misread_as]
+
+
+@pytest.mark.parametrize("family", CENSUS_FAMILIES, ids=[f.id for f in CENSUS_FAMILIES])
+def test_what_posenc_read_before_the_census_is_far_from_the_familys_code(family: Family) -> None:
+    """The families the census found read wrong, read the old way (the half layout, MiniMax-M3-VL's
+    unused rotary_dim, NanoChat turned by +angle): q and k differ from the family's own code by
+    more than 1 (unit-variance entries), so the comparison above tells the two readings apart."""
+    config = family.make_config()
+    arguments = rotary_arguments_from_hf_config(config, layer_type=family.layer_type)
+    arguments.update(family.misread_as)
+    old = RotaryEmbedding(arguments.pop("head_dim"), **arguments)
+    q, k = _qk(old.head_dim)
+    want_q, want_k = family.reference(config)(q, k, POSITIONS)
+    got_q, got_k = old(q, k, POSITIONS)
+    assert (got_q - want_q).abs().max() > 1.0
+    assert (got_k - want_k).abs().max() > 1.0
+
+
+def test_the_arguments_name_the_sense_of_rotation_for_every_config() -> None:
+    nanochat = transformers.NanoChatConfig(**_tiny())
+    llama = transformers.LlamaConfig(**_tiny())
+    plain = {"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4}  # no model_type
+    assert rotary_arguments_from_hf_config(nanochat)["clockwise"] is True
+    assert rotary_arguments_from_hf_config(llama)["clockwise"] is False
+    assert rotary_arguments_from_hf_config(plain)["clockwise"] is False
+
+
+# --------------------------------------------------------------------------- unchecked types
+
+
+def _unchecked(model_type: str = "mystery_lm") -> SimpleNamespace:
+    return _namespace(model_type=model_type, rope_theta=1e4)
+
+
+@pytest.fixture
+def no_model_type_warned_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh per-process record of the model types warned about."""
+    monkeypatch.setattr(hf_config, "_WARNED_MODEL_TYPES", set())
+
+
+@pytest.mark.usefixtures("no_model_type_warned_yet")
+def test_an_unchecked_model_type_is_read_with_one_warning_naming_it_and_the_version() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # count the warnings this module gives, not the filter's
+        first = RotaryEmbedding.from_hf_config(_unchecked())
+        again = RotaryEmbedding.from_hf_config(_unchecked())
+        rotary_arguments_from_hf_config(_unchecked("another_lm"))
+    messages = [str(w.message) for w in caught if w.category is UserWarning]
+    assert len(messages) == 2, messages
+    assert "'mystery_lm'" in messages[0] and "'another_lm'" in messages[1]
+    for message in messages:
+        assert f"transformers {CHECKED_TRANSFORMERS_VERSION}" in message
+        assert "half or interleaved" in message and "half layout" in message
+    # read from the generic fields, as before the list existed
+    assert repr(first) == repr(again) == "RotaryEmbedding(head_dim=16, rotary_dim=16, base=10000)"
+
+
+@pytest.mark.usefixtures("no_model_type_warned_yet")
+@pytest.mark.parametrize(
+    "read",
+    [RotaryEmbedding.from_hf_config, rotary_arguments_from_hf_config],
+    ids=["module", "dict"],
+)
+def test_strict_refuses_an_unchecked_model_type_naming_it_and_the_version(
+    read: Callable[..., object],
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused, not warned about
+        with pytest.raises(PosencValueError, match="'mystery_lm'") as info:
+            read(_unchecked(), strict=True)
+    assert f"transformers {CHECKED_TRANSFORMERS_VERSION}" in str(info.value)
+    assert not hf_config._WARNED_MODEL_TYPES
+
+
+#: (config, layer_type) read without a warning, even with strict=True
+CHECKED_OR_UNNAMED: dict[str, Callable[[], tuple[Any, str | None]]] = {
+    "checked-config": lambda: (transformers.LlamaConfig(**_tiny()), None),
+    "checked-config-json": lambda: ({**_tiny(), "model_type": "cohere", "rope_theta": 1e4}, None),
+    # read through its text_config, whose model_type (gemma3_text) is the one checked
+    "composite": lambda: (transformers.Gemma3Config(text_config=GEMMA3), "full_attention"),
+    "dict-without-model-type": lambda: ({**_tiny(), "rope_theta": 1e4}, None),
+    "empty-model-type": lambda: (_namespace(model_type="", rope_theta=1e4), None),
+}
+
+
+@pytest.mark.usefixtures("no_model_type_warned_yet")
+@pytest.mark.parametrize("name", sorted(CHECKED_OR_UNNAMED))
+def test_no_warning_for_a_checked_model_type_or_a_config_without_one(name: str) -> None:
+    config, layer_type = CHECKED_OR_UNNAMED[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=True)
+
+
+def test_strict_must_be_a_bool() -> None:
+    check(
+        Misuse(
+            "strict-str",
+            _from(lambda: transformers.LlamaConfig(**_tiny()), strict="yes"),
+            PosencTypeError,
+            "strict",
+            "yes",
+        )
+    )
+
+
+def test_every_model_type_tested_here_or_named_in_hf_config_is_a_checked_one() -> None:
+    tested = {family.make_config().model_type for family in FAMILIES}
+    tested |= {raw["model_type"] for raw in LEGACY_JSON.values()}
+    assert tested - KNOWN_MODEL_TYPES == set()
+    named = set().union(
+        hf_config.INTERLEAVED_MODEL_TYPES,
+        hf_config.DEINTERLEAVED_MODEL_TYPES,
+        hf_config.CLOCKWISE_MODEL_TYPES,
+        hf_config.ROTARY_DIM_IGNORED_MODEL_TYPES,
+        hf_config.FIXED_BASE_MODEL_TYPES,
+        hf_config.PARTIAL_MODEL_TYPES,
+        hf_config.ROPE_TYPE_ALIASES,
+    )
+    assert named - KNOWN_MODEL_TYPES == set()
+    assert not KNOWN_MODEL_TYPES & MROPE_MODEL_TYPES
+
+
+# --------------------------------------------------------------------------- the census
+# The model types of transformers' configs that carry RoPE fields, in the folders whose modeling
+# code defines a *RotaryEmbedding, are each checked (KNOWN_MODEL_TYPES), refused as multimodal
+# RoPE (MROPE_MODEL_TYPES), or left out on purpose for one of the reasons below.
+
+#: Vision, video and audio towers (and image matching): RoPE over patch or frame coordinates
+#: (axial, 2-D or 3-D), not over one sequence position; their configs are refused (``axial``
+#: rope_type, no head size) or warned about.
+NOT_SEQUENCE_POSITIONS = frozenset(
+    {
+        "cohere_compass_vision",
+        "dots3_note_vision_encoder",
+        "edgetam_video",
+        "efficientloftr",
+        "eomt_dinov3",
+        "ernie4_5_vl_moe_vision",
+        "exaone4_5_vision",
+        "gemma4_vision",
+        "glm4v_moe_vision",
+        "glm4v_vision",
+        "glm5_next_vision",
+        "glm_ocr_vision",
+        "inkling2_vision",
+        "kimi_k25_vision",
+        "lfm3_vl_vision",
+        "llama4_vision_model",
+        "minimax_m3_vl_vision",
+        "mlcd_vision_model",
+        "muse_glimmer_vision",
+        "muse_spark_vision",
+        "musicflamingo",  # axial: window index and time within the window
+        "paddleocr_vl_vision",
+        "pixtral",
+        "qwen2_5_omni_vision_encoder",
+        "qwen2_5_vl_vision",
+        "qwen2_vl_vision",
+        "qwen3_5_moe_vision",
+        "qwen3_5_vision",
+        "qwen3_omni_moe_vision_encoder",
+        "qwen3_vl_moe_vision",
+        "qwen3_vl_vision",
+        "qwen4_exp_vision",
+        "sam2_video",
+        "sam3_tracker_video",
+        "sam3_vit_model",
+        "step3p5_vision",
+        "video_llama_3_vision",
+    }
+)
+
+#: Rotations posenc does not represent, whose configs hf_config refuses naming the field.
+REFUSED_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v4",  # rotates a qk_rope_head_dim slice of a larger head
+        "diffusion_gemma_text",  # head_dim differs per layer
+        "dots3_note_text",  # qk_rope_head_dim slice of a larger head
+        "embedding_gemma2_text",  # head_dim differs per layer
+        "gemma4_text",  # head_dim differs per layer
+        "gemma4_unified_text",  # head_dim differs per layer
+        "ministral3",  # llama_4_scaling_beta: a position-dependent query scale
+        "mistral4",  # qk_rope_head_dim slice of a larger head
+    }
+)
+
+#: Read from the generic fields (with a warning), but a field hf_config does not read changes
+#: the rotation; hf_model_types.py names each.
+FIELD_NOT_READ_MODEL_TYPES = frozenset(
+    {
+        "granite_swa",  # layer_rope_theta
+        "granitemoe_swa",  # layer_rope_theta
+        "granitemoehybrid",  # position_embedding_type (None: no RoPE)
+        "molmo2_text",  # rope_scaling_layers
+        "muse_glimmer_text",  # layer_rope_theta
+        "muse_spark_text",  # layer_rope_theta
+        "qwen2_5_omni_dit",  # RoPE on the first head only
+        "zamba2",  # use_mem_rope
+    }
+)
+
+#: Composite configs with RoPE fields of their own, whose rotary modules are built from their
+#: sub-configs (BLT: one per transformer).
+WRAPPER_MODEL_TYPES = frozenset({"blt"})
+
+LEFT_OUT = {
+    "NOT_SEQUENCE_POSITIONS": NOT_SEQUENCE_POSITIONS,
+    "REFUSED_MODEL_TYPES": REFUSED_MODEL_TYPES,
+    "FIELD_NOT_READ_MODEL_TYPES": FIELD_NOT_READ_MODEL_TYPES,
+    "WRAPPER_MODEL_TYPES": WRAPPER_MODEL_TYPES,
+}
+
+
+def _census() -> tuple[set[str], set[str]]:
+    """From transformers' source, read as text (importing every model would take minutes): the
+    model types of config classes declaring a field hf_config reads RoPE from, in the folders
+    whose modeling code defines a ``*RotaryEmbedding`` class; and every model type of those
+    folders."""
+    models = Path(transformers.__file__).parent / "models"
+    rotary = re.compile(r"^class \w+RotaryEmbedding\(", re.M)
+    config_class = re.compile(r"^class \w+\(.*?(?=^class |^@|\Z)", re.M | re.S)
+    model_type = re.compile(r'^    model_type = "([^"]+)"', re.M)
+    rope_field = re.compile(rf"^    ({'|'.join(hf_config._ROPE_FIELDS)})\b", re.M)
+    with_rope, every = set(), set()
+    for folder in sorted(path for path in models.iterdir() if path.is_dir()):
+        if not any(rotary.search(p.read_text()) for p in folder.glob("modeling_*.py")):
+            continue
+        for path in folder.glob("configuration_*.py"):
+            for body in config_class.findall(path.read_text()):
+                if found := model_type.search(body):
+                    every.add(found.group(1))
+                    if rope_field.search(body):
+                        with_rope.add(found.group(1))
+    return with_rope, every
+
+
+def test_known_model_types_cover_the_installed_transformers() -> None:
+    if transformers.__version__ != CHECKED_TRANSFORMERS_VERSION:
+        pytest.skip(
+            f"KNOWN_MODEL_TYPES was checked against transformers {CHECKED_TRANSFORMERS_VERSION}; "
+            f"transformers {transformers.__version__} is installed"
+        )
+    with_rope, every = _census()
+    left_out = set().union(*LEFT_OUT.values())
+    unaccounted = with_rope - KNOWN_MODEL_TYPES - MROPE_MODEL_TYPES - left_out
+    assert not unaccounted, (
+        f"model types with a rotary embedding in transformers {transformers.__version__} that "
+        f"no list names: {sorted(unaccounted)}; check each against its modeling code and add it "
+        "to KNOWN_MODEL_TYPES (hf_model_types.py) or to one of this test's sets"
+    )
+    assert KNOWN_MODEL_TYPES - every == set()  # no name transformers does not have
+    for name, types in LEFT_OUT.items():
+        assert types - with_rope == set(), f"{name} names types the census does not find"
+        assert types & KNOWN_MODEL_TYPES == set(), f"{name} names checked types"

@@ -2,10 +2,16 @@
 
 Model families state the same four RoPE facts (head dimension, rotated dimension, base, pair
 layout) plus the context-extension dictionary in different fields. This module reads every
-spelling found in transformers' configs and modeling code (checked against transformers 5.23,
+spelling found in transformers' configs and modeling code (checked against transformers 5.24,
 ``tests/encodings/test_hf_config.py``) and refuses, with a
 :class:`~posenc.errors.PosencValueError` naming the field and its value, any config it cannot
 map exactly.
+
+No field states the pair layout or the sense of rotation: they follow from the ``model_type``,
+so only the types in :data:`KNOWN_MODEL_TYPES` (``hf_model_types.py``: each checked against its
+own transformers code, version :data:`CHECKED_TRANSFORMERS_VERSION`) are read silently. Any other
+non-empty ``model_type`` is read from the generic fields below with a one-time ``UserWarning``,
+or refused with ``strict=True``; a ``config.json`` dict without one is read without a warning.
 
 ==================  =========================================================================
 fact                where transformers keeps it (first match wins unless stated)
@@ -16,9 +22,11 @@ head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo; DeepSeek's configs
 rotated dim ``r``   ``rope_parameters["partial_rotary_factor"]``, else top-level
                     ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM) or ``rotary_pct``
                     (GPT-NeoX), as ``int(d * factor)``; ``rotary_dim`` (GPT-J, CodeGen,
-                    MiniMax-M2) as an absolute count; else ``d``. Every field present must give
-                    the same ``r``, except that the dictionary wins over top-level factors, as
-                    transformers 5 standardises it.
+                    MiniMax-M2) as an absolute count, except for
+                    :data:`ROTARY_DIM_IGNORED_MODEL_TYPES` (MiniMax-M3-VL), whose code ignores
+                    it; else ``d``. Every field present must give the same ``r``, except that
+                    the dictionary wins over top-level factors, as transformers 5 standardises
+                    it.
 base θ              ``rope_parameters["rope_theta"]``, else top-level ``rope_theta`` or
                     ``rotary_emb_base`` (GPT-NeoX; the two must agree), else the config class's
                     ``default_theta``, else 10000. GPT-J and CodeGen fix 10000.
@@ -26,7 +34,11 @@ layout              interleaved pairs ``(2i, 2i+1)`` for the model types in
                     :data:`INTERLEAVED_MODEL_TYPES`; the same rotation written de-interleaved
                     (transformers' ``apply_rotary_pos_emb_interleave``) where
                     ``rope_interleave`` is true (DeepSeek-V3 family) and for
-                    :data:`DEINTERLEAVED_MODEL_TYPES`; the half layout everywhere else
+                    :data:`DEINTERLEAVED_MODEL_TYPES`; the half layout for the rest of
+                    :data:`KNOWN_MODEL_TYPES`, and (unchecked, with a warning) for any other
+                    ``model_type``
+sense               each pair turns by ``-angle`` (``clockwise=True``) for
+                    :data:`CLOCKWISE_MODEL_TYPES` (NanoChat), by ``+angle`` everywhere else
 scaling             ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), legacy
                     ``"type"`` key included; nested by layer type (Gemma 3, ModernBERT) it needs
                     ``layer_type=``; a top-level ``original_max_position_embeddings`` (Phi-3)
@@ -41,15 +53,21 @@ names included).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PosencError, PosencTypeError, PosencValueError
+from .checks import check_bool
+from .hf_model_types import CHECKED_TRANSFORMERS_VERSION, KNOWN_MODEL_TYPES
 from .rope_scaling import validate_rope_scaling
 
 __all__ = [
+    "CHECKED_TRANSFORMERS_VERSION",
+    "CLOCKWISE_MODEL_TYPES",
     "DEINTERLEAVED_MODEL_TYPES",
     "INTERLEAVED_MODEL_TYPES",
+    "KNOWN_MODEL_TYPES",
     "rotary_arguments_from_hf_config",
 ]
 
@@ -57,7 +75,19 @@ __all__ = [
 #: (``rotate_every_two``, a ``0::2``/``1::2`` ``rotate_half``, or a complex view of the pairs).
 INTERLEAVED_MODEL_TYPES = frozenset(
     {
+        # models/blt/modeling_blt.py: rotate_half pairs x[0::2], x[1::2] (BltRotaryEmbedding
+        # is built from each of the four sub-configs of BLT's transformers)
+        "blt_global_transformer",
+        "blt_local_decoder",
+        "blt_local_encoder",
+        "blt_patcher",
         "codegen",
+        # models/cohere/modeling_cohere.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere",
+        # models/cohere2/modeling_cohere2.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere2",
+        # models/cohere2_moe/modeling_cohere2_moe.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere2_moe",
         "deepseek_v2",
         "ernie4_5",
         "ernie4_5_moe",
@@ -68,6 +98,34 @@ INTERLEAVED_MODEL_TYPES = frozenset(
         "llama4_text",
         "moonshine",
         "moonshine_streaming",
+        # models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb
+        # turns x[::2], x[1::2] and stacks them back as pairs
+        "openai_privacy_filter",
+        # models/pe_audio/modeling_pe_audio.py: apply_rotary_pos_emb turns each pair
+        # (x[2i], x[2i+1]) by a 2x2 matrix (stack_freqs)
+        "pe_audio_encoder",
+        # models/pe_audio_video/modeling_pe_audio_video.py: the same pairwise 2x2 matrices
+        "pe_audio_video_encoder",
+        # models/pe_video/modeling_pe_video.py: the same pairwise 2x2 matrices
+        "pe_video_encoder",
+    }
+)
+
+#: ``model_type``s whose transformers code turns each pair by ``-angle``
+#: (``RotaryEmbedding(clockwise=True)``).
+CLOCKWISE_MODEL_TYPES = frozenset(
+    {
+        "nanochat",  # models/nanochat/modeling_nanochat.py: rotate_half returns cat(x2, -x1)
+    }
+)
+
+#: ``model_type``s whose config has a ``rotary_dim`` field that the rotary code never reads:
+#: the rotated part comes from ``rope_parameters["partial_rotary_factor"]`` alone (default 1).
+ROTARY_DIM_IGNORED_MODEL_TYPES = frozenset(
+    {
+        # models/minimax_m3_vl/modeling_minimax_m3_vl.py: MiniMaxM3VLRotaryEmbedding reads
+        # only rope_parameters["partial_rotary_factor"]; rotary_dim (default 64) goes unused
+        "minimax_m3_vl_text",
     }
 )
 
@@ -98,6 +156,7 @@ MROPE_MODEL_TYPES = frozenset(
         "glm_image_text",
         "glm_ocr_text",
         "hunyuan_vl_text",
+        "hy_v4_vl_text",
         "neomme",
         "paddleocr_vl_text",
         "qwen2_5_omni_talker",
@@ -119,9 +178,15 @@ MROPE_MODEL_TYPES = frozenset(
 #: ``model_type``s whose modeling code hard-codes base 10000 and reads no RoPE dictionary.
 FIXED_BASE_MODEL_TYPES = frozenset({"codegen", "gptj"})
 
-#: ``model_type``s whose config class defaults to partial rotation: a config of one of them that
-#: names no fraction is refused rather than read as full rotation.
-PARTIAL_MODEL_TYPES = frozenset({"glm", "glm4", "gpt_neox", "persimmon", "phi", "stablelm"})
+#: ``model_type``s whose config class (or, for MiMo-V2-Flash, whose rotary code: a fraction of
+#: 0.334 where the dictionary names none) defaults to partial rotation: a config of one of them
+#: that names no fraction is refused rather than read as full rotation.
+PARTIAL_MODEL_TYPES = frozenset(
+    {"glm", "glm4", "gpt_neox", "mimo_v2_flash", "persimmon", "phi", "stablelm"}
+)
+
+#: ``model_type``s not in :data:`KNOWN_MODEL_TYPES` already warned about in this process.
+_WARNED_MODEL_TYPES: set[str] = set()
 
 #: Old ``rope_type`` names a family's config class renames on load.
 ROPE_TYPE_ALIASES: dict[str, dict[str, str]] = {
@@ -320,7 +385,7 @@ def _rotary_dim(
         }
         factor = _agreeing(legacy, "rotated fraction")
         factor_field = next(iter(legacy), None)
-    absolute = cfg.get("rotary_dim")
+    absolute = None if model_type in ROTARY_DIM_IGNORED_MODEL_TYPES else cfg.get("rotary_dim")
     if absolute is not None:
         absolute = _positive_int("rotary_dim", absolute)
         if factor is not None and int(head_dim * factor) != absolute:
@@ -335,7 +400,7 @@ def _rotary_dim(
     elif model_type in PARTIAL_MODEL_TYPES:
         raise PosencValueError(
             f"config of model_type {model_type!r} names no partial_rotary_factor or rotary_pct "
-            "(its transformers config class rotates only part of each head by default); "
+            "(its transformers code rotates only part of each head by default); "
             "set the field or pass rotary_dim= explicitly"
         )
     else:
@@ -378,11 +443,38 @@ def _scaling(
     return scaling
 
 
+def _unchecked_model_type(model_type: str, strict: bool, read: dict[str, Any]) -> None:
+    """Refuse (``strict``), or warn once per process, about a ``model_type`` outside
+    :data:`KNOWN_MODEL_TYPES`, whose configs were ``read`` from the generic fields."""
+    unchecked = (
+        f"config model_type {model_type!r} is not one of the model types checked against "
+        f"transformers {CHECKED_TRANSFORMERS_VERSION}: for it, the pair layout (half or "
+        "interleaved), the sense of rotation and which fields hold the head and rotary "
+        "dimensions, base and scaling were not checked"
+    )
+    if strict:
+        raise PosencValueError(
+            f"{unchecked}; pass strict=False to read it from the generic fields anyway, or "
+            "build RotaryEmbedding(...) from its modeling code"
+        )
+    if model_type in _WARNED_MODEL_TYPES:
+        return
+    _WARNED_MODEL_TYPES.add(model_type)
+    shown = ", ".join(f"{name}={read[name]!r}" for name in ("head_dim", "rotary_dim", "base"))
+    layout = "interleaved" if read["interleaved"] else "half"
+    warnings.warn(
+        f"{unchecked}; read from the generic fields as {shown}, {layout} layout (check these "
+        "against its modeling code, or pass strict=True to refuse such configs)",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def rotary_arguments_from_hf_config(
-    config: Any, *, layer_type: str | None = None
+    config: Any, *, layer_type: str | None = None, strict: bool = False
 ) -> dict[str, Any]:
     """The :class:`~posenc.RotaryEmbedding` keyword arguments a transformers config describes:
-    ``head_dim``, ``rotary_dim``, ``base``, ``interleaved``, ``scaling``,
+    ``head_dim``, ``rotary_dim``, ``base``, ``interleaved``, ``clockwise``, ``scaling``,
     ``max_position_embeddings``.
 
     ``config`` is a ``PretrainedConfig`` (transformers 4 or 5), an object with the same
@@ -390,12 +482,18 @@ def rotary_arguments_from_hf_config(
     its ``text_config``. ``layer_type`` picks one entry of per-layer RoPE parameters (Gemma 3:
     ``"sliding_attention"`` / ``"full_attention"``).
 
+    The layout and sense come from the ``model_type`` (see the module docstring): one outside
+    :data:`KNOWN_MODEL_TYPES` (transformers :data:`CHECKED_TRANSFORMERS_VERSION`) is read from
+    the generic fields with a ``UserWarning``, once per ``model_type`` and process, or, with
+    ``strict=True``, refused naming it. A config without a ``model_type`` gets no warning.
+
     Raises :class:`~posenc.errors.PosencValueError` naming the field and value when the config
     describes no rotary embedding (GPT-2, BLOOM, MPT, Falcon with ``alibi=True``), when its
     fields contradict each other, or when it asks for something posenc does not represent (an
     odd or oversized rotary dimension, an unknown ``rope_type`` or key, e.g. multimodal
     ``mrope_section``).
     """
+    check_bool("strict", strict)
     cfg = _Config(config)
     text = cfg.get("text_config")
     if text is not None and not cfg.has_rope_fields():
@@ -438,7 +536,7 @@ def rotary_arguments_from_hf_config(
         validate_rope_scaling(scaling, rotary_dim=rotary_dim, max_position_embeddings=max_len)
     except PosencError as error:
         raise type(error)(f"config {field}: {error}") from error
-    return {
+    arguments = {
         "head_dim": head_dim,
         "rotary_dim": rotary_dim,
         "base": base,
@@ -447,6 +545,10 @@ def rotary_arguments_from_hf_config(
             or model_type in DEINTERLEAVED_MODEL_TYPES
             or bool(interleave_flag)
         ),
+        "clockwise": model_type in CLOCKWISE_MODEL_TYPES,
         "scaling": scaling,
         "max_position_embeddings": max_len,
     }
+    if model_type and model_type not in KNOWN_MODEL_TYPES:
+        _unchecked_model_type(model_type, strict, arguments)
+    return arguments

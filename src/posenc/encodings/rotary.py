@@ -223,6 +223,8 @@ class RotaryEmbedding(RotaryEncoding):
         rotary_dim: channels rotated, ``r <= d`` and even (default ``d``); the rest pass
             through.
         interleaved: GPT-J / RoFormer pairs ``(2i, 2i+1)`` instead of the half layout.
+        clockwise: turn each pair by ``-angle``, as NanoChat does (its ``rotate_half``
+            returns ``cat(x2, -x1)``): position ``p`` turns as ``-p`` would otherwise.
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, e.g.
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}``
             (types: ``default linear ntk dynamic yarn longrope llama3``). A ``rope_theta``
@@ -267,6 +269,7 @@ class RotaryEmbedding(RotaryEncoding):
         scaling: Mapping[str, Any] | None = None,
         max_position_embeddings: int | None = None,
         learned_freq: bool = False,
+        clockwise: bool = False,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
@@ -298,6 +301,7 @@ class RotaryEmbedding(RotaryEncoding):
         self.rotary_dim = _check_rotary_dim(head_dim, rotary_dim)
         self.base = base
         self.interleaved = bool(interleaved)
+        self.clockwise = check_bool("clockwise", clockwise)
         self.max_position_embeddings = max_position_embeddings
         self.scaling = validate_rope_scaling(
             scaling or None,
@@ -325,7 +329,7 @@ class RotaryEmbedding(RotaryEncoding):
 
     @classmethod
     def from_hf_config(
-        cls, config: Any, *, layer_type: str | None = None, **kwargs: Any
+        cls, config: Any, *, layer_type: str | None = None, strict: bool = False, **kwargs: Any
     ) -> RotaryEmbedding:
         """Build the rotary embedding a transformers model config describes, so that rotating
         ``q, k`` of shape ``(b, h, n, head_dim)`` gives what that model's own code gives.
@@ -335,10 +339,17 @@ class RotaryEmbedding(RotaryEncoding):
         ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM), ``rotary_pct`` (GPT-NeoX) or
         ``rotary_dim`` (GPT-J, CodeGen); the base from ``rope_theta`` (in ``rope_parameters`` or
         at the top level) or ``rotary_emb_base``; the context extension from
-        ``rope_parameters`` / ``rope_scaling``; the interleaved layout for GPT-J, CodeGen, GLM
-        and the other families in ``INTERLEAVED_MODEL_TYPES``. ``config`` may also be a
-        ``config.json`` dict. Per-layer RoPE (parameters nested by layer type, Gemma 3) needs
-        ``layer_type``.
+        ``rope_parameters`` / ``rope_scaling``; the interleaved layout for GPT-J, CodeGen, GLM,
+        Cohere and the other families in ``INTERLEAVED_MODEL_TYPES``; ``clockwise=True`` for
+        NanoChat. ``config`` may also be a ``config.json`` dict. Per-layer RoPE (parameters
+        nested by layer type, Gemma 3) needs ``layer_type``.
+
+        No config field states the pair layout, so it comes from the ``model_type``: the types
+        in ``KNOWN_MODEL_TYPES`` were each checked against their own transformers code (version
+        ``CHECKED_TRANSFORMERS_VERSION``). Any other non-empty ``model_type`` is read from the
+        generic fields with a one-time ``UserWarning`` (the layout and the fields read were not
+        checked for it), or, with ``strict=True``, refused. A ``config.json`` dict without a
+        ``model_type`` is read from the generic fields without a warning.
 
         With ``rope_interleave=True`` (DeepSeek-V3 family) and for the MLA models in
         ``DEINTERLEAVED_MODEL_TYPES`` (DeepSeek-V3.2, GLM-MoE-DSA, LongCat-Flash, ...)
@@ -353,9 +364,9 @@ class RotaryEmbedding(RotaryEncoding):
         Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
         config it cannot map exactly: no rotary embedding at all, fields that contradict each
         other, an odd or oversized rotary dimension, an unknown ``rope_type`` or key, multimodal
-        RoPE.
+        RoPE, an unchecked ``model_type`` with ``strict=True``.
         """
-        arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type)
+        arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
         arguments.update(kwargs)
         head_dim = arguments.pop("head_dim")
         return cls(head_dim, **arguments)
@@ -377,8 +388,13 @@ class RotaryEmbedding(RotaryEncoding):
         angles = positions[:, None] * self.inv_freq.to(device, torch.float64)  # (n, r/2)
         return (
             (angles.cos() * self.attention_factor).float(),
-            (angles.sin() * self.attention_factor).float(),
+            (angles.sin() * self._sin_factor()).float(),
         )
+
+    def _sin_factor(self) -> float:
+        """What sin is multiplied by: the attention factor, negated for ``clockwise``
+        (``sin(-a) = -sin(a)``; ``cos`` is even)."""
+        return -self.attention_factor if self.clockwise else self.attention_factor
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
@@ -538,7 +554,7 @@ class RotaryEmbedding(RotaryEncoding):
 
     def _finish(self, angles: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         cos = (angles.cos() * self.attention_factor).to(dtype)
-        sin = (angles.sin() * self.attention_factor).to(dtype)
+        sin = (angles.sin() * self._sin_factor()).to(dtype)
         return _unsqueeze_heads(cos), _unsqueeze_heads(sin)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
@@ -655,14 +671,16 @@ class RotaryEmbedding(RotaryEncoding):
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"
         if self.interleaved:
             text += ", interleaved=True"
+        if self.clockwise:
+            text += ", clockwise=True"
         if self.rope_type != "default":
             text += f", scaling={self.scaling}"
         return text
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RotaryEmbedding:
         """A new rotary embedding with this one's ``head_dim``, ``base``, ``rotary_dim``,
-        layout, ``max_position_embeddings`` and device, and ``scaling`` in place of its own
-        (``None``: plain RoPE). This module is left as it is.
+        layout, ``clockwise``, ``max_position_embeddings`` and device, and ``scaling`` in place
+        of its own (``None``: plain RoPE). This module is left as it is.
 
         This is how a RoPE model trained at length ``L`` is evaluated with a context
         extension (position interpolation, dynamic NTK, YaRN) without retraining; for a whole
@@ -687,6 +705,7 @@ class RotaryEmbedding(RotaryEncoding):
             base=self.base,
             rotary_dim=self.rotary_dim,
             interleaved=self.interleaved,
+            clockwise=self.clockwise,
             scaling=scaling,
             max_position_embeddings=self.max_position_embeddings,
             device=self.inv_freq.device,
