@@ -15,6 +15,7 @@ from torch.testing import assert_close
 
 import posenc
 import posenc.attention as attention_module
+import posenc.flex as flex_module
 from posenc import (
     Encoder,
     MultiHeadAttention,
@@ -22,6 +23,7 @@ from posenc import (
     SinusoidalPositionalEncoding,
     scaled_dot_product_attention,
 )
+from posenc.attention import Backend
 from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
 from posenc.encodings.state import BiasState
 from posenc.errors import MemoryBudgetError
@@ -258,8 +260,8 @@ def test_flex_compile_failure_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch
 
         return run
 
-    monkeypatch.setattr(attention_module, "_compiled_flex", broken)
-    attention_module.flex_cache_clear()
+    monkeypatch.setattr(flex_module, "_compiled_flex", broken)
+    flex_module.flex_cache_clear()
     pe = ALiBi(2)
     attn = MultiHeadAttention(8, 2, pe=pe, backend="flex")
     ref = MultiHeadAttention(8, 2, pe=pe, backend="math")
@@ -274,20 +276,20 @@ def test_flex_compile_failure_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch
         want = ref(x)
     assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert_close(again, want, rtol=1e-5, atol=1e-6)
-    attention_module.flex_cache_clear()
+    flex_module.flex_cache_clear()
 
 
 def test_block_mask_structure() -> None:
     padding = torch.zeros(2, 300, dtype=torch.bool)
     padding[1, 130:] = True
-    mask = attention_module.flex_block_mask(
+    mask = flex_module.flex_block_mask(
         2, 300, 300, causal=True, key_padding_mask=padding, device=torch.device("cpu")
     )
     dense = mask.to_dense()  # (b, 1, 3, 3) blocks that are visited at all
     expected = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=dense.dtype)
     assert_close(dense[0, 0], expected)
     assert_close(dense[1, 0], torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=dense.dtype))
-    unmasked = attention_module.flex_block_mask(
+    unmasked = flex_module.flex_block_mask(
         1, 300, 300, causal=False, key_padding_mask=None, device=torch.device("cpu")
     )
     assert bool(unmasked.to_dense().all())  # every block visited, all of them full
@@ -303,13 +305,15 @@ def test_auto_picks_flex_only_when_large_and_inference(monkeypatch: pytest.Monke
     assert isinstance(attn.pe, BiasEncoding)
     pe = attn.pe.position_state(None, torch.zeros(1, 64, 16))
     assert isinstance(pe, BiasState)
-    assert attn._choose_backend(q.detach(), pe, False, 0.0) == "sdpa"  # 4 * 64² < 2**24
+    sdpa, math_ = (Backend.SDPA, False), (Backend.MATH, False)
+    assert attn._choose_backend(q.detach(), pe, False, 0.0) == sdpa  # 4 * 64² < 2**24
     monkeypatch.setattr(attention_module, "FLEX_AUTO_MIN_ELEMENTS", 1000)
-    assert attn._choose_backend(q.detach(), pe, False, 0.0) == "auto-flex"
-    assert attn._choose_backend(q, pe, False, 0.0) == "sdpa"  # gradients on a CPU
-    assert attn._choose_backend(q.detach(), pe, False, 0.1) == "sdpa"  # dropout
-    assert attn._choose_backend(q.detach(), pe, True, 0.0) == "math"  # weights wanted
-    assert attn._choose_backend(q.detach(), None, False, 0.0) == "sdpa"  # no bias to fuse
+    # flex, for the fused score_mod only (no compilation around a materialised bias)
+    assert attn._choose_backend(q.detach(), pe, False, 0.0) == (Backend.FLEX, True)
+    assert attn._choose_backend(q, pe, False, 0.0) == sdpa  # gradients on a CPU
+    assert attn._choose_backend(q.detach(), pe, False, 0.1) == sdpa  # dropout
+    assert attn._choose_backend(q.detach(), pe, True, 0.0) == math_  # weights wanted
+    assert attn._choose_backend(q.detach(), None, False, 0.0) == sdpa  # no bias to fuse
 
 
 def test_explicit_flex_falls_back_while_training() -> None:
@@ -474,3 +478,34 @@ def test_t5_refuses_fractional_positions_inside_attention() -> None:
     t5 = MultiHeadAttention(8, 2, pe=posenc.build("t5", num_heads=2))
     with pytest.raises(ValueError, match="positions"):
         t5(torch.randn(1, 3, 8), positions=torch.tensor([0.0, 0.5, 1.0]))
+
+
+# --------------------------------------------------------------------------- the API
+
+
+def test_backend_is_a_str_enum_and_strings_still_work() -> None:
+    for name in ("auto", "flex", "sdpa", "math"):
+        by_string = MultiHeadAttention(8, 2, backend=name)
+        assert by_string.backend is Backend(name) and by_string.backend == name
+        assert MultiHeadAttention(8, 2, backend=Backend(name)).backend is Backend(name)
+        assert f"{Backend(name)}" == str(Backend(name)) == name
+    assert "backend='sdpa'" in repr(MultiHeadAttention(8, 2, backend="sdpa"))
+
+
+def test_flex_names_moved_to_posenc_flex_with_a_warning() -> None:
+    for name in ("flex_block_mask", "flex_attention_forward", "flex_available", "flex_cache_clear"):
+        with pytest.warns(DeprecationWarning, match=f"posenc.flex.{name}"):
+            assert getattr(attention_module, name) is getattr(flex_module, name)
+
+
+def test_attention_validates_its_input_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = attention_module.check_input
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "check_input", counting)
+    MultiHeadAttention(8, 2, pe=ALiBi(2))(torch.randn(1, 5, 8))
+    assert len(calls) == 1

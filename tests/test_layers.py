@@ -28,6 +28,7 @@ ROOT = Path(posenc.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.errors",),
     ("posenc.encodings",),
+    ("posenc.flex",),
     ("posenc.attention",),
     ("posenc.model", "posenc.fused"),
     ("posenc.analysis",),
@@ -315,7 +316,7 @@ def test_the_checker_finds_an_upward_import_inside_a_function(tmp_path: Path) ->
     upward = upward_imports(graph)
     assert upward == [
         "posenc.encodings.base (layer 1: posenc.encodings) imports posenc.plots.diagnostics "
-        "(layer 5: posenc.plots) at line 2"
+        "(layer 6: posenc.plots) at line 2"
     ]
     assert cycles(graph) == [
         ["posenc.encodings.base", "posenc.plots.diagnostics", "posenc.encodings.base"]

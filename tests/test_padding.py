@@ -18,6 +18,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
+import posenc.flex
 from tests.schemes import NAMES
 
 BACKENDS = ["auto", "sdpa", "math", "flex"]
@@ -116,7 +117,7 @@ def test_padded_rows_equal_each_row_alone_under_autograd(name: str, causal: bool
 def test_compiled_flex_padded_rows_equal_each_row_alone(name: str) -> None:
     """Compiled flex attention (block masks for the padding) against each row alone on the
     math backend."""
-    if not posenc.attention.flex_available():
+    if not posenc.flex.flex_available():
         pytest.skip("this torch has no flex_attention")
     encoder = _encoder(name, "flex", True, compile_flex=True)
     reference = _encoder(name, "math", True)

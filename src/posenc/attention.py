@@ -8,8 +8,7 @@ ways:
   ``(b, h, n, n)``) tensor added before the softmax (backends ``math`` and ``sdpa``);
 * fused: ``score_mod(...)`` is handed to :func:`torch.nn.attention.flex_attention`, which
   adds the bias inside its kernel, block by block, so no ``n × n`` tensor ever exists
-  (backend ``flex``). Causal and key-padding masks become a block-sparse ``BlockMask`` that
-  skips whole blocks of masked keys.
+  (backend ``flex``; the machinery is in :mod:`posenc.flex`).
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`` head dim,
 ``D`` model width.
@@ -19,13 +18,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
-from typing import Any, Literal
+from enum import Enum
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import flex
 from .encodings.base import (
     BiasEncoding,
     PositionalEncoding,
@@ -39,17 +39,52 @@ from .encodings.base import (
 from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
-Backend = Literal["auto", "flex", "sdpa", "math"]
-BACKENDS: tuple[str, ...] = ("auto", "flex", "sdpa", "math")
+
+class Backend(str, Enum):
+    """Where :class:`MultiHeadAttention` runs the softmax (see its ``backend`` argument). A
+    ``str`` enum: ``Backend.SDPA == "sdpa"``, and the plain strings are accepted wherever a
+    backend is."""
+
+    AUTO = "auto"
+    FLEX = "flex"
+    SDPA = "sdpa"
+    MATH = "math"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
+
+#: Moved to :mod:`posenc.flex`; importable from here, with a ``DeprecationWarning``, until 0.3.
+_MOVED_TO_FLEX = (
+    "FLEX_BLOCK_SIZE",
+    "flex_attention_forward",
+    "flex_available",
+    "flex_block_mask",
+    "flex_cache_clear",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_FLEX:
+        warnings.warn(
+            f"posenc.attention.{name} moved to posenc.flex.{name}; the old name is removed in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(flex, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: ``auto`` switches a bias scheme to compiled flex attention once a materialised bias would
 #: hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32, e.g.
 #: 16 heads at n = 1024). Below it, compiling (tens of seconds per shape on a CPU) costs more
 #: than materialising saves.
 FLEX_AUTO_MIN_ELEMENTS = 2**24
-
-#: Block size of the BlockMask built for causal and padding masks (flex_attention's default).
-FLEX_BLOCK_SIZE = 128
 
 
 def scaled_dot_product_attention(
@@ -206,176 +241,6 @@ def check_attention_pe(
     return pe
 
 
-# --------------------------------------------------------------------------- flex attention
-
-
-def flex_available() -> bool:
-    """Whether this torch has ``torch.nn.attention.flex_attention``."""
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:  # pragma: no cover - torch < 2.5
-        return False
-    return True
-
-
-def flex_block_mask(
-    batch: int,
-    nq: int,
-    nk: int,
-    *,
-    causal: bool,
-    key_padding_mask: Tensor | None,
-    device: torch.device,
-) -> Any:
-    """A flex_attention ``BlockMask`` for a causal and/or key-padding mask (all blocks full
-    when there is neither).
-
-    Built from block-level reasoning, ``(b, 1, nq/128, nk/128)`` booleans, never from an
-    ``nq × nk`` mask (``create_block_mask`` would evaluate every pair). Blocks with every pair
-    allowed are "full" (no mask_mod call), blocks with some allowed "partial", the rest are
-    skipped. Causal masking aligns the last query with the last key, as in
-    :func:`attention_mask`.
-
-    A mask is passed even when nothing is masked: without one, flex_attention's CPU kernel
-    works on the whole ``nq × nk`` as a single block, a per-thread ``nq × nk`` buffer
-    (0.5 GiB at n = 8192 on two threads) and about 3x slower at that length.
-    """
-    from torch.nn.attention.flex_attention import BlockMask
-
-    bs = FLEX_BLOCK_SIZE
-    mq, mk = -(-nq // bs), -(-nk // bs)
-    q_first = torch.arange(mq, device=device) * bs
-    q_last = (q_first + bs).clamp(max=nq) - 1
-    k_first = torch.arange(mk, device=device) * bs
-    k_last = (k_first + bs).clamp(max=nk) - 1
-    some = torch.ones(1, mq, mk, dtype=torch.bool, device=device)  # (B, mq, mk)
-    every = some.clone()
-    offset = nk - nq
-    if causal:  # key j is allowed for query i when j <= i + offset
-        some = some & (k_first.view(1, 1, mk) <= q_last.view(1, mq, 1) + offset)
-        every = every & (k_last.view(1, 1, mk) <= q_first.view(1, mq, 1) + offset)
-    keep: Tensor | None = None
-    if key_padding_mask is not None:
-        keep = ~key_padding_mask  # (b, nk)
-        tail = mk * bs - nk
-        some_keys = F.pad(keep, (0, tail), value=False).view(batch, mk, bs).any(-1)
-        every_keys = F.pad(keep, (0, tail), value=True).view(batch, mk, bs).all(-1)
-        some = some & some_keys.view(batch, 1, mk)
-        every = every & every_keys.view(batch, 1, mk)
-    partial, full = some & ~every, every
-
-    def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
-        counts = blocks.sum(-1, dtype=torch.int32)  # (B, mq)
-        order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-        return counts.unsqueeze(1), order.unsqueeze(1)  # (B, 1, mq), (B, 1, mq, mk)
-
-    kv_num, kv_idx = as_indices(partial)
-    full_num, full_idx = as_indices(full)
-    mask_mod = _mask_mod(causal, offset, keep, device) if causal or keep is not None else None
-    return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(nq, nk)
-    )
-
-
-def _mask_mod(
-    causal: bool, offset: int, keep: Tensor | None, device: torch.device
-) -> Callable[..., Tensor]:
-    shift = torch.tensor(offset, device=device)  # a tensor: no recompilation per offset
-    if causal and keep is not None:
-        return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx + shift) & keep[b, kv_idx]
-    if causal:
-        return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + shift
-    assert keep is not None
-    return lambda b, h, q_idx, kv_idx: keep[b, kv_idx]
-
-
-def _bias_score_mod(bias: Tensor) -> ScoreMod:
-    """A score_mod reading a materialised bias ``(h, nq, nk)`` or ``(b, h, nq, nk)``."""
-    if bias.dim() == 3:
-        return lambda score, b, h, q_idx, kv_idx: score + bias[h, q_idx, kv_idx].to(score.dtype)
-    if bias.shape[0] == 1:
-        one = bias[0]
-        return lambda score, b, h, q_idx, kv_idx: score + one[h, q_idx, kv_idx].to(score.dtype)
-    return lambda score, b, h, q_idx, kv_idx: score + bias[b, h, q_idx, kv_idx].to(score.dtype)
-
-
-# Compiled flex attention, one wrapper per (shapes, dtype, device, score_mod and mask_mod
-# code): each wrapper gets its own code object, hence its own dynamo cache, so a model that
-# meets many shapes never exhausts torch's recompile limit and falls back to eager.
-_FLEX_COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
-_FLEX_FAILED: dict[tuple[Any, ...], str] = {}
-
-
-def _compiled_flex(key: tuple[Any, ...]) -> Callable[..., Tensor]:
-    fn = _FLEX_COMPILED.get(key)
-    if fn is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        def run(q: Tensor, k: Tensor, v: Tensor, score_mod: Any, block_mask: Any) -> Tensor:
-            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
-
-        run.__code__ = run.__code__.replace()  # a fresh code object: a cache of its own
-        fn = torch.compile(run, dynamic=False)
-        _FLEX_COMPILED[key] = fn
-    return fn
-
-
-def flex_cache_clear() -> None:
-    """Forget every compiled flex kernel (and every recorded compilation failure)."""
-    _FLEX_COMPILED.clear()
-    _FLEX_FAILED.clear()
-
-
-def flex_attention_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    score_mod: ScoreMod | None,
-    block_mask: Any,
-    compile: bool = True,
-) -> Tensor | None:
-    """``flex_attention(q, k, v)`` computed in the compute dtype; ``None`` when compilation
-    failed (the caller then uses another backend; the failure is warned about once per key).
-
-    ``compile=False`` runs flex_attention's eager reference, which is correct but
-    materialises the scores; it exists for tests and for platforms without a compiler.
-    """
-    from torch.nn.attention.flex_attention import flex_attention
-
-    out_dtype, work = q.dtype, compute_dtype(q.dtype)
-    q, k, v = q.to(work), k.to(work), v.to(work)
-    if torch.compiler.is_compiling():  # inside a user's torch.compile: let it fuse
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask).to(out_dtype)
-    if not compile:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
-            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
-        return out.to(out_dtype)
-    key = (
-        tuple(q.shape),
-        tuple(k.shape),
-        work,
-        q.device.type,
-        getattr(score_mod, "__code__", None),
-        getattr(getattr(block_mask, "mask_mod", None), "__code__", None),
-    )
-    if key in _FLEX_FAILED:
-        return None
-    try:
-        out = _compiled_flex(key)(q, k, v, score_mod, block_mask)
-    except Exception as error:  # a missing compiler, an unsupported op: fall back, still correct
-        _FLEX_FAILED[key] = f"{type(error).__name__}: {error}"
-        warnings.warn(
-            f"compiling flex_attention failed ({type(error).__name__}); using SDPA with a "
-            f"materialised bias instead for this shape",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return None
-    return out.to(out_dtype)
-
-
 # --------------------------------------------------------------------------- module
 
 
@@ -388,7 +253,7 @@ class MultiHeadAttention(nn.Module):
         pe: a rotary, bias or none encoding (additive ones belong on the input).
         causal: mask future keys.
         dropout: dropout on the attention weights (training only).
-        backend: where the softmax runs:
+        backend: where the softmax runs (a :class:`Backend` or its string):
 
             * ``"math"``: explicit ``softmax(q kᵀ/sqrt(d) + bias) v`` (always used when
               weights are requested, and for schemes with a value-side term);
@@ -421,7 +286,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
-        backend: Backend = "auto",
+        backend: Backend | str = Backend.AUTO,
         compile_flex: bool = True,
     ) -> None:
         super().__init__()
@@ -429,9 +294,9 @@ class MultiHeadAttention(nn.Module):
         check_positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
-        if backend not in BACKENDS:
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise PosencValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-        if backend == "flex" and not flex_available():
+        if backend == Backend.FLEX and not flex.flex_available():
             raise PosencValueError(
                 "backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)"
             )
@@ -439,7 +304,7 @@ class MultiHeadAttention(nn.Module):
         self.causal = check_bool("causal", causal)
         check_bool("bias", bias)
         self.dropout = check_probability("dropout", dropout)
-        self.backend = backend
+        self.backend = Backend(backend)
         self.compile_flex = check_bool("compile_flex", compile_flex)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
@@ -470,13 +335,13 @@ class MultiHeadAttention(nn.Module):
         layers (the Encoder does); ``positions`` are then not read. ``residual`` is
         deprecated: add the output to it instead.
         """
+        check_input(x, self.dim)  # bad input fails before the encoding does any work
+        b, n, _ = x.shape
+        # the caller that made ``state`` (an Encoder) has read the mask's values already
+        check_key_padding_mask(key_padding_mask, b, n, read_values=state is None)
         if state is None:
-            check_input(x, self.dim)  # bad input fails before the encoding does any work
-            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
-            state = self.state_for(x, positions, pe)
-        heads, weights = self.attend(
-            x, state, key_padding_mask=key_padding_mask, need_weights=need_weights
-        )
+            state = self._state(x, positions, pe)
+        heads, weights = self._heads(x, state, key_padding_mask, need_weights)
         out = self.out(heads)  # (b, n, D)
         if residual is not None:
             warnings.warn(
@@ -495,8 +360,7 @@ class MultiHeadAttention(nn.Module):
         ``positions`` for the input ``x`` (``None`` without an encoding); arguments as for
         :meth:`forward`."""
         check_input(x, self.dim)
-        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
-        return None if pe is None else pe.position_state(positions, x)
+        return self._state(x, positions, pe)
 
     def attend(
         self,
@@ -511,9 +375,25 @@ class MultiHeadAttention(nn.Module):
         ``state`` is from :meth:`state_for` (or an Encoder's encoding); the other arguments
         as for :meth:`forward`."""
         check_input(x, self.dim)
-        b, n, _ = x.shape
-        key_padding_mask = check_key_padding_mask(key_padding_mask, b, n)
+        check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+        return self._heads(x, state, key_padding_mask, need_weights)
 
+    def _state(
+        self, x: Tensor, positions: Tensor | None, pe: PositionalEncoding | None
+    ) -> PositionState | None:
+        """:meth:`state_for` on a checked ``x``."""
+        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        return None if pe is None else pe.position_state(positions, x)
+
+    def _heads(
+        self,
+        x: Tensor,
+        state: PositionState | None,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`attend` on a checked ``x`` and mask."""
+        b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)
         bias_state: BiasState | None = None
@@ -527,20 +407,18 @@ class MultiHeadAttention(nn.Module):
             bias_state = state
 
         dropout_p = self.dropout if self.training else 0.0
-        backend = self._choose_backend(q, bias_state, need_weights, dropout_p)
+        backend, fused_only = self._choose_backend(q, bias_state, need_weights, dropout_p)
         out: Tensor | None = None
-        if backend in ("flex", "auto-flex"):
-            out = self._flex(
-                q, k, v, bias_state, key_padding_mask, fused_only=backend == "auto-flex"
-            )
-            backend = "sdpa" if out is None else "flex"
+        if backend == Backend.FLEX:
+            out = self._flex(q, k, v, bias_state, key_padding_mask, fused_only=fused_only)
+            backend = Backend.SDPA if out is None else Backend.FLEX
         weights = None
         if out is None:
             bias = None if bias_state is None else bias_state.bias(q, k)  # (h|b·h, n, n)
             mask = attention_mask(
                 b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
             )
-            if backend == "math":
+            if backend == Backend.MATH:
                 out, weights = scaled_dot_product_attention(
                     q, k, v, mask, bias=bias, dropout_p=dropout_p
                 )
@@ -550,26 +428,29 @@ class MultiHeadAttention(nn.Module):
             else:
                 plain_causal = self.causal and key_padding_mask is None
                 out = self._sdpa(q, k, v, mask, bias, dropout_p, plain_causal=plain_causal)
-        self.last_backend = backend
+        self.last_backend = backend.value
         return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
 
     def _choose_backend(
         self, q: Tensor, pe: BiasState | None, need_weights: bool, dropout_p: float
-    ) -> str:
-        """Resolve ``auto`` and the cases where a requested backend cannot run."""
-        if need_weights or self.backend == "math" or (pe is not None and pe.has_value_term):
-            return "math"
-        if self.backend == "sdpa":
-            return "sdpa"
-        flex_runs = flex_available() and dropout_p == 0.0 and not self._needs_cpu_grad(q, pe)
-        if self.backend == "flex":
-            return "flex" if flex_runs else "sdpa"
-        # auto: fuse only a real bias that is big enough to be worth a compilation (and only
-        # if the scheme has a score_mod: see ``_flex``)
+    ) -> tuple[Backend, bool]:
+        """The backend to run (``auto`` resolved, and the cases where the requested one cannot
+        run), and whether flex runs only for a fused ``score_mod`` (``auto``: a scheme without
+        one falls back to SDPA rather than compile flex around a materialised bias)."""
+        if need_weights or self.backend == Backend.MATH or (pe is not None and pe.has_value_term):
+            return Backend.MATH, False
+        if self.backend == Backend.SDPA:
+            return Backend.SDPA, False
+        flex_runs = flex.flex_available() and dropout_p == 0.0 and not self._needs_cpu_grad(q, pe)
+        if self.backend == Backend.FLEX:
+            return (Backend.FLEX if flex_runs else Backend.SDPA), False
+        # auto: fuse only a real bias that is big enough to be worth a compilation
         if pe is None or not flex_runs or not self.compile_flex:
-            return "sdpa"
+            return Backend.SDPA, False
         n = q.shape[-2]
-        return "auto-flex" if self.num_heads * n * n >= FLEX_AUTO_MIN_ELEMENTS else "sdpa"
+        if self.num_heads * n * n >= FLEX_AUTO_MIN_ELEMENTS:
+            return Backend.FLEX, True
+        return Backend.SDPA, False
 
     @staticmethod
     def _needs_cpu_grad(q: Tensor, state: BiasState | None) -> bool:
@@ -599,11 +480,11 @@ class MultiHeadAttention(nn.Module):
                 if fused_only:
                     return None
                 # no fused form: the kernel reads a materialised bias
-                score_mod = _bias_score_mod(state.bias(q, k))
-        block_mask = flex_block_mask(
+                score_mod = flex.bias_score_mod(state.bias(q, k))
+        block_mask = flex.flex_block_mask(
             b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=q.device
         )
-        return flex_attention_forward(
+        return flex.flex_attention_forward(
             q, k, v, score_mod=score_mod, block_mask=block_mask, compile=self.compile_flex
         )
 
@@ -653,5 +534,5 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, "
-            f"backend={self.backend!r}"
+            f"backend={self.backend.value!r}"
         )

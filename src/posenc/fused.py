@@ -1,5 +1,8 @@
-"""The encoder layer's inference fast path: the same sums as
-:meth:`posenc.EncoderLayer.forward`, with fewer passes over memory.
+"""The encoder layer's inference fast path: its two residual blocks computed with the same sums
+as :meth:`posenc.EncoderLayer.residual_blocks`, with fewer passes over memory. The layer's
+topology (pre- or post-norm) is written once, in :meth:`posenc.EncoderLayer.apply_blocks`,
+which takes either pair of blocks; ``EncoderLayer.forward`` picks these outside autograd and
+outside autocast (whose conversions the in-place GEMMs would escape).
 
 With autograd off, each residual block ``x + W h + b`` starts its output buffer as ``x + b``
 and lets the GEMM accumulate ``W h`` into it (``addmm_``), and the feed-forward's ReLU runs
@@ -22,6 +25,29 @@ from torch import Tensor, nn
 _FUSED_RELU = hasattr(torch, "_addmm_activation")
 
 
+def residual_blocks(layer: Any, state: Any, key_padding_mask: Tensor | None) -> tuple[Any, Any]:
+    """The two residual blocks of an :class:`~posenc.EncoderLayer` (``layer``) for inference,
+    each ``(h, residual) -> residual + sublayer(h)`` as :meth:`~posenc.EncoderLayer.apply_blocks`
+    takes them: the same sums as :meth:`~posenc.EncoderLayer.residual_blocks`, for use without
+    autograd, without active dropout and outside autocast. ``state`` is the encoding's
+    position state and ``key_padding_mask`` the layer's mask, both already checked."""
+    attn, ffn = layer.attn, layer.ffn
+
+    def attention(h: Tensor, residual: Tensor) -> Tensor:  # residual + attn(h)
+        heads, _ = attn.attend(h, state, key_padding_mask=key_padding_mask)
+        return residual_linear(attn.out, heads, residual).view(residual.shape)
+
+    def feed_forward(h: Tensor, residual: Tensor) -> Tensor:  # residual + ffn(h)
+        if ffn.activation == "relu" and _FUSED_RELU:
+            flat = h.reshape(-1, h.shape[-1])  # (b·n, D)
+            hidden = torch._addmm_activation(ffn.up.bias, flat, ffn.up.weight.t())  # (b·n, F)
+        else:
+            hidden = ffn.act(ffn.up(h))
+        return residual_linear(ffn.down, hidden, residual).view(residual.shape)
+
+    return attention, feed_forward
+
+
 def encoder_layer(
     layer: Any,
     x: Tensor,
@@ -31,29 +57,13 @@ def encoder_layer(
     pe: Any,
     state: Any,
 ) -> Tensor:
-    """One :class:`~posenc.EncoderLayer` (``layer``) applied to ``x`` ``(b, n, D)`` without
-    autograd and without active dropout; the other arguments as for its ``forward``."""
-    attn, ffn = layer.attn, layer.ffn
+    """One :class:`~posenc.EncoderLayer` (``layer``) applied to ``x`` ``(b, n, D)`` through
+    :func:`residual_blocks`, without autograd and without active dropout; the other arguments
+    as for its ``forward``."""
     if state is None:
-        state = attn.state_for(x, positions, pe)
-
-    def attention(h: Tensor, residual: Tensor) -> Tensor:  # residual + attn(h)
-        heads, _ = attn.attend(h, state, key_padding_mask=key_padding_mask)
-        return residual_linear(attn.out, heads, residual).view(x.shape)
-
-    def feed_forward(h: Tensor, residual: Tensor) -> Tensor:  # residual + ffn(h)
-        if ffn.activation == "relu" and _FUSED_RELU:
-            flat = h.reshape(-1, h.shape[-1])  # (b·n, D)
-            hidden = torch._addmm_activation(ffn.up.bias, flat, ffn.up.weight.t())  # (b·n, F)
-        else:
-            hidden = ffn.act(ffn.up(h))
-        return residual_linear(ffn.down, hidden, residual).view(x.shape)
-
-    if layer.norm_first:
-        x = attention(layer.norm1(x), x)
-        return feed_forward(layer.norm2(x), x)
-    x = layer.norm1(attention(x, x))
-    return layer.norm2(feed_forward(x, x))
+        state = layer.attn.state_for(x, positions, pe)
+    attention, feed_forward = residual_blocks(layer, state, key_padding_mask)
+    return layer.apply_blocks(x, attention, feed_forward)
 
 
 def residual_linear(linear: nn.Linear, h: Tensor, residual: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -37,6 +37,8 @@ from .encodings.state import PositionState
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
 Activation = Literal["relu", "gelu"]
+#: A residual block of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
+Block = Callable[[Tensor, Tensor], Tensor]
 _ACTIVATIONS = ("relu", "gelu")
 
 
@@ -125,30 +127,47 @@ class EncoderLayer(nn.Module):
 
         Pre-norm: ``x = x + attn(norm1(x))``, then ``x = x + ffn(norm2(x))``;
         post-norm: ``x = norm1(x + attn(x))``, then ``x = norm2(x + ffn(x))``. Outside
-        autograd the same sums run through :func:`posenc.fused.encoder_layer` (not under
-        autocast: its in-place GEMMs are not operations autocast converts).
+        autograd (and outside autocast, whose conversions its in-place GEMMs escape) each
+        residual block is computed by :mod:`posenc.fused`, with the same sums.
         """
-        if (
+        if state is None:
+            check_input(x, self.attn.dim)
+            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
+            state = self.attn.state_for(x, positions, pe)
+        fast = (
             not torch.is_grad_enabled()
             and not (self.training and self.drop.p > 0)
             and not torch.is_autocast_enabled(x.device.type)
-        ):
-            return fused.encoder_layer(
-                self, x, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
-            )
+        )
+        if fast:
+            attention, feed_forward = fused.residual_blocks(self, state, key_padding_mask)
+        else:
+            attention, feed_forward = self.residual_blocks(state, key_padding_mask)
+        return self.apply_blocks(x, attention, feed_forward)
 
-        def attend(h: Tensor) -> Tensor:
-            out = self.attn(
-                h, positions=positions, key_padding_mask=key_padding_mask, pe=pe, state=state
-            )
-            assert isinstance(out, Tensor)
-            return self.drop(out)
-
+    def apply_blocks(self, x: Tensor, attention: Block, feed_forward: Block) -> Tensor:
+        """The layer's residual topology, written once: ``attention(h, r)`` and
+        ``feed_forward(h, r)`` each return ``r + sublayer(h)``."""
         if self.norm_first:
-            x = x + attend(self.norm1(x))
-            return x + self.drop(self.ffn(self.norm2(x)))
-        x = self.norm1(x + attend(x))
-        return self.norm2(x + self.drop(self.ffn(x)))
+            x = attention(self.norm1(x), x)
+            return feed_forward(self.norm2(x), x)
+        x = self.norm1(attention(x, x))
+        return self.norm2(feed_forward(x, x))
+
+    def residual_blocks(
+        self, state: PositionState | None, key_padding_mask: Tensor | None
+    ) -> tuple[Block, Block]:
+        """The two residual blocks ``r + sublayer(h)`` as autograd computes them (dropout on
+        each sublayer's output); :func:`posenc.fused.residual_blocks` is the inference form."""
+
+        def attention(h: Tensor, residual: Tensor) -> Tensor:
+            heads, _ = self.attn.attend(h, state, key_padding_mask=key_padding_mask)
+            return residual + self.drop(self.attn.out(heads))
+
+        def feed_forward(h: Tensor, residual: Tensor) -> Tensor:
+            return residual + self.drop(self.ffn(h))
+
+        return attention, feed_forward
 
 
 def resolve_pe(

@@ -1,0 +1,202 @@
+"""Flex attention for :class:`~posenc.MultiHeadAttention`'s ``flex`` backend: the block mask
+for causal and key-padding masks, a ``score_mod`` reading a materialised bias, and
+:func:`torch.nn.attention.flex_attention` compiled once per shape (with a fallback when
+compilation fails).
+
+A bias scheme's ``score_mod`` adds its bias inside the kernel, block by block, so no
+``n × n`` tensor ever exists; the causal and padding masks become a block-sparse
+``BlockMask`` that skips whole blocks of masked keys.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .encodings.base import ScoreMod, compute_dtype
+
+__all__ = [
+    "FLEX_BLOCK_SIZE",
+    "bias_score_mod",
+    "flex_attention_forward",
+    "flex_available",
+    "flex_block_mask",
+    "flex_cache_clear",
+]
+
+#: Block size of the BlockMask built for causal and padding masks (flex_attention's default).
+FLEX_BLOCK_SIZE = 128
+
+
+def flex_available() -> bool:
+    """Whether this torch has ``torch.nn.attention.flex_attention``."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:  # pragma: no cover - torch < 2.5
+        return False
+    return True
+
+
+def flex_block_mask(
+    batch: int,
+    nq: int,
+    nk: int,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    device: torch.device,
+) -> Any:
+    """A flex_attention ``BlockMask`` for a causal and/or key-padding mask (all blocks full
+    when there is neither).
+
+    Built from block-level reasoning, ``(b, 1, nq/128, nk/128)`` booleans, never from an
+    ``nq × nk`` mask (``create_block_mask`` would evaluate every pair). Blocks with every pair
+    allowed are "full" (no mask_mod call), blocks with some allowed "partial", the rest are
+    skipped. Causal masking aligns the last query with the last key, as in
+    :func:`attention_mask`.
+
+    A mask is passed even when nothing is masked: without one, flex_attention's CPU kernel
+    works on the whole ``nq × nk`` as a single block, a per-thread ``nq × nk`` buffer
+    (0.5 GiB at n = 8192 on two threads) and about 3x slower at that length.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    bs = FLEX_BLOCK_SIZE
+    mq, mk = -(-nq // bs), -(-nk // bs)
+    q_first = torch.arange(mq, device=device) * bs
+    q_last = (q_first + bs).clamp(max=nq) - 1
+    k_first = torch.arange(mk, device=device) * bs
+    k_last = (k_first + bs).clamp(max=nk) - 1
+    some = torch.ones(1, mq, mk, dtype=torch.bool, device=device)  # (B, mq, mk)
+    every = some.clone()
+    offset = nk - nq
+    if causal:  # key j is allowed for query i when j <= i + offset
+        some = some & (k_first.view(1, 1, mk) <= q_last.view(1, mq, 1) + offset)
+        every = every & (k_last.view(1, 1, mk) <= q_first.view(1, mq, 1) + offset)
+    keep: Tensor | None = None
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask  # (b, nk)
+        tail = mk * bs - nk
+        some_keys = F.pad(keep, (0, tail), value=False).view(batch, mk, bs).any(-1)
+        every_keys = F.pad(keep, (0, tail), value=True).view(batch, mk, bs).all(-1)
+        some = some & some_keys.view(batch, 1, mk)
+        every = every & every_keys.view(batch, 1, mk)
+    partial, full = some & ~every, every
+
+    def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
+        counts = blocks.sum(-1, dtype=torch.int32)  # (B, mq)
+        order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts.unsqueeze(1), order.unsqueeze(1)  # (B, 1, mq), (B, 1, mq, mk)
+
+    kv_num, kv_idx = as_indices(partial)
+    full_num, full_idx = as_indices(full)
+    mask_mod = _mask_mod(causal, offset, keep, device) if causal or keep is not None else None
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(nq, nk)
+    )
+
+
+def _mask_mod(
+    causal: bool, offset: int, keep: Tensor | None, device: torch.device
+) -> Callable[..., Tensor]:
+    shift = torch.tensor(offset, device=device)  # a tensor: no recompilation per offset
+    if causal and keep is not None:
+        return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx + shift) & keep[b, kv_idx]
+    if causal:
+        return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + shift
+    assert keep is not None
+    return lambda b, h, q_idx, kv_idx: keep[b, kv_idx]
+
+
+def bias_score_mod(bias: Tensor) -> ScoreMod:
+    """A score_mod reading a materialised bias ``(h, nq, nk)`` or ``(b, h, nq, nk)``."""
+    if bias.dim() == 3:
+        return lambda score, b, h, q_idx, kv_idx: score + bias[h, q_idx, kv_idx].to(score.dtype)
+    if bias.shape[0] == 1:
+        one = bias[0]
+        return lambda score, b, h, q_idx, kv_idx: score + one[h, q_idx, kv_idx].to(score.dtype)
+    return lambda score, b, h, q_idx, kv_idx: score + bias[b, h, q_idx, kv_idx].to(score.dtype)
+
+
+# Compiled flex attention, one wrapper per (shapes, dtype, device, score_mod and mask_mod
+# code): each wrapper gets its own code object, hence its own dynamo cache, so a model that
+# meets many shapes never exhausts torch's recompile limit and falls back to eager.
+_FLEX_COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
+_FLEX_FAILED: dict[tuple[Any, ...], str] = {}
+
+
+def _compiled_flex(key: tuple[Any, ...]) -> Callable[..., Tensor]:
+    fn = _FLEX_COMPILED.get(key)
+    if fn is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def run(q: Tensor, k: Tensor, v: Tensor, score_mod: Any, block_mask: Any) -> Tensor:
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+        run.__code__ = run.__code__.replace()  # a fresh code object: a cache of its own
+        fn = torch.compile(run, dynamic=False)
+        _FLEX_COMPILED[key] = fn
+    return fn
+
+
+def flex_cache_clear() -> None:
+    """Forget every compiled flex kernel (and every recorded compilation failure)."""
+    _FLEX_COMPILED.clear()
+    _FLEX_FAILED.clear()
+
+
+def flex_attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    score_mod: ScoreMod | None,
+    block_mask: Any,
+    compile: bool = True,
+) -> Tensor | None:
+    """``flex_attention(q, k, v)`` computed in the compute dtype; ``None`` when compilation
+    failed (the caller then uses another backend; the failure is warned about once per key).
+
+    ``compile=False`` runs flex_attention's eager reference, which is correct but
+    materialises the scores; it exists for tests and for platforms without a compiler.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    out_dtype, work = q.dtype, compute_dtype(q.dtype)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    if torch.compiler.is_compiling():  # inside a user's torch.compile: let it fuse
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask).to(out_dtype)
+    if not compile:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
+            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        return out.to(out_dtype)
+    key = (
+        tuple(q.shape),
+        tuple(k.shape),
+        work,
+        q.device.type,
+        getattr(score_mod, "__code__", None),
+        getattr(getattr(block_mask, "mask_mod", None), "__code__", None),
+    )
+    if key in _FLEX_FAILED:
+        return None
+    try:
+        out = _compiled_flex(key)(q, k, v, score_mod, block_mask)
+    except Exception as error:  # a missing compiler, an unsupported op: fall back, still correct
+        _FLEX_FAILED[key] = f"{type(error).__name__}: {error}"
+        warnings.warn(
+            f"compiling flex_attention failed ({type(error).__name__}); using SDPA with a "
+            f"materialised bias instead for this shape",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return out.to(out_dtype)
