@@ -7,7 +7,7 @@ torch.Size([1, 6, 32])
 """
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
-from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .attention import Backend, MultiHeadAttention, scaled_dot_product_attention
 from .encodings import *  # noqa: F403  (re-exported below through __all__)
 from .encodings import __all__ as _encodings_all
 from .errors import (
@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_encodings_all,
+    "Backend",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
