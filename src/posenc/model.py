@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .attention import Backend, MultiHeadAttention, check_attention_pe, check_key_padding_mask
+from .attention import Backend, MultiHeadAttention, check_attention_pe
 from .encodings.base import (
     AdditiveEncoding,
     NoPE,
@@ -35,6 +35,7 @@ from .encodings.base import (
 )
 from .encodings.state import PositionState
 from .errors import PosencTypeError, PosencValueError, check_bytes
+from .masks import check_key_padding_mask
 
 Activation = Literal["relu", "gelu"]
 #: A residual block of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
@@ -322,8 +323,9 @@ class Encoder(nn.Module):
         The result is a new :class:`Encoder` that *shares* every layer, norm and weight with
         this one (training either trains both; ``copy.deepcopy`` it to fine-tune apart); only
         the rotary module is new (:meth:`posenc.RotaryEmbedding.with_scaling`). This encoder
-        is left as it is. A dictionary whose rope type needs the original context and lacks
-        ``original_max_position_embeddings`` gets :attr:`trained_length`.
+        is left as it is. A dictionary whose rope type needs the original context
+        (:attr:`posenc.RopeType.needs_original`) and lacks ``original_max_position_embeddings``
+        gets :attr:`trained_length`.
 
         >>> enc = Encoder(16, 1, 2, pe="rope")
         >>> enc.trained_length = 64
@@ -338,10 +340,15 @@ class Encoder(nn.Module):
             )
         if scaling is not None and not isinstance(scaling, Mapping):
             raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        from .encodings.rope_scaling import ROPE_TYPES
+
         params = dict(scaling) if scaling else None
-        needs_original = ("dynamic", "yarn", "longrope", "llama3")
-        if params and self.trained_length and params.get("rope_type") in needs_original:
-            params.setdefault("original_max_position_embeddings", self.trained_length)
+        if params and self.trained_length:
+            name = params.get("rope_type", params.get("type"))  # ("type": the legacy key)
+            # (an unknown name is left to with_scaling, which names it)
+            spec = ROPE_TYPES.get(name) if isinstance(name, str) else None
+            if spec is not None and spec.needs_original:
+                params.setdefault("original_max_position_embeddings", self.trained_length)
         new = _sharing_copy(self)
         new.pe = with_scaling(params)
         return new
