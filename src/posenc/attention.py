@@ -16,8 +16,10 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -362,7 +364,13 @@ class MultiHeadAttention(nn.Module):
                     out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
             else:
                 plain_causal = self.causal and key_padding_mask is None
-                out = self._sdpa(q, k, v, mask, bias, dropout_p, plain_causal=plain_causal)
+                keep = None  # the additive mask is the same in every layer: make it once
+                if bias_state is not None:
+                    key = ("sdpa mask", self.causal, key_padding_mask, q.dtype)
+                    keep = functools.partial(bias_state.keep, key)
+                out = self._sdpa(
+                    q, k, v, mask, bias, dropout_p, plain_causal=plain_causal, keep=keep
+                )
         self.last_backend = backend.value
         return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
 
@@ -433,32 +441,39 @@ class MultiHeadAttention(nn.Module):
         p: float,
         *,
         plain_causal: bool = False,
+        keep: Callable[[Callable[[], Tensor]], Tensor] | None = None,
     ) -> Tensor:
         """Fused attention. ``plain_causal`` says ``mask`` is the causal mask and nothing else
         (no padding): SDPA's ``is_causal`` then stands for it. Other masks and biases become
         one additive float mask whose masked entries are the most negative finite value, so a
-        fully padded row cannot produce NaN."""
+        fully padded row cannot produce NaN; ``keep`` (a bias state's memo) makes it once for
+        every layer of a forward."""
         if bias is None and mask is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         if bias is None and plain_causal:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         work = compute_dtype(q.dtype)
-        b, h, nq, _ = q.shape
-        nk = k.shape[-2]
-        if not torch.compiler.is_compiling():  # symbolic sizes there
-            check_bytes(
-                "q x k",
-                f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
-                2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
-                device=q.device,
-            )
-        additive = torch.zeros((), dtype=work, device=q.device) if bias is None else bias.to(work)
-        if mask is not None:
-            blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)
-            additive = torch.where(mask, additive, blocked)
-        # (b, h, nq, nk): with a 3-D mask SDPA leaves its fused CPU kernel for the math one,
-        # which is 2-3x slower and materialises the scores
-        additive = additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
+
+        def additive_mask() -> Tensor:  # (b|1, h|1, nq, nk)
+            b, h, nq, _ = q.shape
+            nk = k.shape[-2]
+            if not torch.compiler.is_compiling():  # symbolic sizes there
+                check_bytes(
+                    "q x k",
+                    f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
+                    2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
+                    device=q.device,
+                )
+            zero = torch.zeros((), dtype=work, device=q.device)
+            additive = zero if bias is None else bias.to(work)
+            if mask is not None:
+                blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)
+                additive = torch.where(mask, additive, blocked)
+            # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
+            # 2-3x slower and materialises the scores
+            return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
+
+        additive = additive_mask() if keep is None else keep(additive_mask)
         if work != q.dtype:
             out = F.scaled_dot_product_attention(
                 q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p

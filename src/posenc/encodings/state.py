@@ -61,6 +61,7 @@ class BiasState(PositionState):
     def __init__(self, pe: Any, positions: Tensor) -> None:  # pe: a BiasEncoding
         self.pe, self.positions = pe, positions
         self._kept: dict[str, Any] = {}  # hook name -> what it gave, for q/k-free schemes
+        self._derived: list[tuple[tuple[Any, ...], Tensor]] = []  # see keep()
 
     @property
     def needs_qk(self) -> bool:
@@ -87,6 +88,20 @@ class BiasState(PositionState):
         if hook not in self._kept:
             self._kept[hook] = getattr(self.pe, hook)(pos, pos)
         return self._kept[hook]
+
+    def keep(self, key: tuple[Any, ...], make: Callable[[], Tensor]) -> Tensor:
+        """``make()``, a tensor derived from the bias (the bias with a layer's mask, say), made
+        once per forward like the bias itself: kept under ``key`` when the scheme reads no
+        ``q``/``k``, made anew in every layer otherwise. ``key`` lists what else it depends on
+        (a mask, a flag, a dtype); its items are compared by identity."""
+        if self.pe.needs_qk:
+            return make()
+        for stored, value in self._derived:
+            if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
+                return value
+        value = make()
+        self._derived.append((key, value))
+        return value
 
     def value_term(self, weights: Tensor) -> Tensor:
         """Shaw et al.'s value-side term: weights ``(b, h, n, n)`` -> ``(b, h, n, d)``."""
