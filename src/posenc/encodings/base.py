@@ -1,6 +1,6 @@
 """The family protocol: the base class of every encoding and one class per family.
 
-Every positional scheme acts on attention in one of three places (see DESIGN.md):
+Every positional scheme acts on attention in one of three places (``docs/architecture.md``):
 
 ==========  ==================================================  =====================
 family      hook                                                acts on
