@@ -132,11 +132,9 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         angles = torch.rand(37, 8, dtype=torch.float64) * 1000
         cos, sin = angles.cos().float(), angles.sin().float()
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
-        pointers = (x.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr())
-        layout_args = (x.shape[:-1], x.stride()[:-1], x.stride()[:-1])
-        tables = (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
-        bf16 = dtype is torch.bfloat16
-        rotate._native(*pointers, bf16, interleaved, 8, *layout_args, *tables, 3)
+        x_at = rotate._native_buffer(x, x.element_size())
+        tables = rotate._kernel_tables(cos, sin, dtype is torch.bfloat16, interleaved)
+        rotate._native(x_at, x_at, *tables, 3)
         assert torch.equal(x, want)
 
 

@@ -193,46 +193,60 @@ def _native_tables(cos: Tensor, sin: Tensor) -> bool:
     )
 
 
+def _native_buffer(t: Tensor, item: int) -> tuple | None:
+    """What the native kernel is told about ``t`` (``item`` bytes per element): the address
+    and size in bytes of its storage, its offset, sizes and strides, from which the kernel
+    computes every address and checks that each lies inside the storage. ``None`` where the
+    storage's address is not a multiple of ``item`` (e.g. ``torch.frombuffer`` at an odd
+    offset), which the kernel refuses: such tensors take the pure-torch path."""
+    storage = t.untyped_storage()
+    address = storage.data_ptr()
+    if address % item:
+        return None
+    return address, storage.nbytes(), t.storage_offset(), t.shape, t.stride()
+
+
 def _kernel_tables(
-    cos: Tensor, sin: Tensor, bf16: bool, interleaved: bool, rows: tuple[int, int] | None = None
-) -> tuple:
+    cos: Tensor, sin: Tensor, bf16: bool, interleaved: bool, first_row: int | None = None
+) -> tuple | None:
     """The arguments of the native kernel that depend only on the tables and the layout (what
-    tensors rotated by the same tables share). ``rows = (first, n)``: ``cos`` and ``sin`` are
-    whole ``(positions, r/2)`` tables and the kernel reads their rows ``first`` to
-    ``first + n - 1`` where they lie, as ``cos[first : first + n]`` would view them."""
-    half = cos.shape[-1]
-    if rows is None:
-        shared = (cos.data_ptr(), sin.data_ptr(), bf16, interleaved, half)
-        return shared, (cos.shape[:-1], cos.stride()[:-1], sin.stride()[:-1])
-    first, n = rows
-    cos_row, sin_row = cos.stride(0), sin.stride(0)
-    size = cos.element_size()  # (float32: the kernel's only table dtype)
-    cos_at = cos.data_ptr() + first * cos_row * size
-    sin_at = sin.data_ptr() + first * sin_row * size
-    return (cos_at, sin_at, bf16, interleaved, half), ((n,), (cos_row,), (sin_row,))
+    tensors rotated by the same tables share), or ``None`` where it refuses the tables'
+    addresses (:func:`_native_buffer`). With ``first_row``, ``cos`` and ``sin`` are whole
+    ``(positions, r/2)`` tables and the kernel reads their rows ``first_row`` to
+    ``first_row + n - 1`` where they lie, as ``cos[first_row : first_row + n]`` would view
+    them (``n`` the rows of the rotated tensor; the kernel checks that they exist)."""
+    cos_at, sin_at = _native_buffer(cos, 4), _native_buffer(sin, 4)  # (float32 tables)
+    if cos_at is None or sin_at is None:
+        return None
+    return cos_at, sin_at, first_row, bf16, interleaved
 
 
-def _run_kernel(x: Tensor, out: Tensor, tables: tuple) -> None:
-    """The native kernel on ``x`` into ``out`` (``x`` itself, or contiguous) with
-    :func:`_kernel_tables`'s arguments (the tables broadcast against ``x.shape[:-1]`` inside
-    the kernel, as ``expand`` would). Tensors of :data:`NATIVE_THREAD_MIN` elements or more
-    are split over torch's thread count."""
-    shared, table = tables
+def _run_kernel(x: Tensor, x_at: tuple, out_at: tuple, tables: tuple) -> None:
+    """The native kernel on ``x`` (described by ``x_at``) into ``out`` (``out_at``: ``x``
+    itself, or contiguous) with :func:`_kernel_tables`'s arguments (the tables broadcast
+    against ``x.shape[:-1]`` inside the kernel, as ``expand`` would). Tensors of
+    :data:`NATIVE_THREAD_MIN` elements or more are split over torch's thread count."""
     threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
-    _native(  # type: ignore[misc]
-        x.data_ptr(), out.data_ptr(), *shared, x.shape[:-1], x.stride()[:-1],
-        out.stride()[:-1], *table, threads,
-    )  # fmt: skip
+    _native(x_at, out_at, *tables, threads)  # type: ignore[misc]
 
 
-def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> bool:
     """The native kernel (``_rotary_native.c``): every element read once and written once,
     ``out`` being ``x`` (in place) or a fresh contiguous tensor; channels past ``r`` are
-    copied by torch."""
+    copied by torch. ``False``, with nothing written, where the kernel refuses an address
+    (:func:`_native_buffer`)."""
+    bf16 = x.dtype is torch.bfloat16
+    item = 2 if bf16 else 4
+    x_at = _native_buffer(x, item)
+    out_at = x_at if out is x else _native_buffer(out, item)
+    tables = _kernel_tables(cos, sin, bf16, interleaved)
+    if x_at is None or out_at is None or tables is None:
+        return False
     r = 2 * cos.shape[-1]
     if r < x.shape[-1] and out is not x:
         out[..., r:].copy_(x[..., r:])
-    _run_kernel(x, out, _kernel_tables(cos, sin, x.dtype is torch.bfloat16, interleaved))
+    _run_kernel(x, x_at, out_at, tables)
+    return True
 
 
 def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
@@ -240,9 +254,8 @@ def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: 
     shape): the native kernel where it takes the tensors, else the pure-torch path."""
     if x.numel() == 0:
         return
-    if _native_takes(x, cos, sin):  # ``out`` is x or contiguous: every caller makes it so
-        _rotate_native(x, out, cos, sin, interleaved)
-    else:
+    # ``out`` is x or contiguous: every caller makes it so
+    if not (_native_takes(x, cos, sin) and _rotate_native(x, out, cos, sin, interleaved)):
         _rotate_torch(x, out, cos, sin, interleaved)
 
 
@@ -458,9 +471,9 @@ def rotate_pair(
     more than the arithmetic. ``first_row``: ``cos`` and ``sin`` are whole cached tables
     ``(positions, r/2)`` and ``q``/``k`` sit at positions ``first_row, first_row + 1, ...``,
     read from the tables where they lie (no sliced views). ``None`` where this does not apply
-    (autograd records, compiling or tracing, a dtype or layout the kernel does not take, an
-    in-place rotation that :func:`check_inplace` must explain): the caller then rotates each
-    through :func:`rotate`."""
+    (autograd records, compiling or tracing, a dtype, layout or address the kernel does not
+    take, an in-place rotation that :func:`check_inplace` must explain): the caller then
+    rotates each through :func:`rotate`."""
     if (
         _native is None
         or torch.compiler.is_compiling()
@@ -486,14 +499,20 @@ def rotate_pair(
             torch._debug_has_internal_overlap(k),
         ):
             return None
-        out_q, out_k = q, k
+    bf16 = q.dtype is torch.bfloat16
+    item = 2 if bf16 else 4
+    tables = _kernel_tables(cos, sin, bf16, interleaved, first_row)  # made once
+    q_at, k_at = _native_buffer(q, item), _native_buffer(k, item)
+    if tables is None or q_at is None or k_at is None:
+        return None  # an address the kernel refuses (see _native_buffer)
+    if inplace:
+        out_q, out_k, out_q_at, out_k_at = q, k, q_at, k_at
     else:
         out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
         out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
-    rows = None if first_row is None else (first_row, q.shape[-2])
-    tables = _kernel_tables(cos, sin, q.dtype is torch.bfloat16, interleaved, rows)  # made once
-    _run_kernel(q, out_q, tables)
-    _run_kernel(k, out_k, tables)
+        out_q_at, out_k_at = _native_buffer(out_q, item), _native_buffer(out_k, item)
+    _run_kernel(q, q_at, out_q_at, tables)
+    _run_kernel(k, k_at, out_k_at, tables)
     return out_q, out_k
 
 
