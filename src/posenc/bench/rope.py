@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -42,15 +40,12 @@ from torch import Tensor, nn
 from ..encodings import rotate
 from ..encodings.rotary import RotaryEmbedding
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
+from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table, first_call_table, first_calls
 from .timing import Timing, copy_floor
 
 if TYPE_CHECKING:
     from .suites.settings import Settings
 
-#: Decode step: q and k of one new token (grouped-query heads) at this position.
-DECODE_Q, DECODE_K, DECODE_POSITION = (8, 32, 1, 128), (8, 8, 1, 128), 4095
-#: Names of the posenc rows, as the tables show them.
-FORWARD, IN_PLACE = "posenc RotaryEmbedding", "posenc RotaryEmbedding, in place"
 COMPILED, COMPILED_IN_PLACE = "posenc compiled", "posenc compiled, in place"
 TORCH_PATH = "posenc pure-torch path (no native kernel)"
 TORCH_PATH_IN_PLACE = "posenc pure-torch path, in place"
@@ -170,99 +165,6 @@ def _torch_path_rows(
     return [(TORCH_PATH, layout, new), (TORCH_PATH_IN_PLACE, layout, in_place)]
 
 
-# --------------------------------------------------------------------------- first call
-
-_FIRST_CALL = """
-import json, sys, time
-import torch
-from posenc import RotaryEmbedding
-torch.set_num_threads({threads})
-dtype, interleaved = getattr(torch, {dtype!r}), {interleaved}
-q, k = torch.randn({shape}).to(dtype), torch.randn({shape}).to(dtype)
-start = time.perf_counter()
-rope = RotaryEmbedding({head_dim}, interleaved=interleaved)  # builds its table
-rope.cos_sin(None, {n}, dtype=torch.float32)
-table = time.perf_counter()
-rope(q, k)
-first = time.perf_counter()
-rope(q, k)
-second = time.perf_counter()
-rope(q, k, inplace=True)
-inplace = time.perf_counter()
-print(json.dumps({{"table": table - start, "first": first - table, "second": second - first,
-                  "inplace": inplace - second}}))
-"""
-
-
-def first_calls(shape: tuple[int, ...], threads: int) -> list[dict[str, object]]:
-    """The first posenc call per dtype and layout, each in a fresh Python process."""
-    rows: list[dict[str, object]] = []
-    for dtype in ("float32", "bfloat16"):
-        for interleaved in (False, True):
-            script = _FIRST_CALL.format(
-                threads=threads,
-                dtype=dtype,
-                interleaved=interleaved,
-                shape=tuple(shape),
-                head_dim=shape[-1],
-                n=shape[-2],
-            )
-            done = subprocess.run(
-                [sys.executable, "-c", script], capture_output=True, text=True, check=False
-            )
-            layout = "interleaved" if interleaved else "half"
-            row: dict[str, object] = {"dtype": dtype, "layout": layout}
-            if done.returncode == 0:
-                row.update(json.loads(done.stdout.strip().splitlines()[-1]))
-            else:
-                row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
-            rows.append(row)
-    return rows
-
-
-# --------------------------------------------------------------------------- decode
-
-
-def decode_cases() -> list[Case]:
-    """A decode step: posenc out of place and in place, transformers, and the clone floor."""
-    torch.manual_seed(0)
-    q, k = torch.randn(DECODE_Q), torch.randn(DECODE_K)
-    position = torch.tensor([DECODE_POSITION])
-    rope = RotaryEmbedding(DECODE_Q[-1])
-    with torch.inference_mode():
-        rope(q, k, position)  # builds the table
-    cases = [
-        Case("q.clone(); k.clone()", copy_floor(q, k)),
-        Case(FORWARD, lambda: rope(q, k, position)),
-        Case(IN_PLACE, lambda: rope(q, k, position, inplace=True)),
-    ]
-    try:
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import (
-            LlamaRotaryEmbedding,
-            apply_rotary_pos_emb,
-        )
-    except ImportError:
-        return cases
-    config = LlamaConfig(
-        hidden_size=DECODE_Q[1] * DECODE_Q[-1],
-        num_attention_heads=DECODE_Q[1],
-        num_key_value_heads=DECODE_K[1],
-        max_position_embeddings=8192,
-    )
-    llama = LlamaRotaryEmbedding(config)
-    ids = position[None]
-
-    def transformers_step() -> object:
-        cos, sin = llama(q, ids)
-        return apply_rotary_pos_emb(q, k, cos, sin)
-
-    cases.append(
-        Case("transformers LlamaRotaryEmbedding + apply_rotary_pos_emb", transformers_step)
-    )
-    return cases
-
-
 # --------------------------------------------------------------------------- the suite
 
 
@@ -333,10 +235,10 @@ def suite(s: Settings) -> Section:
         section.tables.append(table)
         section.data.setdefault("shapes", []).append([tuple(shape), table.rows])
     first = first_calls(s.rope[0], threads)
-    section.tables.append(_first_call_table(first, s.rope[0]))
+    section.tables.append(first_call_table(first, s.rope[0]))
     decode = decode_cases()
     decode_timings = round_robin(decode, warmup=max(s.warmup, 20), repeats=max(20 * s.repeats, 50))
-    section.tables.append(_decode_table(decode, decode_timings))
+    section.tables.append(decode_table(decode, decode_timings))
     section.data.update(first_calls=first)
     section.notes += _summary(spans, first, decode, decode_timings)
     present = {row[1] for table in section.tables[: len(s.rope)] for row in table.rows}
@@ -413,45 +315,6 @@ def _add_rows(
             [dtype, name, layout, ms(x.median), f"{ms(x.low)}–{ms(x.high)}",
              ratio(x.median, floor.median), relative]
         )  # fmt: skip
-
-
-def _first_call_table(rows: list[dict[str, object]], shape: tuple[int, ...]) -> Table:
-    table = Table(
-        ["dtype", "layout", "table s", "first call s", "second call s", "first in place s"],
-        caption=f"First call in a fresh process, q and k of shape {tuple(shape)} (a subprocess "
-        "per row: constructing the module, which builds its cos/sin table; the first "
-        "out-of-place forward and a second one, whose difference is what a first call costs "
-        "beyond the work itself; then the first in-place forward):",
-        text_columns=2,
-    )
-    for row in rows:
-        if "error" in row:
-            table.rows.append(
-                [str(row["dtype"]), str(row["layout"]), str(row["error"]), "", "", ""]
-            )
-            continue
-        keys = ("table", "first", "second", "inplace")
-        cells = [f"{float(row[key]):.3f}" for key in keys]  # type: ignore[arg-type]
-        table.rows.append([str(row["dtype"]), str(row["layout"]), *cells])
-    return table
-
-
-def _decode_table(cases: list[Case], timings: list[Timing]) -> Table:
-    table = Table(
-        ["implementation", "median µs", "range µs", "x clone", "x posenc time"],
-        caption=f"Decode step: one new token at position {DECODE_POSITION}, q {DECODE_Q} and "
-        f"k {DECODE_K}, float32, half layout (`positions=torch.tensor([{DECODE_POSITION}])`; "
-        "transformers: its rotary module's forward and `apply_rotary_pos_emb`):",
-    )
-    floor = timings[0]
-    ours = next(t for case, t in zip(cases, timings, strict=True) if case.name == FORWARD)
-    for case, t in zip(cases, timings, strict=True):
-        relative = "-" if case is cases[0] else ratio(t.median, ours.median)
-        table.rows.append(
-            [case.name, f"{t.median * 1e6:.1f}", f"{t.low * 1e6:.0f}–{t.high * 1e6:.0f}",
-             ratio(t.median, floor.median), relative]
-        )  # fmt: skip
-    return table
 
 
 def main(argv: list[str] | None = None) -> None:
