@@ -1,7 +1,7 @@
 """The registry is the only list of schemes: two toy schemes, each a minimal subclass that
-implements only what the extension contract (``docs/architecture.md``) asks, registered here and nowhere
-else, appear in ``posenc list``, build with ``Encoder(pe=...)``, plot, analyze, are timed by
-``posenc bench`` and appear in the report, with the values their formulas give.
+implements only what the extension contract (``docs/architecture.md``) asks, registered here
+and nowhere else, appear in ``posenc list``, build with ``Encoder(pe=...)``, plot, analyze,
+are timed by ``posenc bench`` and appear in the report, with the values their formulas give.
 
 The toys are registered for one test at a time and removed after it, so the registry-driven
 parametrisation of other tests never sees them.

@@ -4,6 +4,7 @@ attention factor, and the rotated q, k of LlamaRotaryEmbedding + apply_rotary_po
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -18,7 +19,18 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
     apply_rotary_pos_emb,
 )
 
-from posenc import ROPE_TYPES, RotaryEmbedding, rope_parameters, validate_rope_scaling  # noqa: E402
+from posenc import (  # noqa: E402
+    ROPE_TYPES,
+    Encoder,
+    PosencValueError,
+    RopeType,
+    RotaryEmbedding,
+    register_rope_type,
+    rope_parameters,
+    validate_rope_scaling,
+)
+from posenc.encodings import rope_scaling  # noqa: E402
+from posenc.encodings.rope_scaling import default_inv_freq, rope_type_keys  # noqa: E402
 from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -401,3 +413,226 @@ def test_ntk_tables_equal_the_float64_formula(factor: float) -> None:
     cos32, sin32 = rope.cos_sin(positions, len(positions), dtype=torch.float32)
     assert_close(cos32, angles.cos().float(), rtol=0.0, atol=2e-7)
     assert_close(sin32, angles.sin().float(), rtol=0.0, atol=2e-7)
+
+
+# --------------------------------------------------------------------------- registering a type
+
+
+def _halved(
+    dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    max_position_embeddings: int | None = None,
+    seq_len: float | None = None,
+) -> tuple[torch.Tensor, float]:
+    """A toy type: every frequency from the pair ``start`` on is halved."""
+    inv_freq = default_inv_freq(dim, base)
+    inv_freq[params["start"] :] /= 2
+    return inv_freq, params.get("attention_factor") or 1.0
+
+
+def _check_start(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    start = params["start"]
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < rotary_dim // 2:
+        raise PosencValueError(
+            f"rope scaling 'start' must be a pair index below {rotary_dim // 2}, got {start!r}"
+        )
+
+
+def _stretched(
+    dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    max_position_embeddings: int | None = None,
+    seq_len: float | None = None,
+) -> tuple[torch.Tensor, float]:
+    """A toy type that uses the length: positions squeezed into the original context."""
+    original = params["original_max_position_embeddings"]
+    stretch = 1.0 if seq_len is None else max(1.0, seq_len / original)
+    return default_inv_freq(dim, base) / stretch, 1.0
+
+
+@pytest.fixture
+def rope_registry() -> Iterator[None]:
+    """Restore the built-in rope types after a test that registers its own."""
+    saved = dict(rope_scaling._TYPES)
+    yield
+    rope_scaling._TYPES.clear()
+    rope_scaling._TYPES.update(saved)
+
+
+@pytest.fixture
+def halved(rope_registry: None) -> RopeType:
+    return register_rope_type(
+        "halved", _halved, keys=("start",), optional=("attention_factor",), validate=_check_start
+    )
+
+
+def _halved_rotation(
+    x: torch.Tensor, positions: torch.Tensor, base: float, start: int, attention: float
+) -> torch.Tensor:
+    """The half-layout rotation of ``x`` ``(b, h, n, r)`` by the toy type's frequencies, in
+    float64, straight from the definition."""
+    r = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, r, 2, dtype=torch.float64) / r)  # (r/2,)
+    inv_freq[start:] = inv_freq[start:] / 2
+    angles = positions.double()[:, None] * inv_freq  # (n, r/2)
+    cos, sin = angles.cos() * attention, angles.sin() * attention
+    x1, x2 = x[..., : r // 2].double(), x[..., r // 2 :].double()
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def test_the_built_in_registry() -> None:
+    """Seven types, in order, with the records the rest of posenc asks (a test that registers
+    a type of its own leaves this registry as it found it)."""
+    assert list(ROPE_TYPES) == ["default", "linear", "ntk", "dynamic", "yarn", "longrope",
+                                "llama3"]  # fmt: skip
+    assert [t for t, spec in ROPE_TYPES.items() if spec.uses_length] == ["dynamic", "longrope"]
+    assert [t for t, spec in ROPE_TYPES.items() if spec.needs_original] == [
+        "dynamic", "yarn", "longrope", "llama3"]  # fmt: skip
+    assert [t for t, spec in ROPE_TYPES.items() if not spec.caches_table] == ["dynamic"]
+    assert ROPE_TYPES["llama3"].keys == {"factor", "low_freq_factor", "high_freq_factor",
+                                         "original_max_position_embeddings"}  # fmt: skip
+    with pytest.raises(TypeError):
+        ROPE_TYPES["halved"] = ROPE_TYPES["linear"]  # type: ignore[index]
+
+
+def test_a_registered_type_rotates_by_its_frequencies(halved: RopeType) -> None:
+    base, start, attention = 10000.0, 3, 1.5
+    scaling = {"rope_type": "halved", "start": start, "attention_factor": attention}
+    rope = RotaryEmbedding(16, scaling=scaling)
+    assert "halved" in ROPE_TYPES and rope.rope_spec is halved
+    positions = torch.tensor([0, 1, 2, 5, 8, 13, 100, 4096, 70000])
+    q = torch.randn(2, 3, 9, 16, dtype=torch.float64)
+    k = torch.randn(2, 1, 9, 16, dtype=torch.float64)
+    got_q, got_k = rope(q, k, positions)
+    assert_close(got_q, _halved_rotation(q, positions, base, start, attention), rtol=0, atol=1e-12)
+    assert_close(got_k, _halved_rotation(k, positions, base, start, attention), rtol=0, atol=1e-12)
+    # float32 work reads the cached table, built by the same frequencies
+    q32, k32 = q[..., :5, :].float(), k[..., :5, :].float()
+    got_q, got_k = rope(q32, k32)
+    want_q = _halved_rotation(q32, torch.arange(5), base, start, attention)
+    assert_close(got_q, want_q.float(), rtol=0, atol=1e-5)
+
+
+def test_a_registered_type_from_a_hf_config(halved: RopeType) -> None:
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+        "rope_parameters": {"rope_type": "halved", "start": 0, "rope_theta": 500.0},
+    }
+    rope = RotaryEmbedding.from_hf_config(config)
+    assert (rope.head_dim, rope.base, rope.rope_type) == (16, 500.0, "halved")
+    assert rope.scaling == {"rope_type": "halved", "start": 0}
+    positions = torch.arange(7)
+    q, k = torch.randn(1, 4, 7, 16, dtype=torch.float64), torch.randn(1, 4, 7, 16).double()
+    got_q, got_k = rope(q, k, positions)
+    assert_close(got_q, _halved_rotation(q, positions, 500.0, 0, 1.0), rtol=0, atol=1e-12)
+    assert_close(got_k, _halved_rotation(k, positions, 500.0, 0, 1.0), rtol=0, atol=1e-12)
+    # halving every frequency is position interpolation by 2 ("linear", factor 2)
+    linear = RotaryEmbedding(16, base=500.0, scaling={"rope_type": "linear", "factor": 2.0})
+    assert torch.equal(rope.inv_freq, linear.inv_freq)
+
+
+def test_encoder_with_a_registered_type(halved: RopeType) -> None:
+    torch.manual_seed(0)
+    enc = Encoder(16, 1, 2, pe="rope").eval()
+    halved_enc = enc.with_rope_scaling({"rope_type": "halved", "start": 0})
+    assert halved_enc.pe.rope_type == "halved"
+    x = torch.randn(2, 10, 16)
+    # every frequency halved: the encoder at half the positions
+    want = enc(x, positions=torch.arange(10) / 2)
+    assert_close(halved_enc(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_registered_type_that_uses_the_length(rope_registry: None) -> None:
+    """``uses_length`` and ``needs_original``: the original context comes from the encoder's
+    training length, and the frequencies follow each call's length past it, then return."""
+    spec = register_rope_type("stretched", _stretched, uses_length=True, needs_original=True)
+    assert spec.optional == {"original_max_position_embeddings"} and not spec.caches_table
+    enc = Encoder(16, 1, 2, pe="rope")
+    enc.trained_length = 8
+    rope = enc.with_rope_scaling({"rope_type": "stretched"}).pe
+    assert rope.scaling == {"rope_type": "stretched", "original_max_position_embeddings": 8}
+    plain = RotaryEmbedding(8)  # (the encoder's head_dim: 16 / 2 heads)
+    q, k = torch.randn(1, 2, 32, 8).double(), torch.randn(1, 2, 32, 8).double()
+    for n, stretch in ((32, 4.0), (20, 4.0), (4, 1.0)):  # grows, stays, back within 8
+        got_q, _ = rope(q[:, :, :n], k[:, :, :n])
+        want_q, _ = plain(q[:, :, :n], k[:, :, :n], torch.arange(n) / stretch)
+        assert_close(got_q, want_q, rtol=0, atol=1e-12)
+
+
+def test_validating_a_registered_type(halved: RopeType) -> None:
+    assert rope_type_keys("halved") == ({"start"}, {"attention_factor"})
+    params = validate_rope_scaling(
+        {"type": "halved", "start": 2, "attention_factor": None}, rotary_dim=16
+    )
+    assert params == {"rope_type": "halved", "start": 2, "attention_factor": None}
+
+
+HALVED_MISUSE = [
+    Misuse("missing-key", lambda: _validate({"rope_type": "halved"}), ValueError, "'start'",
+           MISSING),
+    Misuse("unknown-key", lambda: _validate({"rope_type": "halved", "start": 1, "stop": 4}),
+           ValueError, "unknown key", "stop"),
+    Misuse("its-validate-refuses", lambda: _validate({"rope_type": "halved", "start": 8}),
+           ValueError, "'start'", 8),
+    Misuse("its-validate-refuses-a-str",
+           lambda: RotaryEmbedding(16, scaling={"rope_type": "halved", "start": "1"}),
+           ValueError, "'start'", "1"),
+    Misuse("common-check", lambda: _validate(
+        {"rope_type": "halved", "start": 1, "attention_factor": -1.0}), ValueError,
+        "'attention_factor'", -1.0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(HALVED_MISUSE))
+def test_a_registered_type_is_validated(halved: RopeType, case: Misuse) -> None:
+    check(case)
+
+
+def _register(name: Any = "toy", init: Any = _halved, **kwargs: Any) -> object:
+    return register_rope_type(name, init, **kwargs)
+
+
+REGISTER_MISUSE = [
+    Misuse("init-not-callable", lambda: _register(init=3.0), TypeError, "init", 3.0),
+    Misuse("duplicate-name", lambda: _register("yarn"), ValueError, "rope_type", "yarn"),
+    Misuse("name-not-str", lambda: _register(7), TypeError, "name", 7),
+    Misuse("name-blank", lambda: _register(" "), ValueError, "name", " "),
+    Misuse("keys-one-str", lambda: _register(keys="start"), TypeError, "keys", "start"),
+    Misuse("keys-not-str", lambda: _register(keys=("start", 3)), TypeError, "keys", 3),
+    Misuse("keys-common", lambda: _register(keys=("rope_theta",)), ValueError, "keys",
+           "rope_theta"),
+    Misuse("keys-also-optional", lambda: _register(keys=("start",), optional=("start",)),
+           ValueError, "optional", ["start"]),
+    Misuse("validate-not-callable", lambda: _register(validate="no"), TypeError, "validate",
+           "no"),
+    Misuse("flag-not-bool", lambda: _register(uses_length=1), TypeError, "uses_length", 1),
+    Misuse("length-without-original", lambda: _register(uses_length=True), ValueError,
+           "uses_length", True),
+    Misuse("switch-without-length",
+           lambda: _register(needs_original=True, switches_at_original=True), ValueError,
+           "switches_at_original", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", cases(REGISTER_MISUSE))
+def test_register_rope_type_misuse(rope_registry: None, case: Misuse) -> None:
+    before = dict(ROPE_TYPES)
+    check(case)
+    assert dict(ROPE_TYPES) == before  # nothing half-registered
+
+
+def test_a_registry_entry_still_calls_like_the_function_it_was() -> None:
+    """``ROPE_TYPES[name]`` used to be the init function itself: the record calls it."""
+    params = {"rope_type": "linear", "factor": 4.0}
+    got = ROPE_TYPES["linear"](16, 10000.0, params)
+    want = ROPE_TYPES["linear"].init(16, 10000.0, params)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]

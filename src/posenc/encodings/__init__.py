@@ -17,14 +17,15 @@ from .base import (
 )
 from .cope import CoPE
 from .learned import LearnedPositionalEncoding
-from .relative import (
-    FIRE,
-    KERPLE,
-    DynamicPositionBias,
-    ShawRelativeBias,
-    TransformerXLRelativeBias,
+from .relative import FIRE, KERPLE, DynamicPositionBias
+from .relative_qk import ShawRelativeBias, TransformerXLRelativeBias
+from .rope_scaling import (
+    ROPE_TYPES,
+    RopeType,
+    register_rope_type,
+    rope_parameters,
+    validate_rope_scaling,
 )
-from .rope_scaling import ROPE_TYPES, rope_parameters, validate_rope_scaling
 from .rotary import (
     AxialRotaryEmbedding,
     InterleavedRotaryEmbedding,
@@ -68,6 +69,7 @@ __all__ = [
     "NoPE",
     "PositionState",
     "PositionalEncoding",
+    "RopeType",
     "Rotary2DEmbedding",
     "Rotary3DEmbedding",
     "RotaryEmbedding",
@@ -90,6 +92,7 @@ __all__ = [
     "build_for_model",
     "entry",
     "register",
+    "register_rope_type",
     "rope_parameters",
     "set_rotary_compile",
     "sinusoidal_encode",

@@ -42,7 +42,9 @@ sense               each pair turns by ``-angle`` (``clockwise=True``) for
 scaling             ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.x), legacy
                     ``"type"`` key included; nested by layer type (Gemma 3, ModernBERT) it needs
                     ``layer_type=``; a top-level ``original_max_position_embeddings`` (Phi-3)
-                    takes priority for ``llama3``/``yarn``/``longrope``, as in transformers
+                    takes priority for the types that need the original context
+                    (``llama3``/``yarn``/``longrope``), as in transformers; ``dynamic`` takes
+                    it from ``max_position_embeddings`` only (``RopeType.hf_ignores_original``)
 ==================  =========================================================================
 
 A config may be a ``PretrainedConfig`` of either major version of transformers, any object with
@@ -60,7 +62,7 @@ from typing import Any
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .checks import check_bool
 from .hf_model_types import CHECKED_TRANSFORMERS_VERSION, KNOWN_MODEL_TYPES
-from .rope_scaling import validate_rope_scaling
+from .rope_scaling import ROPE_TYPES, validate_rope_scaling
 
 __all__ = [
     "CHECKED_TRANSFORMERS_VERSION",
@@ -432,12 +434,15 @@ def _scaling(
             f"config {field} has type={legacy!r} and rope_type={scaling['rope_type']!r}"
         )
     scaling["rope_type"] = rope_type
+    # (an unknown rope_type is named by validate_rope_scaling, in the constructor)
+    spec = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
     original = cfg.get("original_max_position_embeddings")
-    if not nested and original is not None and rope_type in ("llama3", "yarn", "longrope"):
-        scaling["original_max_position_embeddings"] = original  # Phi-3: the top level wins
-    if rope_type == "dynamic":
-        # transformers takes dynamic NTK's original context from max_position_embeddings only
-        scaling.pop("original_max_position_embeddings", None)
+    if spec is not None and spec.needs_original:
+        if spec.hf_ignores_original:
+            # transformers takes dynamic NTK's original context from max_position_embeddings only
+            scaling.pop("original_max_position_embeddings", None)
+        elif not nested and original is not None:
+            scaling["original_max_position_embeddings"] = original  # Phi-3: the top level wins
     if rope_type == "default" and set(scaling) == {"rope_type"}:
         return None
     return scaling

@@ -1,17 +1,48 @@
-"""RoPE context extension: the Hugging Face ``rope_type`` registry as pure functions.
+"""RoPE context extension: the ``rope_type`` registry, one record per type.
 
-Every function has one signature,
+A ``rope_type`` (the ``"rope_type"`` of a Hugging Face ``rope_scaling`` / ``rope_parameters``
+dictionary) is one :class:`RopeType` record, and :data:`ROPE_TYPES` is the registry: a
+read-only mapping from name to record, in the order the types were registered. Validation,
+:class:`~posenc.RotaryEmbedding`, ``from_hf_config``, ``Encoder.with_rope_scaling`` and
+``posenc extrapolate`` ask the record what a type needs, never test its name.
+:func:`register_rope_type` adds a type; the seven built-in ones below are registered through
+it too. A record holds:
 
-    fn(dim, base, params, *, max_position_embeddings=None, seq_len=None)
-        -> (inv_freq: float64 Tensor[dim // 2], attention_factor: float)
+``init``
+    ``init(dim, base, params, *, max_position_embeddings=None, seq_len=None)
+    -> (inv_freq: float64 Tensor[dim // 2], attention_factor: float)``, a pure function.
+    ``params`` is the validated dictionary; ``dim`` the rotary dimension (``head_dim *
+    partial_rotary_factor``). The attention factor multiplies cos and sin, as Hugging Face
+    applies it.
+``keys``, ``optional``
+    the keys the dictionary must have and those it may have, besides ``rope_type``,
+    ``rope_theta`` and ``partial_rotary_factor``. An optional key may be ``None`` (unset).
+``validate``
+    ``validate(params, *, rotary_dim, max_position_embeddings) -> None``: the type's own
+    checks on the normalised dictionary (read-only), run after the common ones (known keys,
+    required keys, ``factor`` and ``attention_factor`` finite and > 0, ``rope_theta``, the
+    original context an int >= 1); it raises
+    :class:`~posenc.PosencValueError` / :class:`~posenc.PosencTypeError` naming the key.
+``needs_original``
+    the type needs the original context, ``original_max_position_embeddings``: a missing one
+    is filled from ``max_position_embeddings``, and one of the two must be given.
+``uses_length``
+    the frequencies depend on the sequence length, ``seq_len``: ``RotaryEmbedding`` passes
+    ``None`` until a call's length passes the original context, then the longest length
+    seen, until a call is shorter than the original context again; it keeps no cos/sin table
+    for such a type. Needs ``needs_original``.
+``switches_at_original``
+    with ``uses_length``: only which side of the original context the length lies on matters
+    (``seq_len`` is ``None``, or ``original + 1`` past it), so ``RotaryEmbedding`` keeps a
+    table for each side.
+``hf_ignores_original``
+    transformers' own function for the type reads the original context from the config's
+    ``max_position_embeddings`` only; ``from_hf_config`` then drops the dictionary's
+    ``original_max_position_embeddings`` to give what transformers gives.
 
-and reproduces the function of the same ``rope_type`` in transformers'
+The built-in types reproduce the function of the same ``rope_type`` in transformers'
 ``modeling_rope_utils`` (checked against transformers 5.23,
-``tests/encodings/test_rope_scaling.py``), computed in float64 instead of float32.
-``params`` is the Hugging Face ``rope_scaling`` /
-``rope_parameters`` dictionary; ``dim`` is the rotary dimension (``head_dim *
-partial_rotary_factor``). The attention factor multiplies cos and sin, as Hugging Face
-applies it.
+``tests/encodings/test_rope_scaling.py``), computed in float64 instead of float32:
 
 =========  ==============================================================================
 rope_type  what it does to ``inv_freq[i] = base^(-2i/dim)``
@@ -42,19 +73,25 @@ non-positive factor, a missing key, factor lists of the wrong length, ...) raise
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
-from .base import check_positive_float, check_positive_int
+from .checks import check_bool, check_positive_float, check_positive_int
 
 __all__ = [
     "ROPE_TYPES",
     "RopeInitFunction",
+    "RopeType",
+    "RopeValidateFunction",
     "default_inv_freq",
+    "get_rope_type",
+    "register_rope_type",
     "rope_parameters",
     "rope_type_keys",
     "validate_rope_scaling",
@@ -71,6 +108,185 @@ class RopeInitFunction(Protocol):
         max_position_embeddings: int | None = None,
         seq_len: float | None = None,
     ) -> tuple[Tensor, float]: ...
+
+
+class RopeValidateFunction(Protocol):
+    def __call__(
+        self, params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+    ) -> None: ...
+
+
+#: The keys every ``rope_type`` takes (``type`` is the legacy spelling of ``rope_type``).
+_COMMON = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+_ORIGINAL = "original_max_position_embeddings"
+
+
+@dataclass(frozen=True)
+class RopeType:
+    """One ``rope_type``: how to compute its frequencies and what its dictionary holds (the
+    fields are described in the module docstring)."""
+
+    name: str  # the "rope_type" string
+    init: RopeInitFunction  # (dim, base, params, *, ...) -> (inv_freq float64, attention factor)
+    keys: frozenset[str] = frozenset()  # required keys of the dictionary
+    optional: frozenset[str] = frozenset()  # keys it may have
+    validate: RopeValidateFunction | None = None  # type-specific checks, after the common ones
+    uses_length: bool = False  # the frequencies depend on the sequence length
+    needs_original: bool = False  # needs original_max_position_embeddings
+    switches_at_original: bool = False  # only the side of the original context matters
+    hf_ignores_original: bool = False  # transformers reads max_position_embeddings instead
+
+    def __call__(
+        self,
+        dim: int,
+        base: float,
+        params: Mapping[str, Any],
+        *,
+        max_position_embeddings: int | None = None,
+        seq_len: float | None = None,
+    ) -> tuple[Tensor, float]:
+        """Call :attr:`init`: ``ROPE_TYPES[name](dim, base, params, ...)`` works as it did when
+        the registry held the functions themselves."""
+        return self.init(
+            dim, base, params, max_position_embeddings=max_position_embeddings, seq_len=seq_len
+        )
+
+    @property
+    def caches_table(self) -> bool:
+        """Whether one cos/sin table serves every length: the frequencies are fixed, or take
+        one value on each side of the original context (not so for dynamic NTK)."""
+        return not self.uses_length or self.switches_at_original
+
+
+_TYPES: dict[str, RopeType] = {}
+
+#: ``rope_type`` -> :class:`RopeType`, in registration order; read-only (add a type with
+#: :func:`register_rope_type`). Iterating it gives the names.
+ROPE_TYPES: Mapping[str, RopeType] = MappingProxyType(_TYPES)
+
+
+def _key_names(argument: str, names: object) -> frozenset[str]:
+    """``names`` (an iterable of key names, not one string) as a frozenset, checked."""
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise PosencTypeError(
+            f"register_rope_type: {argument} must be a tuple of key names, got {names!r}"
+        )
+    names = tuple(names)
+    for key in names:
+        if not isinstance(key, str):
+            raise PosencTypeError(
+                f"register_rope_type: {argument} must hold str key names, got {key!r} in {names!r}"
+            )
+    common = sorted(_COMMON.intersection(names))
+    if common:
+        raise PosencValueError(
+            f"register_rope_type: {argument} must not name {common}: every rope_type takes them"
+        )
+    return frozenset(names)
+
+
+def register_rope_type(
+    name: str,
+    init: RopeInitFunction,
+    *,
+    keys: Iterable[str] = (),
+    optional: Iterable[str] = (),
+    validate: RopeValidateFunction | None = None,
+    uses_length: bool = False,
+    needs_original: bool = False,
+    switches_at_original: bool = False,
+    hf_ignores_original: bool = False,
+) -> RopeType:
+    """Add a ``rope_type`` to :data:`ROPE_TYPES` and return its record; from then on
+    ``RotaryEmbedding(scaling={"rope_type": name, ...})``, ``from_hf_config``,
+    :func:`validate_rope_scaling` and :func:`rope_parameters` accept it. The arguments are the
+    record's fields (see the module docstring); with ``needs_original``,
+    ``original_max_position_embeddings`` is an optional key unless ``keys`` names it.
+
+    For example, a type that halves every frequency from the pair ``start`` on::
+
+        def halved(dim, base, params, *, max_position_embeddings=None, seq_len=None):
+            inv_freq = default_inv_freq(dim, base)
+            inv_freq[params["start"]:] /= 2
+            return inv_freq, 1.0
+
+        def check_start(params, *, rotary_dim, max_position_embeddings):
+            if not 0 <= params["start"] < rotary_dim // 2:
+                raise PosencValueError(f"'start' must be a pair index, got {params['start']!r}")
+
+        register_rope_type("halved", halved, keys=("start",), validate=check_start)
+        RotaryEmbedding(64, scaling={"rope_type": "halved", "start": 8})
+
+    A name is registered once: replacing a type would change the frequencies of the rotary
+    modules already built with it the next time they rebuild their tables. Raises
+    :class:`~posenc.PosencValueError` / :class:`~posenc.PosencTypeError` naming the argument.
+    """
+    if not isinstance(name, str):
+        raise PosencTypeError(
+            f"register_rope_type: name must be a str, got {type(name).__name__} ({name!r})"
+        )
+    if not name.strip():
+        raise PosencValueError(f"register_rope_type: name must not be blank, got {name!r}")
+    if name in _TYPES:
+        raise PosencValueError(f"rope_type {name!r} is already registered")
+    if not callable(init):
+        raise PosencTypeError(f"register_rope_type: init must be callable, got {init!r}")
+    if validate is not None and not callable(validate):
+        raise PosencTypeError(
+            f"register_rope_type: validate must be callable or None, got {validate!r}"
+        )
+    required, allowed = _key_names("keys", keys), _key_names("optional", optional)
+    if required & allowed:
+        raise PosencValueError(
+            f"register_rope_type: keys and optional share {sorted(required & allowed)}"
+        )
+    flags = {
+        "uses_length": uses_length,
+        "needs_original": needs_original,
+        "switches_at_original": switches_at_original,
+        "hf_ignores_original": hf_ignores_original,
+    }
+    for flag, value in flags.items():
+        check_bool(f"register_rope_type: {flag}", value)
+    for flag, needed in (
+        ("uses_length", "needs_original"),  # the length is followed from the original context on
+        ("switches_at_original", "uses_length"),
+        ("hf_ignores_original", "needs_original"),
+    ):
+        if flags[flag] and not flags[needed]:
+            raise PosencValueError(f"register_rope_type: {flag}=True needs {needed}=True")
+    if needs_original and _ORIGINAL not in required:
+        allowed |= {_ORIGINAL}
+    spec = RopeType(
+        name=name,
+        init=init,
+        keys=required,
+        optional=allowed,
+        validate=validate,
+        uses_length=uses_length,
+        needs_original=needs_original,
+        switches_at_original=switches_at_original,
+        hf_ignores_original=hf_ignores_original,
+    )
+    _TYPES[name] = spec
+    return spec
+
+
+def _unregister_rope_type(name: str) -> None:
+    """Remove ``name`` from the registry (for tests that register their own)."""
+    del _TYPES[name]
+
+
+def get_rope_type(rope_type: object) -> RopeType:
+    """The record of a registered ``rope_type``; an unknown name lists the known ones.
+
+    >>> get_rope_type("dynamic").uses_length
+    True
+    """
+    spec = _TYPES.get(rope_type) if isinstance(rope_type, str) else None
+    if spec is None:
+        raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(_TYPES)}")
+    return spec
 
 
 def default_inv_freq(dim: int, base: float, *, device: Any = None) -> Tensor:
@@ -236,59 +452,7 @@ def _llama3(
     return torch.where(medium, smoothed, scaled), 1.0
 
 
-#: ``rope_type`` -> function computing ``(inv_freq, attention_factor)``.
-ROPE_TYPES: dict[str, RopeInitFunction] = {
-    "default": _default,
-    "linear": _linear,
-    "ntk": _ntk,
-    "dynamic": _dynamic,
-    "yarn": _yarn,
-    "longrope": _longrope,
-    "llama3": _llama3,
-}
-
-# --------------------------------------------------------------------------- validation
-
-_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
-_KEYS: dict[str, tuple[set[str], set[str]]] = {  # rope_type -> (required, optional)
-    "default": (set(), set()),
-    "linear": ({"factor"}, set()),
-    "ntk": ({"factor"}, set()),
-    "dynamic": ({"factor"}, {"original_max_position_embeddings"}),
-    "yarn": (
-        {"original_max_position_embeddings"},
-        {
-            "factor",
-            "attention_factor",
-            "beta_fast",
-            "beta_slow",
-            "mscale",
-            "mscale_all_dim",
-            "truncate",
-        },
-    ),
-    "longrope": (
-        {"short_factor", "long_factor", "original_max_position_embeddings"},
-        {"factor", "attention_factor"},
-    ),
-    "llama3": (
-        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-        set(),
-    ),
-}
-
-
-def rope_type_keys(rope_type: str) -> tuple[frozenset[str], frozenset[str]]:
-    """The keys a ``rope_type``'s dictionary must have and those it may have, besides
-    ``rope_type``, ``rope_theta`` and ``partial_rotary_factor``.
-
-    >>> [sorted(keys) for keys in rope_type_keys("llama3")][0]
-    ['factor', 'high_freq_factor', 'low_freq_factor', 'original_max_position_embeddings']
-    """
-    if rope_type not in ROPE_TYPES:
-        raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
-    required, optional = _KEYS[rope_type]
-    return frozenset(required), frozenset(optional)
+# ----------------------------------------------------------------- the built-in types' checks
 
 
 def _number(key: str, value: object, *, positive: bool = True, allow_none: bool = False) -> None:
@@ -300,6 +464,138 @@ def _number(key: str, value: object, *, positive: bool = True, allow_none: bool 
         raise PosencValueError(f"rope scaling {key!r} must be a finite number > 0, got {value!r}")
 
 
+def _check_base_scaling(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    """ntk, dynamic: the exponent ``dim / (dim - 2)`` needs ``dim > 2``."""
+    if rotary_dim <= 2:
+        raise PosencValueError(
+            f"rope_type {params['rope_type']!r} needs rotary_dim > 2, got {rotary_dim}"
+        )
+
+
+def _check_factor_or_lengths(
+    params: Mapping[str, Any], max_position_embeddings: int | None
+) -> None:
+    """yarn, longrope: without a factor, the ratio of the two context lengths is the factor."""
+    if params.get("factor") is not None:
+        return
+    if max_position_embeddings is None:
+        raise PosencValueError(
+            f"rope_type {params['rope_type']!r} without a factor needs max_position_embeddings "
+            "(factor = max_position_embeddings / original_max_position_embeddings)"
+        )
+    implied = max_position_embeddings / params[_ORIGINAL]
+    _number("factor (max_position_embeddings / original_max_position_embeddings)", implied)
+
+
+def _check_yarn(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    for key in ("mscale", "mscale_all_dim"):
+        if key in params:
+            _number(key, params[key], allow_none=True)
+    for key in ("beta_fast", "beta_slow"):
+        if key in params:
+            _number(key, params[key], positive=False, allow_none=True)
+    _check_factor_or_lengths(params, max_position_embeddings)
+    fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+    if fast < slow:
+        raise PosencValueError(f"beta_fast ({fast}) must be >= beta_slow ({slow})")
+    if not isinstance(params.get("truncate", True), bool):
+        raise PosencTypeError(f"rope scaling 'truncate' must be a bool, got {params['truncate']!r}")
+
+
+def _check_longrope(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    _check_factor_or_lengths(params, max_position_embeddings)
+    for key in ("short_factor", "long_factor"):
+        factors = params[key]
+        if not isinstance(factors, (list, tuple)) or len(factors) != rotary_dim // 2:
+            raise PosencValueError(
+                f"rope scaling {key!r} must be a list of rotary_dim // 2 = {rotary_dim // 2} "
+                f"numbers, got {factors!r}"
+            )
+        for i, value in enumerate(factors):
+            _number(f"{key}[{i}]", value)
+
+
+def _check_llama3(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    for key in ("low_freq_factor", "high_freq_factor"):
+        _number(key, params[key])
+    if params["high_freq_factor"] <= params["low_freq_factor"]:
+        raise PosencValueError(
+            f"high_freq_factor ({params['high_freq_factor']}) must be > low_freq_factor "
+            f"({params['low_freq_factor']})"
+        )
+
+
+# --------------------------------------------------------------------------- the built-in types
+
+register_rope_type("default", _default)
+register_rope_type("linear", _linear, keys=("factor",))
+register_rope_type("ntk", _ntk, keys=("factor",), validate=_check_base_scaling)
+register_rope_type(
+    "dynamic",
+    _dynamic,
+    keys=("factor",),
+    optional=(_ORIGINAL,),
+    validate=_check_base_scaling,
+    uses_length=True,
+    needs_original=True,
+    hf_ignores_original=True,  # transformers' dynamic NTK reads max_position_embeddings
+)
+register_rope_type(
+    "yarn",
+    _yarn,
+    keys=(_ORIGINAL,),
+    optional=(
+        "factor",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    ),
+    validate=_check_yarn,
+    needs_original=True,
+)
+register_rope_type(
+    "longrope",
+    _longrope,
+    keys=("short_factor", "long_factor", _ORIGINAL),
+    optional=("factor", "attention_factor"),
+    validate=_check_longrope,
+    uses_length=True,
+    needs_original=True,
+    switches_at_original=True,  # short factors up to the original context, long ones past it
+)
+register_rope_type(
+    "llama3",
+    _llama3,
+    keys=("factor", "low_freq_factor", "high_freq_factor", _ORIGINAL),
+    validate=_check_llama3,
+    needs_original=True,
+)
+
+# --------------------------------------------------------------------------- validation
+
+
+def rope_type_keys(rope_type: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The keys a ``rope_type``'s dictionary must have and those it may have, besides
+    ``rope_type``, ``rope_theta`` and ``partial_rotary_factor``.
+
+    >>> [sorted(keys) for keys in rope_type_keys("llama3")][0]
+    ['factor', 'high_freq_factor', 'low_freq_factor', 'original_max_position_embeddings']
+    """
+    spec = get_rope_type(rope_type)
+    return spec.keys, spec.optional
+
+
 def validate_rope_scaling(
     scaling: Mapping[str, Any] | None,
     *,
@@ -309,9 +605,12 @@ def validate_rope_scaling(
     """Check a Hugging Face ``rope_scaling`` / ``rope_parameters`` dictionary and return a
     normalised copy (``"type"`` renamed ``"rope_type"``, a missing
     ``original_max_position_embeddings`` filled from ``max_position_embeddings`` as
-    transformers does; for ``dynamic`` too, so that one dictionary shape, with the original
-    context in it, serves ``dynamic`` and ``yarn``). ``None`` means ``{"rope_type": "default"}``.
+    transformers does, for every type that needs the original context: for ``dynamic`` too,
+    so that one dictionary shape, with the original context in it, serves ``dynamic`` and
+    ``yarn``). ``None`` means ``{"rope_type": "default"}``.
 
+    The common checks (known and required keys, ``factor`` and ``attention_factor``,
+    ``rope_theta``, the original context) come first, then the type's own ``validate``.
     Raises ``ValueError``/``TypeError`` naming the offending key and value.
     """
     if scaling is None:
@@ -326,81 +625,42 @@ def validate_rope_scaling(
                 f"scaling has type={legacy!r} and rope_type={params['rope_type']!r}"
             )
     rope_type = params.setdefault("rope_type", "default")
-    if rope_type not in ROPE_TYPES:
-        raise PosencValueError(f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+    spec = get_rope_type(rope_type)
 
-    required, optional = _KEYS[rope_type]
-    extended = ("dynamic", "yarn", "longrope", "llama3")
-    if rope_type in extended and max_position_embeddings is not None:
-        params.setdefault("original_max_position_embeddings", max_position_embeddings)
-    unknown = set(params) - required - optional - _COMMON
+    if spec.needs_original and max_position_embeddings is not None:
+        params.setdefault(_ORIGINAL, max_position_embeddings)
+    unknown = set(params) - spec.keys - spec.optional - _COMMON
     if unknown:
-        allowed = ", ".join(sorted(required | optional | (_COMMON - {"type"})))
+        allowed = ", ".join(sorted(spec.keys | spec.optional | (_COMMON - {"type"})))
         raise PosencValueError(
             f"unknown key(s) {sorted(unknown)} for rope_type {rope_type!r}; allowed: {allowed}"
         )
-    missing = required - set(params)
+    missing = spec.keys - set(params)
     if missing:
         raise PosencValueError(f"rope_type {rope_type!r} needs the key(s) {sorted(missing)}")
 
-    for key in ("factor", "attention_factor", "mscale", "mscale_all_dim"):
-        if key in params:
-            _number(
-                key, params[key], allow_none=key != "factor" or rope_type in ("yarn", "longrope")
-            )
-    for key in ("beta_fast", "beta_slow"):
-        if key in params:
-            _number(key, params[key], positive=False, allow_none=True)
+    for key in ("factor", "attention_factor"):
+        if key in params:  # None stands for "unset" where the key is optional
+            _number(key, params[key], allow_none=key not in spec.keys)
     if "rope_theta" in params:
         _number("rope_theta", params["rope_theta"])
-    if "original_max_position_embeddings" in params:
-        value = params["original_max_position_embeddings"]
+    if _ORIGINAL in params:
+        value = params[_ORIGINAL]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PosencValueError(
                 f"original_max_position_embeddings must be an int >= 1, got {value!r}"
             )
-
-    if rope_type in ("ntk", "dynamic") and rotary_dim <= 2:
-        raise PosencValueError(f"rope_type {rope_type!r} needs rotary_dim > 2, got {rotary_dim}")
-    if rope_type == "dynamic" and "original_max_position_embeddings" not in params:
+    if spec.needs_original and _ORIGINAL not in params:
         raise PosencValueError(
-            "rope_type 'dynamic' needs max_position_embeddings or "
+            f"rope_type {rope_type!r} needs max_position_embeddings or "
             "scaling['original_max_position_embeddings'] (the original context)"
         )
-    if rope_type in ("yarn", "longrope") and params.get("factor") is None:
-        if max_position_embeddings is None:
-            raise PosencValueError(
-                f"rope_type {rope_type!r} without a factor needs max_position_embeddings "
-                "(factor = max_position_embeddings / original_max_position_embeddings)"
-            )
-        implied = max_position_embeddings / params["original_max_position_embeddings"]
-        _number("factor (max_position_embeddings / original_max_position_embeddings)", implied)
-    if rope_type == "yarn":
-        fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
-        if fast < slow:
-            raise PosencValueError(f"beta_fast ({fast}) must be >= beta_slow ({slow})")
-        if not isinstance(params.get("truncate", True), bool):
-            raise PosencTypeError(
-                f"rope scaling 'truncate' must be a bool, got {params['truncate']!r}"
-            )
-    if rope_type == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor"):
-            _number(key, params[key])
-        if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise PosencValueError(
-                f"high_freq_factor ({params['high_freq_factor']}) must be > low_freq_factor "
-                f"({params['low_freq_factor']})"
-            )
-    if rope_type == "longrope":
-        for key in ("short_factor", "long_factor"):
-            factors = params[key]
-            if not isinstance(factors, (list, tuple)) or len(factors) != rotary_dim // 2:
-                raise PosencValueError(
-                    f"rope scaling {key!r} must be a list of rotary_dim // 2 = {rotary_dim // 2} "
-                    f"numbers, got {factors!r}"
-                )
-            for i, value in enumerate(factors):
-                _number(f"{key}[{i}]", value)
+    if spec.validate is not None:
+        spec.validate(
+            MappingProxyType(params),
+            rotary_dim=rotary_dim,
+            max_position_embeddings=max_position_embeddings,
+        )
     return params
 
 
@@ -414,9 +674,9 @@ def rope_parameters(
 ) -> tuple[Tensor, float]:
     """Validate ``scaling`` and return ``(inv_freq float64 (dim/2,), attention_factor)``.
 
-    ``seq_len`` is the current length (the largest position + 1): it matters only to
-    ``dynamic`` (the base grows past ``max_position_embeddings``) and ``longrope`` (the long
-    factors apply past ``original_max_position_embeddings``).
+    ``seq_len`` is the current length (the largest position + 1): it matters only to the
+    types that use it (``dynamic``: the base grows past the original context; ``longrope``:
+    the long factors apply past ``original_max_position_embeddings``).
 
     >>> inv_freq, factor = rope_parameters({"rope_type": "linear", "factor": 4.0}, 8, 10000.0)
     >>> inv_freq.tolist(), factor
@@ -429,5 +689,7 @@ def rope_parameters(
     params = validate_rope_scaling(
         scaling, rotary_dim=dim, max_position_embeddings=max_position_embeddings
     )
-    fn: Callable[..., tuple[Tensor, float]] = ROPE_TYPES[params["rope_type"]]
-    return fn(dim, base, params, max_position_embeddings=max_position_embeddings, seq_len=seq_len)
+    spec = _TYPES[params["rope_type"]]
+    return spec.init(
+        dim, base, params, max_position_embeddings=max_position_embeddings, seq_len=seq_len
+    )

@@ -27,11 +27,14 @@ within float32 rounding at any position; the cached tables stay float32 after
 ``module.to(torch.bfloat16)`` (``_apply`` rebuilds them); bf16/fp16 queries and keys are
 rotated in float32 and cast back once.
 
-The arithmetic lives in ``rotate.py``: the formula, and the one fast implementation (plain
-torch, in place in cache-sized blocks); nothing is compiled. Every module takes
-``inplace=True`` to rotate ``q`` and ``k`` in their own storage (:func:`apply_rotary_`).
-A call with one or a few integer positions (decoding with a KV cache) reads the positions
-once, takes its rows of the cached table as views and rotates. See ``benchmarks/rope.md``.
+The arithmetic lives in ``rotate.py``: the float64 reference formula; the native kernel
+(``_rotary_native.c``, compiled at install time by ``setup.py`` where a C compiler exists);
+and the blocked pure-torch path where it is not built. Inside ``torch.compile`` and
+``torch.export`` the rotation is one custom operator (``posenc::rotary``, in place
+``posenc::rotary_``). Every module takes ``inplace=True`` to rotate ``q`` and ``k`` in their
+own storage (:func:`apply_rotary_`). A call with one or a few integer positions (decoding
+with a KV cache) reads the positions once and rotates with its rows of the cached table
+where they lie. See ``benchmarks/rope.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
@@ -58,7 +61,13 @@ from .base import (
     resolve_positions,
 )
 from .hf_config import rotary_arguments_from_hf_config
-from .rope_scaling import default_inv_freq, rope_parameters, validate_rope_scaling
+from .rope_scaling import (
+    ROPE_TYPES,
+    RopeType,
+    default_inv_freq,
+    rope_parameters,
+    validate_rope_scaling,
+)
 from .rotate import (
     apply_rotary,
     apply_rotary_,
@@ -227,8 +236,9 @@ class RotaryEmbedding(RotaryEncoding):
             returns ``cat(x2, -x1)``): position ``p`` turns as ``-p`` would otherwise.
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, e.g.
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}``
-            (types: ``default linear ntk dynamic yarn longrope llama3``). A ``rope_theta``
-            or ``partial_rotary_factor`` in it sets ``base`` / ``rotary_dim``.
+            (types: ``default linear ntk dynamic yarn longrope llama3``, and any added with
+            :func:`~posenc.register_rope_type`). A ``rope_theta`` or
+            ``partial_rotary_factor`` in it sets ``base`` / ``rotary_dim``.
         max_position_embeddings: the model's context length (HF's config field): fills a
             missing ``original_max_position_embeddings`` (``dynamic`` needs one of the two).
         learned_freq: make the frequencies a trainable parameter (no cached tables).
@@ -243,8 +253,8 @@ class RotaryEmbedding(RotaryEncoding):
     fit ``p + 1``; a call that fits in the original context again resets it. Keys cached in
     an earlier call were rotated with the old base: they no longer equal a recomputation with
     the new one, and their scores against new queries are no longer a function of ``m - n``
-    alone (``tests/test_rotary.py`` shows both). Re-rotate the cache (keep keys unrotated and
-    call :meth:`rotate`) if that matters.
+    alone (``tests/encodings/test_rotary.py`` shows both). Re-rotate the cache (keep keys
+    unrotated and call :meth:`rotate`) if that matters.
 
     >>> rope = RotaryEmbedding(8)
     >>> q, k = rope(torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8))
@@ -309,7 +319,9 @@ class RotaryEmbedding(RotaryEncoding):
             max_position_embeddings=max_position_embeddings,
         )
         self.rope_type: str = self.scaling["rope_type"]
-        if learned_freq and self.rope_type in ("dynamic", "longrope"):
+        #: The record of ``rope_type`` (how its frequencies depend on the length).
+        self.rope_spec: RopeType = ROPE_TYPES[self.rope_type]
+        if learned_freq and self.rope_spec.uses_length:
             raise PosencValueError(
                 f"learned_freq cannot be combined with rope_type {self.rope_type!r}"
             )
@@ -399,9 +411,10 @@ class RotaryEmbedding(RotaryEncoding):
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
         device; ``num_positions`` rows (default: as many as now, and at least
-        :attr:`initial_table_size` where the module reads a table: fixed frequencies other
-        than dynamic NTK, within the memory budget). Called at construction, after ``.to()``,
-        ``to_empty``, a dynamic-NTK change, and when a position is past the table's end."""
+        :attr:`initial_table_size` where the module reads a table: fixed frequencies whose
+        rope type caches one (not dynamic NTK), within the memory budget). Called at
+        construction, after ``.to()``, ``to_empty``, a change of a length-dependent type's
+        frequencies, and when a position is past the table's end."""
         device = self.cos_cached.device
         if device.type == "meta":
             return
@@ -411,7 +424,7 @@ class RotaryEmbedding(RotaryEncoding):
             if not self.learned_freq:
                 self.inv_freq, self.attention_factor = self._frequencies(self._seq_len, device)
             n = self.cos_cached.shape[0] if num_positions is None else num_positions
-            reads_table = not self.learned_freq and self.rope_type != "dynamic"
+            reads_table = not self.learned_freq and self.rope_spec.caches_table
             if num_positions is None and reads_table and n < self.initial_table_size:
                 n = self._table_rows_for(self.initial_table_size, 0, device) or n
             self.cos_cached, self.sin_cached = self._table_rows(n, device)
@@ -423,24 +436,24 @@ class RotaryEmbedding(RotaryEncoding):
         return self
 
     def _update_state(self, positions: Tensor | None, n: int) -> None:
-        """Dynamic NTK and LongRoPE depend on the current length (HF's
-        ``dynamic_rope_update``); change the frequencies, and drop the tables, when it moves."""
-        if self.rope_type not in ("dynamic", "longrope") or torch.compiler.is_compiling():
+        """Rope types whose frequencies use the current length (dynamic NTK, LongRoPE; HF's
+        ``dynamic_rope_update``): change the frequencies, and drop the tables, when it moves."""
+        spec = self.rope_spec
+        if not spec.uses_length or torch.compiler.is_compiling():
             return
         if positions is not None and (positions.is_meta or not positions.numel()):
             positions = None  # meta positions have no largest value to read: use the length
         seq_len = float(n if positions is None else positions.max() + 1)
-        new = self._seq_len
-        if self.rope_type == "dynamic":
-            original = self.scaling["original_max_position_embeddings"]
+        original = self.scaling["original_max_position_embeddings"]
+        if spec.switches_at_original:  # LongRoPE: only which side of the original context
+            new = float(original + 1) if seq_len > original else None
+        else:  # dynamic NTK: the longest length seen past the original context
+            new = self._seq_len
             current = original if self._seq_len is None else self._seq_len
             if seq_len > current:  # grow
                 new = seq_len
             if seq_len < original and current > original:  # back within the window: reset
                 new = None
-        else:  # longrope: only which side of the original context matters
-            original = self.scaling["original_max_position_embeddings"]
-            new = float(original + 1) if seq_len > original else None
         if new != self._seq_len:
             self._seq_len = new
             self.reset_tables()
@@ -475,7 +488,7 @@ class RotaryEmbedding(RotaryEncoding):
             and extent[2]
             and extent[1] < table_cos.shape[0]
             and table_cos.dtype is dtype
-            and self.rope_type != "dynamic"
+            and self.rope_spec.caches_table
             and not self.learned_freq
             and not table_cos.is_meta
         ):
@@ -490,7 +503,7 @@ class RotaryEmbedding(RotaryEncoding):
         # dynamic NTK changes its frequencies as the length grows: no table to rebuild then
         table_ok = (
             dtype != torch.float64
-            and self.rope_type != "dynamic"
+            and self.rope_spec.caches_table
             # a meta module has no table to read, and meta positions no largest value
             and not table_cos.is_meta
             and not (positions is not None and positions.is_meta)
@@ -600,7 +613,7 @@ class RotaryEmbedding(RotaryEncoding):
         forward then rotates with those rows where they lie, and nothing else is built or
         checked. ``None`` for anything else: the general path validates the positions (and
         names what is wrong), grows the tables or computes the angles."""
-        if self.learned_freq or self.rope_type in ("dynamic", "longrope"):
+        if self.learned_freq or self.rope_spec.uses_length:
             return None  # (their tables move with the length, or there are none)
         table = self._buffers["cos_cached"]
         if positions is None:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..encodings.rope_scaling import ROPE_TYPES
 from ..errors import PosencValueError, check_bytes
 from .corpus import Corpus
 from .windows import check_int
@@ -228,14 +229,16 @@ def scaling_at(
     """
     factor = max(1.0, length / train_len)
     params = dict(scaling)
-    if params["rope_type"] != "dynamic":  # dynamic NTK finds its scale from the length
+    if not ROPE_TYPES[params["rope_type"]].uses_length:  # (dynamic NTK: found from the length)
         params["factor"] = factor
     return params, factor
 
 
 def scaled_variants(names: Sequence[str], train_len: int) -> list[dict[str, Any]]:
     """The zero-shot scalings ``names`` (``linear``, ``dynamic``, ``yarn``) as recorded in a
-    run: without the per-length factor, except dynamic NTK's constant 1.0.
+    run: without the per-length factor, except the constant 1.0 of a type whose frequencies
+    follow the length (dynamic NTK), and with the training length as the original context
+    where the type needs one.
 
     >>> scaled_variants(["linear", "dynamic"], 64)
     [{'rope_type': 'linear'}, {'rope_type': 'dynamic', 'factor': 1.0, \
@@ -243,18 +246,13 @@ def scaled_variants(names: Sequence[str], train_len: int) -> list[dict[str, Any]
     """
     out = []
     for name in names:
-        if name == "linear":
-            out.append({"rope_type": "linear"})
-        elif name == "dynamic":
-            out.append(
-                {
-                    "rope_type": "dynamic",
-                    "factor": 1.0,
-                    "original_max_position_embeddings": train_len,
-                }
-            )
-        else:
-            out.append({"rope_type": name, "original_max_position_embeddings": train_len})
+        spec = ROPE_TYPES[name]
+        variant: dict[str, Any] = {"rope_type": name}
+        if spec.uses_length:
+            variant["factor"] = 1.0
+        if spec.needs_original:
+            variant["original_max_position_embeddings"] = train_len
+        out.append(variant)
     return out
 
 

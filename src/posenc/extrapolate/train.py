@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..encodings.rope_scaling import ROPE_TYPES
 from ..errors import PosencValueError
 from ..lengthgen.checkpoint import RESULT, prepare_run_dir, write_json
 from ..lengthgen.config import transformer_for
@@ -150,7 +151,7 @@ def finetune(
     rank, world_size = world()
     factor = length / config.train_len
     scaling: dict[str, Any] = {"rope_type": rope_type, "factor": factor}
-    if rope_type == "yarn":
+    if ROPE_TYPES[rope_type].needs_original:  # (YaRN)
         scaling["original_max_position_embeddings"] = config.train_len
     tuned = copy.deepcopy(model.with_rope_scaling(scaling))  # type: ignore[operator]
     batch_size = max(world_size, config.batch_size * config.train_len // length)
