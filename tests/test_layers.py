@@ -28,7 +28,7 @@ ROOT = Path(posenc.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.errors",),
     ("posenc.encodings",),
-    ("posenc.flex", "posenc.masks"),
+    ("posenc.flex", "posenc.masks", "posenc.positions"),
     ("posenc.attention",),
     ("posenc.model", "posenc.fused"),
     ("posenc.analysis",),

@@ -18,7 +18,8 @@ from .errors import (
     get_memory_budget,
     set_memory_budget,
 )
-from .model import Encoder, EncoderLayer, FeedForward, TransformerModel, randomize_positions
+from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
+from .positions import randomize_positions
 
 __version__ = "0.1.0"
 

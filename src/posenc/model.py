@@ -31,11 +31,11 @@ from .encodings.base import (
     check_positive_int,
     check_probability,
     entry,
-    resolve_positions,
 )
 from .encodings.state import PositionState
 from .errors import PosencTypeError, PosencValueError, check_bytes
 from .masks import check_key_padding_mask
+from .positions import randomize_positions
 
 Activation = Literal["relu", "gelu"]
 #: A residual block of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
@@ -365,46 +365,6 @@ def _sharing_copy(module: nn.Module) -> Any:
     new._parameters = dict(module._parameters)
     new._buffers = dict(module._buffers)
     return new
-
-
-def randomize_positions(
-    positions: Tensor | None,
-    seq_len: int,
-    max_positions: int,
-    *,
-    device: torch.device | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
-    Generalization of Transformers", §3): ``positions`` (default ``arange(seq_len)``; whole,
-    non-negative, ``(n,)`` or ``(b, n)``) mapped through ``m`` sorted distinct positions drawn
-    uniformly from ``[0, max_positions)``, one draw per row, where ``m = max(positions) + 1``.
-
-    Order and ties are kept (``p < p'`` gives ``r[p] < r[p']``), so positions that share a
-    value (coupled ones) still share it, while the gaps are those of a longer sequence.
-
-    Shapes: returns ``(n,)`` for default or 1-D positions, else ``(b, n)``; int64.
-
-    >>> randomize_positions(None, 4, 10, generator=torch.Generator().manual_seed(0)).tolist()
-    [1, 5, 7, 9]
-    """
-    check_positive_int("max_positions", max_positions)
-    if positions is None:
-        count = seq_len
-        positions = torch.arange(seq_len, device=device)
-    else:
-        positions = resolve_positions(positions, seq_len, device=device, integer=True).long()
-        count = int(positions.max()) + 1 if positions.numel() else 0  # one host sync
-    if count > max_positions:
-        raise PosencValueError(
-            f"randomized positions: {count} distinct positions need max_positions >= {count}, "
-            f"got {max_positions}"
-        )
-    rows = 1 if positions.dim() == 1 else positions.shape[0]
-    keys = torch.rand(rows, max_positions, generator=generator, device=positions.device)
-    chosen = keys.topk(count, dim=-1).indices.sort(dim=-1).values  # (rows, m), sorted
-    mapped = chosen.gather(-1, positions.expand(rows, -1))  # (rows, n)
-    return mapped[0] if positions.dim() == 1 else mapped
 
 
 class TransformerModel(nn.Module):

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
-from ..model import randomize_positions
+from ..positions import randomize_positions
 from .tasks import Task
 
 NUM_SPECIAL = 5
