@@ -40,7 +40,6 @@ from posenc import (
     FeedForward,
     RotaryEmbedding,
     TransformerModel,
-    fused,
 )
 from posenc.errors import MemoryBudgetError
 from tests.fuzzing import examples
@@ -97,16 +96,6 @@ def test_feed_forward_equals_its_equation(activation: str) -> None:
     assert_close(ffn(x), expected, rtol=0, atol=1e-14)
     with pytest.warns(DeprecationWarning, match="residual"):
         assert_close(ffn(x, residual=r), r + expected, rtol=0, atol=1e-14)
-
-
-def test_fused_residual_linear_equals_linear_plus_residual() -> None:
-    """The inference fast path's GEMM-accumulate: ``residual + linear(h)``."""
-    linear = torch.nn.Linear(6, 4).double()
-    h = torch.randn(2, 3, 6, dtype=torch.float64)
-    r = torch.randn(2, 3, 4, dtype=torch.float64)
-    with torch.no_grad():
-        got = fused.residual_linear(linear, h, r).view(2, 3, 4)
-    assert_close(got, r + h @ linear.weight.T + linear.bias, rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])

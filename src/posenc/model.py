@@ -340,17 +340,9 @@ class Encoder(nn.Module):
             )
         if scaling is not None and not isinstance(scaling, Mapping):
             raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
-        from .encodings.rope_scaling import ROPE_TYPES
-
-        params = dict(scaling) if scaling else None
-        if params and self.trained_length:
-            name = params.get("rope_type", params.get("type"))  # ("type": the legacy key)
-            # (an unknown name is left to with_scaling, which names it)
-            spec = ROPE_TYPES.get(name) if isinstance(name, str) else None
-            if spec is not None and spec.needs_original:
-                params.setdefault("original_max_position_embeddings", self.trained_length)
         new = _sharing_copy(self)
-        new.pe = with_scaling(params)
+        # (the rotary spec fills a missing original context with the trained length)
+        new.pe = with_scaling(scaling, original_max_position_embeddings=self.trained_length)
         return new
 
     def extra_repr(self) -> str:

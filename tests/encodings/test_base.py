@@ -14,7 +14,7 @@
   are never persisted; a module built on the ``meta`` device, materialised with
   ``to_empty(device="cpu")`` and its public re-initialisation, equals one built on the CPU.
 - **The registry**: names, families, ``build`` and ``build_for_model``, and the misuse of
-  each; the checks every family shares on ``x`` and on positions.
+  each. The checks every family shares on ``x`` and on positions are in ``test_checks.py``.
 """
 
 from __future__ import annotations
@@ -385,10 +385,6 @@ def test_known_names_and_nope() -> None:
 
 # --------------------------------------------------------------------------- bad input
 
-NAN, INF = float("nan"), float("inf")
-X = torch.randn(2, 5, 8)
-SINUSOIDAL = posenc.SinusoidalPositionalEncoding(8)
-
 MISUSE = [
     # the registry
     Misuse("build-unknown", lambda: posenc.build("nope"), ValueError, "positional encoding",
@@ -402,26 +398,6 @@ MISUSE = [
            "8"),
     Misuse("build-for-model-indivisible", lambda: build_for_model("rope", 10, 3), ValueError,
            "num_heads", 3),
-    # the input x of an additive encoding (check_input)
-    Misuse("x-list", lambda: SINUSOIDAL([[1.0]]), TypeError, "x", "list"),
-    Misuse("x-int", lambda: SINUSOIDAL(X.long()), TypeError, "x", torch.int64),
-    Misuse("x-rank", lambda: SINUSOIDAL(X[0]), ValueError, "x", (5, 8)),
-    Misuse("x-width", lambda: posenc.SinusoidalPositionalEncoding(7)(X), ValueError, "x", 8),
-    # positions (resolve_positions)
-    Misuse("positions-length", lambda: SINUSOIDAL(X, torch.arange(4)), ValueError, "positions",
-           (4,)),
-    Misuse("positions-negative", lambda: SINUSOIDAL(X, torch.arange(-1, 4)), ValueError,
-           "positions", -1),
-    Misuse("positions-nan", lambda: SINUSOIDAL(X, torch.tensor([0.0, 1.0, NAN, 3.0, 4.0])),
-           ValueError, "positions", NAN),
-    Misuse("positions-inf", lambda: SINUSOIDAL(X, torch.tensor([0.0, 1.0, INF, 3.0, 4.0])),
-           ValueError, "positions", INF),
-    Misuse("positions-bool", lambda: SINUSOIDAL(X, torch.ones(5, dtype=torch.bool)), TypeError,
-           "positions", torch.bool),
-    Misuse("positions-batch", lambda: SINUSOIDAL(X, torch.zeros(3, 5, dtype=torch.long)),
-           ValueError, "positions", 3),
-    Misuse("positions-list", lambda: SINUSOIDAL(X, [0, 1, 2, 3, 4]), TypeError, "positions",
-           "list"),
 ]  # fmt: skip
 
 

@@ -1,6 +1,7 @@
-"""RoPE, xPos and axial RoPE: float64 formula, peers (rotary-embedding-torch, transformers),
-the relative property, positions/offsets/caches, precision after casts, gradients, bad input,
-and the Encoder end to end (the fast arithmetic and in-place rotation: tests/encodings/)."""
+"""RoPE (``src/posenc/encodings/rotary.py``): float64 formula, peers (rotary-embedding-torch,
+transformers), the relative property, positions/offsets/caches, precision after casts,
+gradients, bad input, and the Encoder end to end. xPos and axial RoPE have their own files
+(test_xpos.py, test_rotary_axial.py); the arithmetic is in test_rotate*.py."""
 
 from __future__ import annotations
 
@@ -134,65 +135,6 @@ def test_interleaved_matches_rotary_embedding_torch(rotary_dim: int) -> None:
     assert_close(build("rope-interleaved", head_dim=16, rotary_dim=rotary_dim)(q, k)[0], got_q)
 
 
-@pytest.mark.parametrize(("n", "scale_base"), [(64, 512.0), (300, 64.0)])
-def test_xpos_matches_rotary_embedding_torch(n: int, scale_base: float) -> None:
-    ret = pytest.importorskip("rotary_embedding_torch")
-    peer = ret.RotaryEmbedding(16, use_xpos=True, xpos_scale_base=scale_base)
-    q, k = qk(2, 2, n, 16)
-    want_q, want_k = peer.rotate_queries_and_keys(q, k)
-    got_q, got_k = XPos(16, interleaved=True, scale_base=scale_base)(q, k)
-    assert_close(got_q, want_q, rtol=1e-4, atol=1e-4)
-    assert_close(got_k, want_k, rtol=1e-4, atol=1e-4)
-
-
-def test_xpos_matches_float64_formula() -> None:
-    xpos = XPos(8, scale_base=16.0, center=3.0)
-    q, k = qk(1, 1, 7, 8, dtype=torch.float64)
-    positions = torch.arange(7)
-    got_q, got_k = xpos(q, k, positions)
-    zeta = (torch.arange(0, 8, 2, dtype=torch.float64) + 0.4 * 8) / (1.4 * 8)
-    power = (positions.double()[:, None] - 3.0) / 16.0
-    angles = positions.double()[:, None] * inv_freq64(8)
-    assert_close(got_q, rope_reference(q, angles, interleaved=False, scale=zeta**power))
-    assert_close(got_k, rope_reference(k, angles, interleaved=False, scale=zeta**-power))
-
-
-def test_xpos_public_tables_are_the_ones_it_rotates_by() -> None:
-    """``XPos.cos_sin`` gives the scaled tables of queries (``key=True``: of keys), the float64
-    formula, not plain RoPE's tables."""
-    xpos = XPos(8, scale_base=16.0, center=3.0)
-    positions = torch.arange(7)
-    zeta = (torch.arange(0, 8, 2, dtype=torch.float64) + 0.4 * 8) / (1.4 * 8)
-    power = (positions.double()[:, None] - 3.0) / 16.0
-    angles = positions.double()[:, None] * inv_freq64(8)
-    for key, scale in ((False, zeta**power), (True, zeta**-power)):
-        cos, sin = xpos.cos_sin(positions, 7, dtype=torch.float64, key=key)
-        assert_close(cos, angles.cos() * scale)
-        assert_close(sin, angles.sin() * scale)
-
-
-def test_axial_matches_rotary_embedding_torch_axial_freqs() -> None:
-    ret = pytest.importorskip("rotary_embedding_torch")
-    height, width, d = 5, 7, 16
-    peer = ret.RotaryEmbedding(d // 2)
-    freqs = peer.get_axial_freqs(height, width).reshape(height * width, d)  # (n, d)
-    q, k = qk(2, 2, height * width, d)
-    coords = AxialRotaryEmbedding.grid(height, width)
-    got_q, got_k = AxialRotaryEmbedding(d, ndim=2, interleaved=True)(q, k, coords)
-    assert_close(got_q, ret.apply_rotary_emb(freqs, q), rtol=1e-5, atol=1e-5)
-    assert_close(got_k, ret.apply_rotary_emb(freqs, k), rtol=1e-5, atol=1e-5)
-
-
-def test_axial_matches_float64_formula_in_3d() -> None:
-    axial = AxialRotaryEmbedding(12, ndim=3, base=100.0)
-    q, k = qk(2, 1, 6, 12, dtype=torch.float64)
-    coords = torch.rand(2, 6, 3, dtype=torch.float64) * 50
-    got_q, _ = axial(q, k, coords)
-    per_axis = inv_freq64(4, 100.0)  # 2 pairs per axis
-    angles = torch.cat([coords[..., a : a + 1] * per_axis for a in range(3)], dim=-1)  # (b, n, 6)
-    assert_close(got_q, rope_reference(q, angles[:, None], interleaved=False))
-
-
 # --------------------------------------------------------------------------- relative property
 
 
@@ -221,16 +163,6 @@ def test_scores_depend_only_on_relative_position(module: torch.nn.Module) -> Non
         assert_close(_scores(*module(q, k, positions + shift)), base, rtol=1e-9, atol=1e-9)
     # and it really is position-dependent
     assert not torch.allclose(_scores(*module(q, k, positions.flip(0))), base)
-
-
-def test_axial_scores_depend_only_on_coordinate_differences() -> None:
-    axial = AxialRotaryEmbedding(16, ndim=2)
-    q, k = qk(1, 2, 9, 16, dtype=torch.float64)
-    coords = AxialRotaryEmbedding.grid(3, 3).double()
-    base = _scores(*axial(q, k, coords))
-    shifted = _scores(*axial(q, k, coords + torch.tensor([4.0, 11.5], dtype=torch.float64)))
-    assert_close(shifted, base, rtol=1e-9, atol=1e-9)
-    assert not torch.allclose(_scores(*axial(q, k, coords.flip(-1))), base)
 
 
 # --------------------------------------------------------------------------- positions & caches

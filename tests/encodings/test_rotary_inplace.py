@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc import PosencValueError, RotaryEmbedding, XPos
-from posenc.encodings import rotary
+from posenc.encodings.rotary_tables import read_positions
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -229,6 +229,18 @@ def test_the_fast_position_check_defers_errors_to_the_full_one(
 ROWS = RotaryEmbedding.initial_table_size
 
 
+def _lane_row(rope: RotaryEmbedding, positions: torch.Tensor | None, n: int) -> int | None:
+    """The first table row the forward's decode lane reads for ``positions``, or ``None``
+    where the full path runs (positions the full check refuses included)."""
+    try:
+        extent = read_positions(positions, n, 1, "cpu", True)[1]
+    except PosencValueError:
+        return None
+    if positions is None:
+        extent = (0, n - 1, True)
+    return rope._tables.first_row(extent, n) if rope._decode_lane else None
+
+
 @pytest.mark.parametrize(
     ("positions", "n", "first"),
     [
@@ -251,7 +263,7 @@ def test_the_decode_lane_takes_runs_of_rows_already_in_the_table(
 ) -> None:
     rope = RotaryEmbedding(8)
     assert rope.cos_cached.shape[0] == ROWS
-    assert rope._first_row(positions, n) == first
+    assert _lane_row(rope, positions, n) == first
 
 
 @pytest.mark.parametrize(
@@ -268,8 +280,8 @@ def test_the_decode_lane_takes_runs_of_rows_already_in_the_table(
 )  # fmt: skip
 def test_the_decode_lane_leaves_moving_or_absent_tables_to_the_full_path(options: dict) -> None:
     rope = RotaryEmbedding(8, **options)
-    assert rope._first_row(torch.tensor([3]), 1) is None
-    assert rope._first_row(None, 1) is None
+    assert _lane_row(rope, torch.tensor([3]), 1) is None
+    assert _lane_row(rope, None, 1) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -286,18 +298,13 @@ def test_the_decode_lane_equals_the_full_path_bit_for_bit(
     q, k = fused_qk(2, 3 if positions is None else len(positions), 4, 2, 16, dtype)
     pos = None if positions is None else torch.tensor(positions)
     per_batch = torch.arange(q.shape[2]).expand(2, -1) if pos is None else pos.expand(2, -1)
-    assert rope._first_row(pos, q.shape[2]) is not None
+    n = q.shape[2]
+    extent = (0, n - 1, True) if pos is None else read_positions(pos, n, 1, "cpu", True)[1]
+    assert rope._tables.first_row(extent, n) is not None  # the decode lane takes it
     want_q, want_k = rope(q, k, per_batch)
     got_q, got_k = rope(q, k, pos, inplace=inplace)
     assert (got_q is q) == inplace and (got_k is k) == inplace
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-
-
-def test_extent_reads_runs_only_when_consecutive() -> None:
-    assert rotary._extent(torch.tensor([4, 5, 6])) == (4, 6, True)
-    assert rotary._extent(torch.tensor([4, 6, 5])) == (4, 6, False)
-    assert rotary._extent(torch.tensor([[4, 5]])) == (4, 5, False)
-    assert rotary._extent(torch.arange(30, 0, -1)) == (1, 30, False)
 
 
 # --------------------------------------------------------------------------- compile, export
@@ -349,7 +356,7 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     """Without autograd, a compiled in-place rotation calls the fast path on q's and k's own
     storage (the ``posenc::rotary_`` operator), not a fresh tensor copied back: values equal
     the eager in-place rotation and the tensors keep their memory."""
-    from posenc.encodings import rotate as rotate_module
+    from posenc.encodings import rotate_kernel
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -358,13 +365,13 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     want = rope(q.clone(), k.clone(), positions)
     calls = []
-    fast = rotate_module._rotate_fast
+    fast = rotate_kernel._rotate_fast
 
     def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append((x.data_ptr(), out.data_ptr()))
         fast(x, out, *args)
 
-    monkeypatch.setattr(rotate_module, "_rotate_fast", counted)
+    monkeypatch.setattr(rotate_kernel, "_rotate_fast", counted)
     pointers = (q.data_ptr(), k.data_ptr())
     with torch.no_grad():
         got = compiled(q, k, positions)
@@ -383,9 +390,9 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     """Where the native kernel is built, a compiled out-of-place rotation is the
     ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
     eager's, and the backward is the same operator turning the gradient back."""
-    from posenc.encodings import rotate as rotate_module
+    from posenc.encodings import rotate_kernel
 
-    if rotate_module._native is None:
+    if rotate_kernel._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -393,13 +400,13 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     compiled = torch.compile(lambda q, k, p: rope(q, k, p), fullgraph=True)
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     calls = []
-    fast = rotate_module._rotate_fast
+    fast = rotate_kernel._rotate_fast
 
     def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append(x.shape)
         fast(x, out, *args)
 
-    monkeypatch.setattr(rotate_module, "_rotate_fast", counted)
+    monkeypatch.setattr(rotate_kernel, "_rotate_fast", counted)
     grads = []
     for run in (rope, compiled):
         calls.clear()
@@ -428,14 +435,14 @@ def test_export_sees_the_rotation_as_one_operator() -> None:
     """torch.export keeps ``posenc::rotary`` (where the native kernel is built) through
     ``run_decompositions``, and the program equals the eager Encoder; an ONNX export gets the
     formula instead (tests/test_model.py runs it in onnxruntime)."""
-    from posenc.encodings import rotate
+    from posenc.encodings import rotate_kernel
 
     torch.manual_seed(0)
     encoder = posenc.Encoder(16, 1, 2, pe="rope").eval()
     x = torch.randn(2, 8, 16)
     program = torch.export.export(encoder, (x,)).run_decompositions()
     targets = {str(node.target) for node in program.graph.nodes}
-    assert ("posenc.rotary.default" in targets) == (rotate._native is not None), targets
+    assert ("posenc.rotary.default" in targets) == (rotate_kernel._native is not None), targets
     with torch.no_grad():
         assert_close(program.module()(x), encoder(x), rtol=1e-5, atol=1e-5)
 

@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc import PosencTypeError, PosencValueError, apply_rotary, apply_rotary_
-from posenc.encodings import rotate
+from posenc.encodings import rotate, rotate_kernel
 
 # --------------------------------------------------------------------------- reference
 
@@ -85,12 +85,12 @@ def blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> b
     channels; other tensors take the torch path), or the pure-torch path with the tensors as
     one block, or cut into blocks of 48 elements (several rows, the last block short)."""
     if request.param == "native":
-        if rotate._native is None:
+        if rotate_kernel._native is None:
             pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
         return False
-    monkeypatch.setattr(rotate, "_native", None)
+    monkeypatch.setattr(rotate_kernel, "_native", None)
     if request.param == "many-blocks":
-        monkeypatch.setattr(rotate, "BLOCK_ELEMENTS", 48)
+        monkeypatch.setattr(rotate_kernel, "BLOCK_ELEMENTS", 48)
     return request.param == "many-blocks"
 
 
@@ -102,7 +102,7 @@ def test_the_native_kernel_is_built_where_a_compiler_is() -> None:
 
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on this machine: the pure-torch path is the one in use")
-    assert rotate._native is not None
+    assert rotate_kernel._native is not None
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -113,7 +113,7 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
     """Products rounded before the sum and one rounding to bfloat16, as the formula in torch
     operations: the kernel's results are identical to :func:`rotate_reference`'s, in place
     and out of place, threaded (a tensor above ``NATIVE_THREAD_MIN``) or not."""
-    if rotate._native is None:
+    if rotate_kernel._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
     torch.manual_seed(0)
     for shape in [(2, 3, 5, 16), (2, 4, 1100, 16)]:  # one thread; above NATIVE_THREAD_MIN
@@ -122,9 +122,9 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         cos, sin = angles.cos().float(), angles.sin().float()
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        rotate._rotate_native(x, out, cos, sin, interleaved)
+        rotate_kernel._rotate_native(x, out, cos, sin, interleaved)
         assert torch.equal(out, want)
-        rotate._rotate_native(x, x, cos, sin, interleaved)
+        rotate_kernel._rotate_native(x, x, cos, sin, interleaved)
         assert torch.equal(x, want)
     # three threads: shares that start and end inside a run of rows
     for layout in ("contiguous", "fused"):
@@ -132,9 +132,9 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         angles = torch.rand(37, 8, dtype=torch.float64) * 1000
         cos, sin = angles.cos().float(), angles.sin().float()
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
-        x_at = rotate._native_buffer(x, x.element_size())
-        tables = rotate._kernel_tables(cos, sin, dtype is torch.bfloat16, interleaved)
-        rotate._native(x_at, x_at, *tables, 3)
+        x_at = rotate_kernel._native_buffer(x, x.element_size())
+        tables = rotate_kernel._kernel_tables(cos, sin, dtype is torch.bfloat16, interleaved)
+        rotate_kernel._native(x_at, x_at, *tables, 3)
         assert torch.equal(x, want)
 
 
@@ -150,7 +150,7 @@ def test_the_native_kernel_rounds_special_values_as_torch_does(
     """NaN, infinities, the largest finite values (whose products overflow), subnormals and
     halfway cases: the kernel writes what the formula in torch operations writes, bit for bit,
     and NaN where it has NaN."""
-    if rotate._native is None:
+    if rotate_kernel._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
     info = torch.finfo(dtype)
     special = [float("nan"), float("inf"), -float("inf"), info.max, -info.max, info.tiny,
@@ -163,7 +163,7 @@ def test_the_native_kernel_rounds_special_values_as_torch_does(
     want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
     for inplace in (False, True):
         out = x.clone() if inplace else torch.empty_like(x)
-        rotate._rotate_native(out if inplace else x, out, cos, sin, interleaved)
+        rotate_kernel._rotate_native(out if inplace else x, out, cos, sin, interleaved)
         nan = want.isnan()  # (torch itself writes bfloat16 NaN as 0x7fc0 or 0xffff)
         assert torch.equal(out.isnan(), nan)
         assert torch.equal(_bits(out[~nan]), _bits(want[~nan]))

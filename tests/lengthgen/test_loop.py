@@ -1,10 +1,12 @@
 """posenc.lengthgen.loop: the Trainer that lengthgen and extrapolate share, on a toy
 regression (resume equals uninterrupted, a changed configuration is refused, a finished run
-returns its record), and the pieces around it (schedule, checkpoints, progress bar)."""
+returns its record, the periodic callback), and the learning-rate schedule.
+
+The checkpoint helpers are tested in test_checkpoint.py, the progress bar in test_progress.py.
+"""
 
 from __future__ import annotations
 
-import io
 import itertools
 from pathlib import Path
 from typing import Any
@@ -12,17 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from rich.console import Console
 from torch import nn
 
-from posenc.lengthgen.checkpoint import (
-    CHECKPOINT,
-    check_resumable,
-    load_checkpoint,
-    prepare_run_dir,
-    rng_state,
-    set_rng_state,
-)
+from posenc.lengthgen.checkpoint import CHECKPOINT, load_checkpoint
 from posenc.lengthgen.loop import Trainer, lr_multiplier, make_optimizer, optimizer_step
 from posenc.lengthgen.progress import Bar
 
@@ -102,36 +96,6 @@ def test_without_a_path_nothing_is_written(tmp_path: Path, monkeypatch: pytest.M
     assert list(tmp_path.iterdir()) == []
 
 
-def test_prepare_run_dir_refuses_a_started_run_and_clears_stale_temp_files(tmp_path: Path) -> None:
-    assert prepare_run_dir(None, resume=False, rank=0) is None
-    (tmp_path / CHECKPOINT).write_bytes(b"x")
-    stale = tmp_path / f".{CHECKPOINT}.123.tmp"
-    stale.write_bytes(b"half")
-    with pytest.raises(ValueError, match="pass resume=True"):
-        prepare_run_dir(tmp_path, resume=False, rank=0)
-    assert prepare_run_dir(tmp_path, resume=True, rank=0) == tmp_path / CHECKPOINT
-    assert not stale.exists()
-
-
-def test_rng_state_round_trip_with_and_without_a_data_generator() -> None:
-    rng = np.random.default_rng(1)
-    state = rng_state(rng)
-    want = (np.random.rand(), torch.rand(1), rng.random())
-    set_rng_state(state, rng)
-    assert (np.random.rand(), torch.rand(1), rng.random()) == want
-    plain = rng_state()
-    assert "numpy_data" not in plain
-    want_plain = torch.rand(2)
-    set_rng_state(plain)
-    assert torch.equal(torch.rand(2), want_plain)
-
-
-def test_check_resumable_names_every_change() -> None:
-    check_resumable({"a": 1, "b": 2}, {"a": 1, "b": 3}, Path("x"), free={"b"})
-    with pytest.raises(ValueError, match=r"a: 1 -> 2, b: 2 -> 3"):
-        check_resumable({"a": 1, "b": 2}, {"a": 2, "b": 3}, Path("x"))
-
-
 def test_schedule_warm_up_then_decay() -> None:
     factors = [lr_multiplier(s, steps=100, warmup=0.1, decay="cosine") for s in range(100)]
     assert factors[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
@@ -139,29 +103,6 @@ def test_schedule_warm_up_then_decay() -> None:
     assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
     assert lr_multiplier(50, steps=100, warmup=0.0, decay="linear") == 0.5
     assert lr_multiplier(99, steps=100, warmup=0.0, decay="constant") == 1.0
-
-
-def test_progress_bar_shows_loss_and_metric_and_logs() -> None:
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=120)
-    with Bar(True, "toy run", 4, console, start=1, metric="acc") as bar:
-        bar.update(2, 0.5, 0.25)
-        bar.log("a line")
-    text = out.getvalue()
-    assert "toy run" in text and "a line" in text
-    assert "loss 0.5000 nats/token  acc 0.250" in text and "nan" not in text
-
-
-def test_progress_bar_shows_no_number_before_the_first_step() -> None:
-    out = io.StringIO()
-    console = Console(file=out, force_terminal=False, width=120)
-    with Bar(True, "resumed run", 4, console, start=2):
-        pass
-    text = out.getvalue()
-    assert "nan" not in text and f"loss {Bar.NOT_YET} nats/token  acc {Bar.NOT_YET}" in text
-    quiet = io.StringIO()
-    Bar(False, "off", 4, Console(file=quiet), start=0).log("still logged")
-    assert "still logged" in quiet.getvalue()
 
 
 def test_periodic_callback_runs_between_steps_but_not_after_the_last() -> None:

@@ -1,4 +1,7 @@
-"""The transformers ``model_type``s whose rotary embedding :mod:`.hf_config` reads exactly.
+"""The transformers ``model_type``s whose rotary embedding :mod:`.hf_config` reads exactly,
+and the facts of each family that no config field states (the sets below
+:data:`KNOWN_MODEL_TYPES`: interleaved, clockwise, de-interleaved, multimodal-RoPE, ...;
+:mod:`.hf_config` re-exports them under their old names).
 
 No config field says whether a family turns half-split or interleaved pairs, in which sense,
 or which fields its rotary code reads: this list of checked ``model_type``s is what
@@ -208,3 +211,126 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "zaya",
     }
 )
+
+
+# --------------------------------------------------------------------------- per-family facts
+
+#: ``model_type``s whose transformers code rotates interleaved pairs ``(x[2i], x[2i+1])``
+#: (``rotate_every_two``, a ``0::2``/``1::2`` ``rotate_half``, or a complex view of the pairs).
+INTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        # models/blt/modeling_blt.py: rotate_half pairs x[0::2], x[1::2] (BltRotaryEmbedding
+        # is built from each of the four sub-configs of BLT's transformers)
+        "blt_global_transformer",
+        "blt_local_decoder",
+        "blt_local_encoder",
+        "blt_patcher",
+        "codegen",
+        # models/cohere/modeling_cohere.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere",
+        # models/cohere2/modeling_cohere2.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere2",
+        # models/cohere2_moe/modeling_cohere2_moe.py: rotate_half pairs x[0::2], x[1::2]
+        "cohere2_moe",
+        "deepseek_v2",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "glm",
+        "glm4",
+        "gptj",
+        "helium",
+        "llama4_text",
+        "moonshine",
+        "moonshine_streaming",
+        # models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb
+        # turns x[::2], x[1::2] and stacks them back as pairs
+        "openai_privacy_filter",
+        # models/pe_audio/modeling_pe_audio.py: apply_rotary_pos_emb turns each pair
+        # (x[2i], x[2i+1]) by a 2x2 matrix (stack_freqs)
+        "pe_audio_encoder",
+        # models/pe_audio_video/modeling_pe_audio_video.py: the same pairwise 2x2 matrices
+        "pe_audio_video_encoder",
+        # models/pe_video/modeling_pe_video.py: the same pairwise 2x2 matrices
+        "pe_video_encoder",
+    }
+)
+
+#: ``model_type``s whose transformers code turns each pair by ``-angle``
+#: (``RotaryEmbedding(clockwise=True)``).
+CLOCKWISE_MODEL_TYPES = frozenset(
+    {
+        "nanochat",  # models/nanochat/modeling_nanochat.py: rotate_half returns cat(x2, -x1)
+    }
+)
+
+#: ``model_type``s whose config has a ``rotary_dim`` field that the rotary code never reads:
+#: the rotated part comes from ``rope_parameters["partial_rotary_factor"]`` alone (default 1).
+ROTARY_DIM_IGNORED_MODEL_TYPES = frozenset(
+    {
+        # models/minimax_m3_vl/modeling_minimax_m3_vl.py: MiniMaxM3VLRotaryEmbedding reads
+        # only rope_parameters["partial_rotary_factor"]; rotary_dim (default 64) goes unused
+        "minimax_m3_vl_text",
+    }
+)
+
+#: ``model_type``s whose attention rotates interleaved pairs but writes the result
+#: de-interleaved (``apply_rotary_pos_emb_interleave``), as ``rope_interleave=True`` does in
+#: the DeepSeek-V3 family: posenc's interleaved rotation is the same up to that channel order.
+DEINTERLEAVED_MODEL_TYPES = frozenset(
+    {
+        "axk2",
+        "bailing_hybrid",
+        "deepseek_v32",
+        "glm_moe_dsa",
+        "longcat_flash",
+        "mistral_large4_text",
+    }
+)
+
+#: ``model_type``s whose text rotary embedding is multimodal RoPE (M-RoPE: one position per
+#: axis, frequency bands split by an ``mrope_section`` that defaults in the modeling code):
+#: posenc's 1-D positions cannot express it, so these are refused.
+MROPE_MODEL_TYPES = frozenset(
+    {
+        "cohere_compass_text",
+        "cosmos3_edge_text",
+        "ernie4_5_vl_moe_text",
+        "glm4v_moe_text",
+        "glm4v_text",
+        "glm_image_text",
+        "glm_ocr_text",
+        "hunyuan_vl_text",
+        "hy_v4_vl_text",
+        "neomme",
+        "paddleocr_vl_text",
+        "qwen2_5_omni_talker",
+        "qwen2_5_omni_text",
+        "qwen2_5_omni_thinker",
+        "qwen2_5_vl_text",
+        "qwen2_vl_text",
+        "qwen3_5_moe_text",
+        "qwen3_5_text",
+        "qwen3_omni_moe_talker_text",
+        "qwen3_omni_moe_text",
+        "qwen3_omni_moe_thinker",
+        "qwen3_vl_moe_text",
+        "qwen3_vl_text",
+        "qwen4_exp_text",
+    }
+)
+
+#: ``model_type``s whose modeling code hard-codes base 10000 and reads no RoPE dictionary.
+FIXED_BASE_MODEL_TYPES = frozenset({"codegen", "gptj"})
+
+#: ``model_type``s whose config class (or, for MiMo-V2-Flash, whose rotary code: a fraction of
+#: 0.334 where the dictionary names none) defaults to partial rotation: a config of one of them
+#: that names no fraction is refused rather than read as full rotation.
+PARTIAL_MODEL_TYPES = frozenset(
+    {"glm", "glm4", "gpt_neox", "mimo_v2_flash", "persimmon", "phi", "stablelm"}
+)
+
+#: Old ``rope_type`` names a family's config class renames on load.
+ROPE_TYPE_ALIASES: dict[str, dict[str, str]] = {
+    "phi3": {"su": "longrope", "yarn": "longrope"},
+    "phi4_multimodal": {"su": "longrope", "yarn": "longrope"},
+}

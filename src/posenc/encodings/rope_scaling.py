@@ -5,8 +5,8 @@ dictionary) is one :class:`RopeType` record, and :data:`ROPE_TYPES` is the regis
 read-only mapping from name to record, in the order the types were registered. Validation,
 :class:`~posenc.RotaryEmbedding`, ``from_hf_config``, ``Encoder.with_rope_scaling`` and
 ``posenc extrapolate`` ask the record what a type needs, never test its name.
-:func:`register_rope_type` adds a type; the seven built-in ones below are registered through
-it too. A record holds:
+:func:`register_rope_type` adds a type; the seven built-in ones (pure functions in
+:mod:`.rope_types`) are registered through it too, at the end of this module. A record holds:
 
 ``init``
     ``init(dim, base, params, *, max_position_embeddings=None, seq_len=None)
@@ -72,17 +72,31 @@ non-positive factor, a missing key, factor lists of the wrong length, ...) raise
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
 from .checks import check_bool, check_positive_float, check_positive_int
+from .rope_types import (
+    ORIGINAL,
+    check_base_scaling,
+    check_llama3,
+    check_longrope,
+    check_number,
+    check_yarn,
+    default_inv_freq,
+    init_default,
+    init_dynamic,
+    init_linear,
+    init_llama3,
+    init_longrope,
+    init_ntk,
+    init_yarn,
+)
 
 __all__ = [
     "ROPE_TYPES",
@@ -118,7 +132,6 @@ class RopeValidateFunction(Protocol):
 
 #: The keys every ``rope_type`` takes (``type`` is the legacy spelling of ``rope_type``).
 _COMMON = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
-_ORIGINAL = "original_max_position_embeddings"
 
 
 @dataclass(frozen=True)
@@ -255,8 +268,8 @@ def register_rope_type(
     ):
         if flags[flag] and not flags[needed]:
             raise PosencValueError(f"register_rope_type: {flag}=True needs {needed}=True")
-    if needs_original and _ORIGINAL not in required:
-        allowed |= {_ORIGINAL}
+    if needs_original and ORIGINAL not in required:
+        allowed |= {ORIGINAL}
     spec = RopeType(
         name=name,
         init=init,
@@ -289,269 +302,25 @@ def get_rope_type(rope_type: object) -> RopeType:
     return spec
 
 
-def default_inv_freq(dim: int, base: float, *, device: Any = None) -> Tensor:
-    """``base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1`` in float64 (RoFormer eq. 15)."""
-    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim  # (dim/2,)
-    return base**-exponent
-
-
-# --------------------------------------------------------------------------- the functions
-
-
-def _default(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    return default_inv_freq(dim, base), 1.0
-
-
-def _linear(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    # Position interpolation: m -> m / factor, folded into the frequencies.
-    return default_inv_freq(dim, base) / float(params["factor"]), 1.0
-
-
-def _ntk(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    scaled_base = base * float(params["factor"]) ** (dim / (dim - 2))
-    return default_inv_freq(dim, scaled_base), 1.0
-
-
-def _dynamic(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    # the original context: the dictionary's, else max_position_embeddings (transformers
-    # reads only the latter; validate_rope_scaling copies it into the dictionary)
-    original = params.get("original_max_position_embeddings", max_position_embeddings)
-    if original is None:
-        raise PosencValueError(
-            "rope_type 'dynamic' needs max_position_embeddings or "
-            "scaling['original_max_position_embeddings']"
-        )
-    factor = float(params["factor"])
-    length = original if seq_len is None else max(seq_len, original)
-    stretch = factor * length / original - (factor - 1)
-    return default_inv_freq(dim, base * stretch ** (dim / (dim - 2))), 1.0
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature ``0.1 * mscale * ln(scale) + 1`` (Peng et al. 2023, eq. 22)."""
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    original = int(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    if factor is None:  # DeepSeek-V3 style: the ratio of the two context lengths
-        factor = max_position_embeddings / original  # type: ignore[operator]
-    factor = float(factor)
-
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
-        if mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        else:
-            attention_factor = _yarn_mscale(factor)
-    # A zero counts as unset, as in transformers (``get("beta_fast") or 32``).
-    beta_fast = float(params.get("beta_fast") or 32)
-    beta_slow = float(params.get("beta_slow") or 1)
-
-    def correction_dim(rotations: float) -> float:
-        # The dimension index whose wavelength fits ``rotations`` times in the original
-        # context (Peng et al. 2023, eq. 17 solved for d).
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if params.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # avoid 0/0, as transformers does
-
-    extrapolation = default_inv_freq(dim, base)  # (dim/2,) the original frequencies
-    interpolation = extrapolation / factor
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    # ramp = 0: keep the original frequency (high frequencies); 1: interpolate (low ones)
-    inv_freq = extrapolation * (1 - ramp) + interpolation * ramp
-    return inv_freq, float(attention_factor)
-
-
-def _longrope(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    original = int(params["original_max_position_embeddings"])
-    factor = params.get("factor")
-    if factor is None:  # Phi-3 style: the ratio of the two context lengths
-        factor = max_position_embeddings / original  # type: ignore[operator]
-    factor = float(factor)
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = (
-            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-        )
-    key = "long_factor" if seq_len and seq_len > original else "short_factor"
-    ext = torch.tensor([float(f) for f in params[key]], dtype=torch.float64)
-    return default_inv_freq(dim, base) / ext, float(attention_factor)
-
-
-def _llama3(
-    dim: int,
-    base: float,
-    params: Mapping[str, Any],
-    *,
-    max_position_embeddings: int | None = None,
-    seq_len: float | None = None,
-) -> tuple[Tensor, float]:
-    factor = float(params["factor"])
-    low_freq_factor = float(params["low_freq_factor"])
-    high_freq_factor = float(params["high_freq_factor"])
-    original = float(params["original_max_position_embeddings"])
-    low_freq_wavelen, high_freq_wavelen = original / low_freq_factor, original / high_freq_factor
-
-    inv_freq = default_inv_freq(dim, base)
-    wavelen = 2 * math.pi / inv_freq
-    # long wavelengths are interpolated, short ones kept, the band between blended smoothly
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled), 1.0
-
-
-# ----------------------------------------------------------------- the built-in types' checks
-
-
-def _number(key: str, value: object, *, positive: bool = True, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PosencTypeError(f"rope scaling {key!r} must be a number, got {value!r}")
-    if not math.isfinite(value) or (positive and value <= 0):
-        raise PosencValueError(f"rope scaling {key!r} must be a finite number > 0, got {value!r}")
-
-
-def _check_base_scaling(
-    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
-) -> None:
-    """ntk, dynamic: the exponent ``dim / (dim - 2)`` needs ``dim > 2``."""
-    if rotary_dim <= 2:
-        raise PosencValueError(
-            f"rope_type {params['rope_type']!r} needs rotary_dim > 2, got {rotary_dim}"
-        )
-
-
-def _check_factor_or_lengths(
-    params: Mapping[str, Any], max_position_embeddings: int | None
-) -> None:
-    """yarn, longrope: without a factor, the ratio of the two context lengths is the factor."""
-    if params.get("factor") is not None:
-        return
-    if max_position_embeddings is None:
-        raise PosencValueError(
-            f"rope_type {params['rope_type']!r} without a factor needs max_position_embeddings "
-            "(factor = max_position_embeddings / original_max_position_embeddings)"
-        )
-    implied = max_position_embeddings / params[_ORIGINAL]
-    _number("factor (max_position_embeddings / original_max_position_embeddings)", implied)
-
-
-def _check_yarn(
-    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
-) -> None:
-    for key in ("mscale", "mscale_all_dim"):
-        if key in params:
-            _number(key, params[key], allow_none=True)
-    for key in ("beta_fast", "beta_slow"):
-        if key in params:
-            _number(key, params[key], positive=False, allow_none=True)
-    _check_factor_or_lengths(params, max_position_embeddings)
-    fast, slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
-    if fast < slow:
-        raise PosencValueError(f"beta_fast ({fast}) must be >= beta_slow ({slow})")
-    if not isinstance(params.get("truncate", True), bool):
-        raise PosencTypeError(f"rope scaling 'truncate' must be a bool, got {params['truncate']!r}")
-
-
-def _check_longrope(
-    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
-) -> None:
-    _check_factor_or_lengths(params, max_position_embeddings)
-    for key in ("short_factor", "long_factor"):
-        factors = params[key]
-        if not isinstance(factors, (list, tuple)) or len(factors) != rotary_dim // 2:
-            raise PosencValueError(
-                f"rope scaling {key!r} must be a list of rotary_dim // 2 = {rotary_dim // 2} "
-                f"numbers, got {factors!r}"
-            )
-        for i, value in enumerate(factors):
-            _number(f"{key}[{i}]", value)
-
-
-def _check_llama3(
-    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
-) -> None:
-    for key in ("low_freq_factor", "high_freq_factor"):
-        _number(key, params[key])
-    if params["high_freq_factor"] <= params["low_freq_factor"]:
-        raise PosencValueError(
-            f"high_freq_factor ({params['high_freq_factor']}) must be > low_freq_factor "
-            f"({params['low_freq_factor']})"
-        )
-
-
 # --------------------------------------------------------------------------- the built-in types
 
-register_rope_type("default", _default)
-register_rope_type("linear", _linear, keys=("factor",))
-register_rope_type("ntk", _ntk, keys=("factor",), validate=_check_base_scaling)
+register_rope_type("default", init_default)
+register_rope_type("linear", init_linear, keys=("factor",))
+register_rope_type("ntk", init_ntk, keys=("factor",), validate=check_base_scaling)
 register_rope_type(
     "dynamic",
-    _dynamic,
+    init_dynamic,
     keys=("factor",),
-    optional=(_ORIGINAL,),
-    validate=_check_base_scaling,
+    optional=(ORIGINAL,),
+    validate=check_base_scaling,
     uses_length=True,
     needs_original=True,
     hf_ignores_original=True,  # transformers' dynamic NTK reads max_position_embeddings
 )
 register_rope_type(
     "yarn",
-    _yarn,
-    keys=(_ORIGINAL,),
+    init_yarn,
+    keys=(ORIGINAL,),
     optional=(
         "factor",
         "attention_factor",
@@ -561,24 +330,24 @@ register_rope_type(
         "mscale_all_dim",
         "truncate",
     ),
-    validate=_check_yarn,
+    validate=check_yarn,
     needs_original=True,
 )
 register_rope_type(
     "longrope",
-    _longrope,
-    keys=("short_factor", "long_factor", _ORIGINAL),
+    init_longrope,
+    keys=("short_factor", "long_factor", ORIGINAL),
     optional=("factor", "attention_factor"),
-    validate=_check_longrope,
+    validate=check_longrope,
     uses_length=True,
     needs_original=True,
     switches_at_original=True,  # short factors up to the original context, long ones past it
 )
 register_rope_type(
     "llama3",
-    _llama3,
-    keys=("factor", "low_freq_factor", "high_freq_factor", _ORIGINAL),
-    validate=_check_llama3,
+    init_llama3,
+    keys=("factor", "low_freq_factor", "high_freq_factor", ORIGINAL),
+    validate=check_llama3,
     needs_original=True,
 )
 
@@ -628,7 +397,7 @@ def validate_rope_scaling(
     spec = get_rope_type(rope_type)
 
     if spec.needs_original and max_position_embeddings is not None:
-        params.setdefault(_ORIGINAL, max_position_embeddings)
+        params.setdefault(ORIGINAL, max_position_embeddings)
     unknown = set(params) - spec.keys - spec.optional - _COMMON
     if unknown:
         allowed = ", ".join(sorted(spec.keys | spec.optional | (_COMMON - {"type"})))
@@ -641,16 +410,16 @@ def validate_rope_scaling(
 
     for key in ("factor", "attention_factor"):
         if key in params:  # None stands for "unset" where the key is optional
-            _number(key, params[key], allow_none=key not in spec.keys)
+            check_number(key, params[key], allow_none=key not in spec.keys)
     if "rope_theta" in params:
-        _number("rope_theta", params["rope_theta"])
-    if _ORIGINAL in params:
-        value = params[_ORIGINAL]
+        check_number("rope_theta", params["rope_theta"])
+    if ORIGINAL in params:
+        value = params[ORIGINAL]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PosencValueError(
                 f"original_max_position_embeddings must be an int >= 1, got {value!r}"
             )
-    if spec.needs_original and _ORIGINAL not in params:
+    if spec.needs_original and ORIGINAL not in params:
         raise PosencValueError(
             f"rope_type {rope_type!r} needs max_position_embeddings or "
             "scaling['original_max_position_embeddings'] (the original context)"

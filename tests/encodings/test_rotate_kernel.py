@@ -1,9 +1,9 @@
-"""The native kernel's interface (``_rotary_native.c``, called by ``posenc.encodings.rotate``):
-it is told the storage, offset, sizes and strides of every buffer, computes every address
-itself, and refuses, before writing anything, a call whose numbers would take it outside a
-buffer (a table row past the table, a size or a stride reaching past a storage, a storage too
-small) or that it cannot check. Valid calls, negative and zero strides and a table row offset
-included, agree with the formula bit for bit."""
+"""Tests of ``src/posenc/encodings/rotate_kernel.py``: the native kernel's interface
+(``_rotary_native.c``): it is told the storage, offset, sizes and strides of every buffer,
+computes every address itself, and refuses, before writing anything, a call whose numbers
+would take it outside a buffer (a table row past the table, a size or a stride reaching past
+a storage, a storage too small) or that it cannot check. Valid calls, negative and zero
+strides and a table row offset included, agree with the formula bit for bit."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import torch
 from torch.testing import assert_close
 
 from posenc import RotaryEmbedding, apply_rotary, apply_rotary_
-from posenc.encodings import rotate
+from posenc.encodings import rotate, rotate_kernel
 
 pytestmark = pytest.mark.skipif(
-    rotate._native is None, reason="the native rotary kernel is not built here (no C compiler)"
+    rotate_kernel._native is None,
+    reason="the native rotary kernel is not built here (no C compiler)",
 )
 
 FIELDS = ("address", "nbytes", "offset", "sizes", "strides")
@@ -26,7 +27,7 @@ B, H, N, D = 2, 3, 5, 16  # x: (B, H, N, D); the tables: (rows, D / 2)
 
 def describe(t: torch.Tensor, **changes: object) -> tuple:
     """``t`` as rotate.py describes it to the kernel, with ``changes`` to some fields."""
-    fields = dict(zip(FIELDS, rotate._native_buffer(t, t.element_size()), strict=True))
+    fields = dict(zip(FIELDS, rotate_kernel._native_buffer(t, t.element_size()), strict=True))
     assert set(changes) <= set(fields)
     fields.update(changes)
     return tuple(fields[name] for name in FIELDS)
@@ -49,7 +50,7 @@ def kernel(
     threads: int = 1,
 ) -> None:
     """The kernel's Python-visible entry point, with x, out, cos and sin as descriptions."""
-    rotate._native(x, out, cos, sin, first_row, bf16, interleaved, threads)  # type: ignore[misc]
+    rotate_kernel._native(x, out, cos, sin, first_row, bf16, interleaved, threads)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- valid calls
@@ -109,12 +110,12 @@ def test_tensors_the_kernel_refuses_take_the_torch_path() -> None:
     path's order of operations differs)."""
     values = torch.randn(B, H, N, D)
     x = misaligned(values)
-    assert rotate._native_buffer(x, 4) is None
+    assert rotate_kernel._native_buffer(x, 4) is None
     cos, sin = tables(N)
-    assert not rotate._rotate_native(x, torch.empty_like(x), cos, sin, False)
+    assert not rotate_kernel._rotate_native(x, torch.empty_like(x), cos, sin, False)
     want, want_inplace = torch.empty_like(values), values.clone()
-    rotate._rotate_torch(values, want, cos, sin, False)
-    rotate._rotate_torch(want_inplace, want_inplace, cos, sin, False)
+    rotate_kernel._rotate_torch(values, want, cos, sin, False)
+    rotate_kernel._rotate_torch(want_inplace, want_inplace, cos, sin, False)
     assert torch.equal(apply_rotary(x, cos, sin), want)
     assert torch.equal(apply_rotary_(x, cos, sin), want_inplace)
     rope = RotaryEmbedding(D)
