@@ -313,18 +313,18 @@ def _rotary_dim(
 def _scaling(
     cfg: _Config, field: str, params: dict[str, Any], model_type: str, nested: bool
 ) -> dict[str, Any] | None:
-    """The context-extension part of ``params``, ``rope_type`` normalised (legacy ``"type"``
-    key, the family's old names), or ``None`` for plain RoPE."""
+    """The context-extension part of ``params`` as this family's config means it (its old
+    ``rope_type`` names renamed, which fields win for the original context), or ``None`` for
+    plain RoPE. Everything else, the legacy ``"type"`` key included, is normalised once, by
+    :class:`~posenc.encodings.rotary_spec.RotarySpec` (through ``validate_rope_scaling``)."""
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
     aliases = ROPE_TYPE_ALIASES.get(model_type, {})
-    legacy = scaling.pop("type", None)
-    rope_type = scaling.get("rope_type", legacy)
-    rope_type = "default" if rope_type is None else aliases.get(rope_type, rope_type)
-    if legacy is not None and aliases.get(legacy, legacy) != rope_type:
-        raise PosencValueError(
-            f"config {field} has type={legacy!r} and rope_type={scaling['rope_type']!r}"
-        )
-    scaling["rope_type"] = rope_type
+    for key in ("rope_type", "type"):  # the family's config class renames these on load
+        if isinstance(scaling.get(key), str) and scaling[key] in aliases:
+            scaling[key] = aliases[scaling[key]]
+    if scaling.get("rope_type") is None and scaling.get("type") is None:
+        scaling["rope_type"] = "default"
+    rope_type = scaling.get("rope_type", scaling.get("type"))
     # (an unknown rope_type is named by validate_rope_scaling, in the constructor)
     spec = ROPE_TYPES.get(rope_type) if isinstance(rope_type, str) else None
     original = cfg.get("original_max_position_embeddings")
@@ -334,7 +334,7 @@ def _scaling(
             scaling.pop("original_max_position_embeddings", None)
         elif not nested and original is not None:
             scaling["original_max_position_embeddings"] = original  # Phi-3: the top level wins
-    if rope_type == "default" and set(scaling) == {"rope_type"}:
+    if rope_type == "default" and set(scaling) <= {"rope_type", "type"}:
         return None
     return scaling
 

@@ -393,7 +393,8 @@ def validate_rope_scaling(
             raise PosencValueError(
                 f"scaling has type={legacy!r} and rope_type={params['rope_type']!r}"
             )
-    rope_type = params.setdefault("rope_type", "default")
+    rope_type = params.pop("rope_type", "default")
+    params = {"rope_type": rope_type, **params}  # one order, however the dictionary was spelled
     spec = get_rope_type(rope_type)
 
     if spec.needs_original and max_position_embeddings is not None:
