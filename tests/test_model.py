@@ -612,38 +612,6 @@ def test_causal_encoder_builds_unidirectional_t5_buckets() -> None:
 # --------------------------------------------------------------------------- randomized
 
 
-def test_randomize_positions_keeps_order_and_ties() -> None:
-    """Ruoss et al. 2023: sorted distinct draws from [0, L); coupled (tied) positions stay
-    tied; one draw per row; reproducible from a generator."""
-    g = torch.Generator().manual_seed(0)
-    out = posenc.randomize_positions(None, 50, 200, generator=g)
-    assert out.shape == (50,)
-    assert bool((out[1:] > out[:-1]).all()) and int(out.min()) >= 0 and int(out.max()) < 200
-    coupled = torch.tensor([[0, 1, 2, 1, 2, 3], [0, 0, 1, 1, 2, 2]])
-    mapped = posenc.randomize_positions(coupled, 6, 30, generator=g)
-    for row, src in zip(mapped, coupled, strict=True):
-        for i in range(6):
-            for j in range(6):  # the order of every pair is kept, ties included
-                assert (row[i] < row[j]) == (src[i] < src[j])
-                assert (row[i] == row[j]) == (src[i] == src[j])
-    again = posenc.randomize_positions(None, 50, 200, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(again, out)
-    with pytest.raises(ValueError, match="max_positions >= 7"):
-        posenc.randomize_positions(None, 7, 6)
-
-
-def test_randomize_positions_is_uniform_over_subsets() -> None:
-    """Every position of [0, L) is drawn equally often (the first of n draws is the minimum of
-    a uniform n-subset: P(min = p) = C(L-1-p, n-1) / C(L, n))."""
-    g = torch.Generator().manual_seed(1)
-    draws = torch.stack([posenc.randomize_positions(None, 3, 8, generator=g) for _ in range(4000)])
-    counts = torch.bincount(draws.flatten(), minlength=8).double() / draws.numel()
-    assert_close(counts, torch.full((8,), 1 / 8, dtype=torch.float64), rtol=0, atol=0.02)
-    first = torch.bincount(draws[:, 0], minlength=8).double() / len(draws)
-    want = torch.tensor([math.comb(7 - p, 2) / math.comb(8, 3) for p in range(8)])
-    assert_close(first, want.double(), rtol=0, atol=0.03)
-
-
 @pytest.mark.parametrize("pe", ["sinusoidal", "rope", "alibi", "learned"])
 def test_encoder_random_positions_train_only(pe: str) -> None:
     """``Encoder(random_positions=L)`` feeds randomized positions in training (the same as

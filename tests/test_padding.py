@@ -68,8 +68,10 @@ def _padded_batch(name: str, batch: int, padding: str) -> tuple:
         rows.append((real, alone))
     if coords is not None:  # N-D schemes: right padding only, one set of coordinates
         return x, coords, mask, rows
-    # left padding shifts the real tokens: their positions are given; right padding keeps
-    # them at 0..L-1, where the default arange puts them
+    # left padding shifts the real tokens: their positions are given (and must be what
+    # positions_from_padding makes); right padding keeps them at 0..L-1, where the default
+    # arange puts them
+    assert torch.equal(posenc.positions_from_padding(mask), positions)
     return x, positions if padding == "left" else None, mask, rows
 
 

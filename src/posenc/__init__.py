@@ -19,7 +19,7 @@ from .errors import (
     set_memory_budget,
 )
 from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
-from .positions import randomize_positions
+from .positions import positions_from_padding, randomize_positions
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "PosencValueError",
     "TransformerModel",
     "get_memory_budget",
+    "positions_from_padding",
     "randomize_positions",
     "scaled_dot_product_attention",
     "set_memory_budget",

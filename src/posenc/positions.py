@@ -1,5 +1,6 @@
-"""Position tensors made for a model rather than by an encoding: randomized positions (Ruoss
-et al. 2023), drawn for each training sequence.
+"""Position tensors made for a model rather than by an encoding: the positions of a padded
+batch's real tokens, and randomized positions (Ruoss et al. 2023), drawn for each training
+sequence.
 
 Every function returns an explicit integer tensor that any registered scheme takes as its
 ``positions``.
@@ -11,9 +12,37 @@ import torch
 from torch import Tensor
 
 from .encodings.checks import check_positive_int, resolve_positions
-from .errors import PosencValueError
+from .errors import PosencTypeError, PosencValueError
+from .masks import check_key_padding_mask
 
-__all__ = ["randomize_positions"]
+__all__ = ["positions_from_padding", "randomize_positions"]
+
+
+def positions_from_padding(key_padding_mask: Tensor) -> Tensor:
+    """The positions of a padded batch: each row's real tokens get ``0, 1, 2, ...`` in order,
+    wherever its padding is (left, right, or between), and padding tokens get 0 (their
+    outputs mean nothing; 0 is inside every table).
+
+    ``key_padding_mask`` is ``(b, n)`` bool with True marking padding, posenc's convention
+    (from a transformers ``attention_mask``: ``attention_mask == 0``). Pass the result as
+    ``positions=`` with the same mask, and each row's real tokens are encoded as that row
+    alone, unpadded, would be.
+
+    >>> padding = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 0, 1, 1]]).bool()  # True: padding
+    >>> positions_from_padding(padding).tolist()
+    [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]]
+    """
+    if not isinstance(key_padding_mask, Tensor):
+        raise PosencTypeError(
+            f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}"
+        )
+    if key_padding_mask.dim() != 2:
+        raise PosencValueError(
+            f"key_padding_mask must have shape (batch, seq), got {tuple(key_padding_mask.shape)}"
+        )
+    check_key_padding_mask(key_padding_mask, *key_padding_mask.shape)
+    real = (~key_padding_mask).long()  # (b, n)
+    return (real.cumsum(-1) - 1).clamp_(min=0) * real  # (b, n): 0, 1, ... at the real tokens
 
 
 def randomize_positions(
