@@ -249,3 +249,29 @@ def test_fuzz_cli_arguments(
     assert "Traceback" not in err, (argv, err)
     if status == 2:
         assert len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    """``posenc list | head``: once the reader has gone, the command stops with the shell's
+    status for a closed pipe (141) and no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.commands import SUBPROCESS_ENV
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "posenc.cli", "list"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env=SUBPROCESS_ENV,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -260,6 +261,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> bool:
+    """Whether standard output's reader went away (``posenc list | head``): its pipe reports an
+    error to a poll. If so, stdout is pointed at devnull, so that Python's flush at exit does
+    not fail again, and the command stops quietly, as other commands do."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # replaced by something without a file
+        return False
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0)):
+            return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    return True
+
+
 def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
     """Parse ``argv`` and run the chosen subcommand; returns the exit status.
 
@@ -276,6 +295,10 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe (a worker's): a bug or the system, keep the traceback
+        return 141  # 128 + SIGPIPE, what a shell reports for a command its pipe closed
     except (PosencError, OSError) as exc:
         if isinstance(exc, OSError) and exc.filename is None:
             raise  # not a path the user gave: a bug or the system, keep the traceback
