@@ -60,8 +60,7 @@ class BiasState(PositionState):
 
     def __init__(self, pe: Any, positions: Tensor) -> None:  # pe: a BiasEncoding
         self.pe, self.positions = pe, positions
-        self._kept: dict[str, Any] = {}  # hook name -> what it gave, for q/k-free schemes
-        self._derived: list[tuple[tuple[Any, ...], Tensor]] = []  # see keep()
+        self._kept: list[tuple[tuple[Any, ...], Any]] = []  # see keep()
 
     @property
     def needs_qk(self) -> bool:
@@ -83,24 +82,22 @@ class BiasState(PositionState):
         """The encoding's ``hook`` at these positions: asked again for every layer when it
         reads ``q``/``k``, else once and kept."""
         pos = self.positions
-        if self.pe.needs_qk:
-            return getattr(self.pe, hook)(pos, pos, q=q, k=k)
-        if hook not in self._kept:
-            self._kept[hook] = getattr(self.pe, hook)(pos, pos)
-        return self._kept[hook]
+        reads = {"q": q, "k": k} if self.pe.needs_qk else {}
+        return self.keep((hook,), lambda: getattr(self.pe, hook)(pos, pos, **reads))
 
-    def keep(self, key: tuple[Any, ...], make: Callable[[], Tensor]) -> Tensor:
-        """``make()``, a tensor derived from the bias (the bias with a layer's mask, say), made
-        once per forward like the bias itself: kept under ``key`` when the scheme reads no
-        ``q``/``k``, made anew in every layer otherwise. ``key`` lists what else it depends on
-        (a mask, a flag, a dtype); its items are compared by identity."""
+    def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` (the bias, its ``score_mod``, or a tensor derived from the bias such as
+        the bias with a layer's mask), made once per forward: kept under ``key`` when the
+        scheme reads no ``q``/``k``, made anew in every layer otherwise. ``key`` lists what
+        it depends on (a hook's name, a mask, a flag, a dtype); its items are compared by
+        identity."""
         if self.pe.needs_qk:
             return make()
-        for stored, value in self._derived:
+        for stored, value in self._kept:
             if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
                 return value
         value = make()
-        self._derived.append((key, value))
+        self._kept.append((key, value))
         return value
 
     def value_term(self, weights: Tensor) -> Tensor:
