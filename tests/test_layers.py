@@ -28,9 +28,16 @@ ROOT = Path(posenc.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.errors",),
     ("posenc.encodings",),
-    ("posenc.flex", "posenc.masks", "posenc.positions"),
+    (
+        "posenc.flex",
+        "posenc.masks",
+        "posenc.positions",
+        "posenc.cache",
+        "posenc.context",
+        "posenc.sdpa",
+    ),
     ("posenc.attention",),
-    ("posenc.model", "posenc.fused"),
+    ("posenc.model", "posenc.layers", "posenc.fused", "posenc.generation"),
     ("posenc.analysis",),
     ("posenc.plots",),
     ("posenc.notebook",),

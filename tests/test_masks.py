@@ -25,12 +25,36 @@ def test_attention_mask_equals_the_rule_pair_by_pair(
     mask = attention_mask(
         2, nq, nk, causal=causal, key_padding_mask=padding if padded else None, device=None
     )
-    if not causal and not padded:
+    rule = torch.zeros(2, 1, nq, nk, dtype=torch.bool)
+    for b, i, j in itertools.product(range(2), range(nq), range(nk)):
+        rule[b, 0, i, j] = not padding[b, j] and (not causal or j <= i + nk - nq)
+    if bool(rule.all()):  # nothing to mask (one causal query reads every key): no mask
         assert mask is None
         return
     assert mask is not None
+    assert torch.equal(mask.expand(2, 1, nq, nk), rule)
+
+
+@pytest.mark.parametrize(("nq", "nk"), [(6, 6), (2, 6), (1, 6)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_document_mask_keeps_each_query_to_its_own_document(nq: int, nk: int, causal: bool) -> None:
+    """With document runs, key j is allowed for query i only within i's document (and
+    causally, the queries being the last nq keys)."""
+    k_docs = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 1, 1, 1, 1]])
+    q_docs = k_docs[:, nk - nq :]
+    mask = attention_mask(
+        2,
+        nq,
+        nk,
+        causal=causal,
+        key_padding_mask=None,
+        device=None,
+        q_documents=q_docs,
+        k_documents=k_docs,
+    )
+    assert mask is not None
     for b, i, j in itertools.product(range(2), range(nq), range(nk)):
-        allowed = not padding[b, j] and (not causal or j <= i + nk - nq)
+        allowed = bool(q_docs[b, i] == k_docs[b, j]) and (not causal or j <= i + nk - nq)
         assert bool(mask.expand(2, 1, nq, nk)[b, 0, i, j]) == allowed, (b, i, j)
 
 

@@ -8,6 +8,7 @@ torch.Size([1, 6, 32])
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
 from .attention import Backend, MultiHeadAttention, scaled_dot_product_attention
+from .cache import KVCache
 from .encodings import *  # noqa: F403  (re-exported below through __all__)
 from .encodings import __all__ as _encodings_all
 from .errors import (
@@ -29,6 +30,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "KVCache",
     "MemoryBudgetError",
     "MultiHeadAttention",
     "PosencError",

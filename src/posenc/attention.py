@@ -17,17 +17,16 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`
 from __future__ import annotations
 
 import functools
-import math
 import warnings
-from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import flex
+from .cache import KVCache
+from .context import SequenceContext
 from .encodings.base import (
     BiasEncoding,
     PositionalEncoding,
@@ -39,8 +38,18 @@ from .encodings.base import (
     compute_dtype,
 )
 from .encodings.state import BiasState, PositionState, RotaryState
-from .errors import PosencTypeError, PosencValueError, check_bytes
+from .errors import PosencTypeError, PosencValueError
 from .masks import attention_mask, check_key_padding_mask
+from .sdpa import fused_attention, scaled_dot_product_attention
+
+__all__ = [
+    "BACKENDS",
+    "FLEX_AUTO_MIN_ELEMENTS",
+    "Backend",
+    "MultiHeadAttention",
+    "check_attention_pe",
+    "scaled_dot_product_attention",
+]
 
 
 class Backend(str, Enum):
@@ -88,66 +97,6 @@ def __getattr__(name: str) -> Any:
 #: 16 heads at n = 1024). Below it, compiling (tens of seconds per shape on a CPU) costs more
 #: than materialising saves.
 FLEX_AUTO_MIN_ELEMENTS = 2**24
-
-
-def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    *,
-    bias: Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> tuple[Tensor, Tensor]:
-    """``softmax(q kᵀ / sqrt(d) + bias) v``, returning the output and the weights.
-
-    The teaching version of attention (Vaswani et al. 2017, eq. 1), written out step by step.
-
-    Args:
-        q: ``(..., nq, d)``; k: ``(..., nk, d)``; v: ``(..., nk, dv)``.
-        mask: broadcastable to ``(..., nq, nk)``; nonzero/True where attending is allowed.
-            Masked logits become the dtype's most negative finite value (not ``-1e9``, which
-            overflows in float16), so a fully masked row gives uniform weights, never NaN.
-        bias: added to the logits, broadcastable to ``(..., nq, nk)``.
-        dropout_p: dropout on the weights.
-
-    Half-precision inputs are computed in float32 and the output cast back once.
-
-    Returns:
-        ``(output (..., nq, dv), weights (..., nq, nk))``.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 2:
-            raise PosencTypeError(
-                f"{name} must be a floating-point tensor (..., n, d), got {t!r:.80}"
-            )
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise PosencValueError(
-            f"q (..., nq, d), k (..., nk, d) and v (..., nk, dv) disagree: q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    dropout_p = check_probability("dropout_p", dropout_p)
-    out_dtype = q.dtype
-    work = compute_dtype(q.dtype)
-    if not torch.compiler.is_compiling():  # symbolic sizes there
-        lead = math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
-        nq, nk = q.shape[-2], k.shape[-2]
-        check_bytes(
-            "q x k",
-            f"{nq} x {nk} queries by keys (times {lead})",
-            3 * lead * nq * nk * work.itemsize,  # scores, masked scores, weights
-            device=q.device,
-        )
-    q, k, v = q.to(work), k.to(work), v.to(work)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., nq, nk)
-    if bias is not None:
-        scores = scores + bias.to(work)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool(), torch.finfo(work).min)
-    weights = scores.softmax(dim=-1)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return (weights @ v).to(out_dtype), weights.to(out_dtype)
 
 
 def check_attention_pe(
@@ -259,14 +208,19 @@ class MultiHeadAttention(nn.Module):
         pe: PositionalEncoding | None = None,
         state: PositionState | None = None,
         residual: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention over ``x``: ``Concat(head_1, ..., head_h) W_O`` (eq. 4 of the paper).
 
         Shapes:
             x: ``(b, n, D)``; positions: ``(n,)`` or ``(b, n)`` (``(…, n, axes)`` for N-D
-            schemes); key_padding_mask: ``(b, n)`` bool, True = padding.
+            schemes); key_padding_mask: ``(b, n)`` bool, True = padding; document_ids:
+            ``(b, n)`` integers (packed documents, see :mod:`posenc.context`).
 
-        Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, n))`` with ``need_weights``.
+        Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, nk))`` with ``need_weights``.
+        With a :class:`~posenc.KVCache`, ``x`` holds the new tokens only: their keys and
+        values join the cache and they attend to every cached token (``nk`` keys in all).
         ``pe`` overrides the module's own encoding. ``state`` is that encoding's
         :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
         layers (the Encoder does); ``positions`` are then not read. ``residual`` is
@@ -274,11 +228,26 @@ class MultiHeadAttention(nn.Module):
         """
         check_input(x, self.dim)  # bad input fails before the encoding does any work
         b, n, _ = x.shape
-        # the caller that made ``state`` (an Encoder) has read the mask's values already
-        check_key_padding_mask(key_padding_mask, b, n, read_values=state is None)
+        encoding = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        context = SequenceContext.build(
+            batch=b,
+            seq=n,
+            device=x.device,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
+            cache=cache,
+            axes=1 if encoding is None else encoding.axes,
+            scheme=type(encoding).__name__,
+        )
+        if context is None:
+            # the caller that made ``state`` (an Encoder) has read the mask's values already
+            check_key_padding_mask(key_padding_mask, b, n, read_values=state is None)
         if state is None:
-            state = self._state(x, positions, pe)
-        heads, weights = self._heads(x, state, key_padding_mask, need_weights)
+            state = self._state(x, positions, encoding, context)
+        heads, weights = self._heads(x, state, key_padding_mask, need_weights, context)
+        if context is not None:
+            context.commit()
         out = self.out(heads)  # (b, n, D)
         if residual is not None:
             warnings.warn(
@@ -291,13 +260,19 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if need_weights else out
 
     def state_for(
-        self, x: Tensor, positions: Tensor | None = None, pe: PositionalEncoding | None = None
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        pe: PositionalEncoding | None = None,
+        context: SequenceContext | None = None,
     ) -> PositionState | None:
         """What :meth:`attend` needs of ``pe`` (default: the module's own encoding) at
         ``positions`` for the input ``x`` (``None`` without an encoding); arguments as for
-        :meth:`forward`."""
+        :meth:`forward`. With a ``context`` (a cached or packed forward) its positions are
+        used."""
         check_input(x, self.dim)
-        return self._state(x, positions, pe)
+        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        return self._state(x, positions, pe, context)
 
     def attend(
         self,
@@ -306,21 +281,34 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
+        context: SequenceContext | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The heads before the output projection: ``Concat(head_1, ..., head_h)``
-        ``(b, n, D)``, and the weights ``(b, h, n, n)`` when ``need_weights`` (else ``None``).
-        ``state`` is from :meth:`state_for` (or an Encoder's encoding); the other arguments
-        as for :meth:`forward`."""
+        ``(b, n, D)``, and the weights ``(b, h, n, nk)`` when ``need_weights`` (else ``None``).
+        ``state`` is from :meth:`state_for` (or an Encoder's encoding); ``context`` is the
+        forward's :class:`~posenc.context.SequenceContext` when it is cached or packed (it
+        then holds the padding mask); the other arguments as for :meth:`forward`."""
         check_input(x, self.dim)
-        check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-        return self._heads(x, state, key_padding_mask, need_weights)
+        if context is None:
+            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+        elif key_padding_mask is not None:
+            raise PosencValueError("attend: pass key_padding_mask through the context alone")
+        return self._heads(x, state, key_padding_mask, need_weights, context)
 
+    @staticmethod
     def _state(
-        self, x: Tensor, positions: Tensor | None, pe: PositionalEncoding | None
+        x: Tensor,
+        positions: Tensor | None,
+        pe: PositionalEncoding | None,
+        context: SequenceContext | None,
     ) -> PositionState | None:
-        """:meth:`state_for` on a checked ``x``."""
-        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
-        return None if pe is None else pe.position_state(positions, x)
+        """:meth:`state_for` on a checked ``x`` and encoding."""
+        if pe is None:
+            return None
+        if context is None:
+            return pe.position_state(positions, x)
+        memo = {} if context.cache is None else context.cache.memo(pe)
+        return pe.context_state(context.positions, context.key_positions, x, memo)
 
     def _heads(
         self,
@@ -328,6 +316,7 @@ class MultiHeadAttention(nn.Module):
         state: PositionState | None,
         key_padding_mask: Tensor | None,
         need_weights: bool,
+        context: SequenceContext | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """:meth:`attend` on a checked ``x`` and mask."""
         b, n, _ = x.shape
@@ -342,19 +331,29 @@ class MultiHeadAttention(nn.Module):
             q, k = state(q, k, inplace=fresh)
         elif isinstance(state, BiasState):
             bias_state = state
+        if context is not None:
+            k, v = context.keys_values(self, k, v)  # (b, h, nk, d): the cached keys first
+            key_padding_mask = context.key_padding_mask
+        nk = k.shape[2]
 
         dropout_p = self.dropout if self.training else 0.0
-        backend, fused_only = self._choose_backend(q, bias_state, need_weights, dropout_p)
+        packed = context is not None and context.q_runs is not None
+        backend, fused_only = self._choose_backend(
+            q, k, bias_state, need_weights, dropout_p, packed=packed
+        )
         out: Tensor | None = None
         if backend == Backend.FLEX:
-            out = self._flex(q, k, v, bias_state, key_padding_mask, fused_only=fused_only)
+            out = self._flex(q, k, v, bias_state, key_padding_mask, context, fused_only=fused_only)
             backend = Backend.SDPA if out is None else Backend.FLEX
         weights = None
         if out is None:
-            bias = None if bias_state is None else bias_state.bias(q, k)  # (h|b·h, n, n)
-            mask = attention_mask(
-                b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
-            )
+            bias = None if bias_state is None else bias_state.bias(q, k)  # (h|b·h, n, nk)
+            if context is None:
+                mask = attention_mask(
+                    b, n, nk, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
+                )
+            else:
+                mask = context.mask(self.causal, n, nk, x.device)
             if backend == Backend.MATH:
                 out, weights = scaled_dot_product_attention(
                     q, k, v, mask, bias=bias, dropout_p=dropout_p
@@ -363,36 +362,50 @@ class MultiHeadAttention(nn.Module):
                     extra = bias_state.value_term(weights.to(compute_dtype(q.dtype)))
                     out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
             else:
-                plain_causal = self.causal and key_padding_mask is None
+                plain = key_padding_mask is None and (context is None or context.q_runs is None)
+                plain_causal = self.causal and plain and n == nk
                 keep = None  # the additive mask is the same in every layer: make it once
-                if bias_state is not None:
-                    key = ("sdpa mask", self.causal, key_padding_mask, q.dtype)
-                    keep = functools.partial(bias_state.keep, key)
-                out = self._sdpa(
+                memo = context if bias_state is None else bias_state
+                if memo is not None:
+                    key = ("sdpa mask", self.causal, key_padding_mask, context, q.dtype)
+                    keep = functools.partial(memo.keep, key)
+                out = fused_attention(
                     q, k, v, mask, bias, dropout_p, plain_causal=plain_causal, keep=keep
                 )
         self.last_backend = backend.value
         return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
 
     def _choose_backend(
-        self, q: Tensor, pe: BiasState | None, need_weights: bool, dropout_p: float
+        self,
+        q: Tensor,
+        k: Tensor,
+        pe: BiasState | None,
+        need_weights: bool,
+        dropout_p: float,
+        *,
+        packed: bool = False,
     ) -> tuple[Backend, bool]:
         """The backend to run (``auto`` resolved, and the cases where the requested one cannot
         run), and whether flex runs only for a fused ``score_mod`` (``auto``: a scheme without
-        one falls back to SDPA rather than compile flex around a materialised bias)."""
+        one falls back to SDPA rather than compile flex around a materialised bias). ``packed``
+        (a document mask) lets ``auto`` pick flex without a bias too: its block mask skips
+        other documents instead of materialising an ``n × n`` mask."""
         if need_weights or self.backend == Backend.MATH or (pe is not None and pe.has_value_term):
             return Backend.MATH, False
         if self.backend == Backend.SDPA:
             return Backend.SDPA, False
+        nq, nk = q.shape[-2], k.shape[-2]
         flex_runs = flex.flex_available() and dropout_p == 0.0 and not self._needs_cpu_grad(q, pe)
+        # a compiled kernel per shape: a decoding step (keys beyond its queries) would compile
+        # anew at every length, so cached steps run on SDPA
+        flex_runs = flex_runs and (nq == nk or not self.compile_flex)
         if self.backend == Backend.FLEX:
             return (Backend.FLEX if flex_runs else Backend.SDPA), False
-        # auto: fuse only a real bias that is big enough to be worth a compilation
-        if pe is None or not flex_runs or not self.compile_flex:
+        # auto: fuse only a real bias (or a document mask) big enough to be worth compiling
+        if (pe is None and not packed) or not flex_runs or not self.compile_flex:
             return Backend.SDPA, False
-        n = q.shape[-2]
-        if self.num_heads * n * n >= FLEX_AUTO_MIN_ELEMENTS:
-            return Backend.FLEX, True
+        if self.num_heads * nq * nk >= FLEX_AUTO_MIN_ELEMENTS:
+            return Backend.FLEX, pe is not None
         return Backend.SDPA, False
 
     @staticmethod
@@ -410,12 +423,14 @@ class MultiHeadAttention(nn.Module):
         v: Tensor,
         state: BiasState | None,
         key_padding_mask: Tensor | None,
+        context: SequenceContext | None,
         *,
         fused_only: bool,
     ) -> Tensor | None:
         """Flex attention, or ``None`` when it cannot run (the caller falls back to SDPA):
         compilation failed, or ``fused_only`` and the scheme has no score_mod here."""
-        b, _, n, _ = q.shape
+        b, _, nq, _ = q.shape
+        nk = k.shape[2]
         score_mod: ScoreMod | None = None
         if state is not None:
             score_mod = state.score_mod(q, k)
@@ -424,62 +439,20 @@ class MultiHeadAttention(nn.Module):
                     return None
                 # no fused form: the kernel reads a materialised bias
                 score_mod = flex.bias_score_mod(state.bias(q, k))
+        runs = (None, None) if context is None else (context.q_runs, context.k_runs)
         block_mask = flex.flex_block_mask(
-            b, n, n, causal=self.causal, key_padding_mask=key_padding_mask, device=q.device
+            b,
+            nq,
+            nk,
+            causal=self.causal,
+            key_padding_mask=key_padding_mask,
+            device=q.device,
+            q_documents=runs[0],
+            k_documents=runs[1],
         )
         return flex.flex_attention_forward(
             q, k, v, score_mod=score_mod, block_mask=block_mask, compile=self.compile_flex
         )
-
-    def _sdpa(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        bias: Tensor | None,
-        p: float,
-        *,
-        plain_causal: bool = False,
-        keep: Callable[[Callable[[], Tensor]], Tensor] | None = None,
-    ) -> Tensor:
-        """Fused attention. ``plain_causal`` says ``mask`` is the causal mask and nothing else
-        (no padding): SDPA's ``is_causal`` then stands for it. Other masks and biases become
-        one additive float mask whose masked entries are the most negative finite value, so a
-        fully padded row cannot produce NaN; ``keep`` (a bias state's memo) makes it once for
-        every layer of a forward."""
-        if bias is None and mask is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-        if bias is None and plain_causal:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        work = compute_dtype(q.dtype)
-
-        def additive_mask() -> Tensor:  # (b|1, h|1, nq, nk)
-            b, h, nq, _ = q.shape
-            nk = k.shape[-2]
-            if not torch.compiler.is_compiling():  # symbolic sizes there
-                check_bytes(
-                    "q x k",
-                    f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
-                    2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
-                    device=q.device,
-                )
-            zero = torch.zeros((), dtype=work, device=q.device)
-            additive = zero if bias is None else bias.to(work)
-            if mask is not None:
-                blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)
-                additive = torch.where(mask, additive, blocked)
-            # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
-            # 2-3x slower and materialises the scores
-            return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
-
-        additive = additive_mask() if keep is None else keep(additive_mask)
-        if work != q.dtype:
-            out = F.scaled_dot_product_attention(
-                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
-            )
-            return out.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)
 
     def extra_repr(self) -> str:
         return (

@@ -52,9 +52,13 @@ def flex_block_mask(
     causal: bool,
     key_padding_mask: Tensor | None,
     device: torch.device,
+    q_documents: Tensor | None = None,
+    k_documents: Tensor | None = None,
 ) -> Any:
-    """A flex_attention ``BlockMask`` for a causal and/or key-padding mask (all blocks full
-    when there is neither).
+    """A flex_attention ``BlockMask`` for a causal, key-padding and/or document mask (all
+    blocks full when there is none). Documents are run numbers, ``(b, nq)`` and ``(b, nk)``,
+    that never decrease along a row (:mod:`posenc.context`), so a block's documents span
+    from its first token's to its last token's.
 
     Built from block-level reasoning, ``(b, 1, nq/128, nk/128)`` booleans, never from an
     ``nq × nk`` mask (``create_block_mask`` would evaluate every pair). Blocks with every pair
@@ -88,6 +92,14 @@ def flex_block_mask(
         every_keys = F.pad(keep, (0, tail), value=True).view(batch, mk, bs).all(-1)
         some = some & some_keys.view(batch, 1, mk)
         every = every & every_keys.view(batch, 1, mk)
+    documents = q_documents is not None and k_documents is not None
+    if documents:
+        assert q_documents is not None and k_documents is not None
+        q_lo, q_hi = q_documents[:, q_first].view(batch, mq, 1), q_documents[:, q_last]
+        k_lo, k_hi = k_documents[:, k_first].view(batch, 1, mk), k_documents[:, k_last]
+        q_hi, k_hi = q_hi.view(batch, mq, 1), k_hi.view(batch, 1, mk)
+        some = some & (q_lo <= k_hi) & (k_lo <= q_hi)  # the two blocks share a document
+        every = every & (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)  # ... and only it
     partial, full = some & ~every, every
 
     def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
@@ -97,7 +109,11 @@ def flex_block_mask(
 
     kv_num, kv_idx = as_indices(partial)
     full_num, full_idx = as_indices(full)
-    mask_mod = _mask_mod(causal, offset, keep, device) if causal or keep is not None else None
+    mask_mod = None
+    if causal or keep is not None or documents:
+        mask_mod = _mask_mod(causal, offset, keep, device)
+        if documents:
+            mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
     return BlockMask.from_kv_blocks(
         kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(nq, nk)
     )
@@ -105,7 +121,9 @@ def flex_block_mask(
 
 def _mask_mod(
     causal: bool, offset: int, keep: Tensor | None, device: torch.device
-) -> Callable[..., Tensor]:
+) -> Callable[..., Tensor] | None:
+    if not causal and keep is None:
+        return None
     shift = torch.tensor(offset, device=device)  # a tensor: no recompilation per offset
     if causal and keep is not None:
         return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx + shift) & keep[b, kv_idx]
@@ -113,6 +131,20 @@ def _mask_mod(
         return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + shift
     assert keep is not None
     return lambda b, h, q_idx, kv_idx: keep[b, kv_idx]
+
+
+def _document_mask_mod(
+    inner: Callable[..., Tensor] | None, q_documents: Any, k_documents: Any
+) -> Callable[..., Tensor]:
+    """``inner`` (or nothing) and: the query and the key lie in the same document."""
+    if inner is None:
+        return lambda b, h, q_idx, kv_idx: q_documents[b, q_idx] == k_documents[b, kv_idx]
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        same = q_documents[b, q_idx] == k_documents[b, kv_idx]
+        return same & inner(b, h, q_idx, kv_idx)
+
+    return mask_mod
 
 
 def bias_score_mod(bias: Tensor) -> ScoreMod:

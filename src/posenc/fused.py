@@ -25,16 +25,20 @@ from torch import Tensor, nn
 _FUSED_RELU = hasattr(torch, "_addmm_activation")
 
 
-def residual_blocks(layer: Any, state: Any, key_padding_mask: Tensor | None) -> tuple[Any, Any]:
+def residual_blocks(
+    layer: Any, state: Any, key_padding_mask: Tensor | None, context: Any = None
+) -> tuple[Any, Any]:
     """The two residual blocks of an :class:`~posenc.EncoderLayer` (``layer``) for inference,
     each ``(h, residual) -> residual + sublayer(h)`` as :meth:`~posenc.EncoderLayer.apply_blocks`
     takes them: the same sums as :meth:`~posenc.EncoderLayer.residual_blocks`, for use without
     autograd, without active dropout and outside autocast. ``state`` is the encoding's
-    position state and ``key_padding_mask`` the layer's mask, both already checked."""
+    position state and ``key_padding_mask`` the layer's mask, both already checked;
+    ``context`` the forward's :class:`~posenc.context.SequenceContext` when it is cached or
+    packed."""
     attn, ffn = layer.attn, layer.ffn
 
     def attention(h: Tensor, residual: Tensor) -> Tensor:  # residual + attn(h)
-        heads, _ = attn.attend(h, state, key_padding_mask=key_padding_mask)
+        heads, _ = attn.attend(h, state, key_padding_mask=key_padding_mask, context=context)
         return residual_linear(attn.out, heads, residual).view(residual.shape)
 
     def feed_forward(h: Tensor, residual: Tensor) -> Tensor:  # residual + ffn(h)

@@ -23,19 +23,26 @@ def attention_mask(
     causal: bool,
     key_padding_mask: Tensor | None,
     device: torch.device,
+    q_documents: Tensor | None = None,
+    k_documents: Tensor | None = None,
 ) -> Tensor | None:
     """Boolean ``(b, 1, nq, nk)`` mask, True where attending is allowed; ``None`` if all is.
 
     ``key_padding_mask`` is ``(b, nk)`` with True marking padding (as in
-    ``torch.nn.MultiheadAttention``). Causal masking aligns the last query with the last key.
+    ``torch.nn.MultiheadAttention``). Causal masking aligns the last query with the last key
+    (the queries of a cached call are the newest keys). ``q_documents`` ``(b, nq)`` and
+    ``k_documents`` ``(b, nk)`` keep each query to the keys of its own document.
     """
     mask = None
-    if causal:
+    if causal and nq > 1:  # one query, the newest, reads every key
         mask = torch.ones(nq, nk, dtype=torch.bool, device=device).tril(nk - nq)
         mask = mask.view(1, 1, nq, nk)
     if key_padding_mask is not None:
         keep = ~key_padding_mask.view(batch, 1, 1, nk)
         mask = keep if mask is None else mask & keep
+    if q_documents is not None and k_documents is not None:
+        same = q_documents.view(batch, 1, nq, 1) == k_documents.view(batch, 1, 1, nk)
+        mask = same if mask is None else mask & same
     return mask
 
 

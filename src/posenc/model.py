@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fused
-from .attention import Backend, MultiHeadAttention, check_attention_pe
+from .attention import Backend, check_attention_pe
+from .cache import KVCache
+from .context import SequenceContext
 from .encodings.base import (
     AdditiveEncoding,
     NoPE,
@@ -29,146 +28,23 @@ from .encodings.base import (
     check_bool,
     check_input,
     check_positive_int,
-    check_probability,
     entry,
 )
-from .encodings.state import PositionState
 from .errors import PosencTypeError, PosencValueError, check_bytes
+from .generation import generate
+from .layers import Activation, Block, EncoderLayer, FeedForward
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
 
-Activation = Literal["relu", "gelu"]
-#: A residual block of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
-Block = Callable[[Tensor, Tensor], Tensor]
-_ACTIVATIONS = ("relu", "gelu")
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward network: ``W2 · act(W1 x + b1) + b2`` (eq. 2 of the paper).
-
-    >>> FeedForward(8, 32)(torch.zeros(2, 3, 8)).shape
-    torch.Size([2, 3, 8])
-    """
-
-    def __init__(
-        self, dim: int, hidden: int, *, dropout: float = 0.0, activation: Activation = "relu"
-    ) -> None:
-        super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("hidden", hidden)
-        if activation not in _ACTIVATIONS:
-            raise PosencValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-        self.activation = activation
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-        self.dropout = nn.Dropout(check_probability("dropout", dropout))
-
-    def act(self, hidden: Tensor) -> Tensor:
-        """The activation, in place for ReLU (the up-projection's backward needs its input,
-        not its output)."""
-        return F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
-
-    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
-        """Shapes: x ``(..., D)`` -> ``(..., D)``. ``residual`` is deprecated: add the output
-        to it instead."""
-        out = self.down(self.dropout(self.act(self.up(x))))
-        if residual is not None:
-            warnings.warn(
-                "FeedForward(residual=...) is deprecated and will be removed in 0.3; add the "
-                "output to the residual instead",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            out = residual + out
-        return out
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention and feed-forward, each in a residual block with layer norm.
-
-    ``norm_first=False`` is the paper's post-norm ``x = norm(x + sublayer(x))``;
-    ``norm_first=True`` (default) is the pre-norm ``x = x + sublayer(norm(x))`` that trains
-    stably without warm-up tricks.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        ffn_dim: int | None = None,
-        dropout: float = 0.0,
-        causal: bool = False,
-        norm_first: bool = True,
-        activation: Activation = "relu",
-        pe: PositionalEncoding | None = None,
-        backend: Backend = "auto",
-    ) -> None:
-        super().__init__()
-        self.norm_first = check_bool("norm_first", norm_first)
-        self.attn = MultiHeadAttention(
-            dim, num_heads, pe=pe, causal=causal, dropout=dropout, backend=backend
-        )
-        self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        positions: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        pe: PositionalEncoding | None = None,
-        state: PositionState | None = None,
-    ) -> Tensor:
-        """Shapes: x ``(b, n, D)`` -> ``(b, n, D)``. ``state`` is the encoding's per-forward
-        :meth:`~posenc.PositionalEncoding.position_state` (the Encoder makes it once for all
-        layers); otherwise ``pe`` (default: the attention's own) is asked with ``positions``.
-
-        Pre-norm: ``x = x + attn(norm1(x))``, then ``x = x + ffn(norm2(x))``;
-        post-norm: ``x = norm1(x + attn(x))``, then ``x = norm2(x + ffn(x))``. Outside
-        autograd (and outside autocast, whose conversions its in-place GEMMs escape) each
-        residual block is computed by :mod:`posenc.fused`, with the same sums.
-        """
-        if state is None:
-            check_input(x, self.attn.dim)
-            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
-            state = self.attn.state_for(x, positions, pe)
-        fast = (
-            not torch.is_grad_enabled()
-            and not (self.training and self.drop.p > 0)
-            and not torch.is_autocast_enabled(x.device.type)
-        )
-        if fast:
-            attention, feed_forward = fused.residual_blocks(self, state, key_padding_mask)
-        else:
-            attention, feed_forward = self.residual_blocks(state, key_padding_mask)
-        return self.apply_blocks(x, attention, feed_forward)
-
-    def apply_blocks(self, x: Tensor, attention: Block, feed_forward: Block) -> Tensor:
-        """The layer's residual topology, written once: ``attention(h, r)`` and
-        ``feed_forward(h, r)`` each return ``r + sublayer(h)``."""
-        if self.norm_first:
-            x = attention(self.norm1(x), x)
-            return feed_forward(self.norm2(x), x)
-        x = self.norm1(attention(x, x))
-        return self.norm2(feed_forward(x, x))
-
-    def residual_blocks(
-        self, state: PositionState | None, key_padding_mask: Tensor | None
-    ) -> tuple[Block, Block]:
-        """The two residual blocks ``r + sublayer(h)`` as autograd computes them (dropout on
-        each sublayer's output); :func:`posenc.fused.residual_blocks` is the inference form."""
-
-        def attention(h: Tensor, residual: Tensor) -> Tensor:
-            heads, _ = self.attn.attend(h, state, key_padding_mask=key_padding_mask)
-            return residual + self.drop(self.attn.out(heads))
-
-        def feed_forward(h: Tensor, residual: Tensor) -> Tensor:
-            return residual + self.drop(self.ffn(h))
-
-        return attention, feed_forward
+__all__ = [
+    "Activation",
+    "Block",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "TransformerModel",
+    "resolve_pe",
+]
 
 
 def resolve_pe(
@@ -290,24 +166,54 @@ class Encoder(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
-        ``(b, n)`` bool with True = padding. Returns ``(b, n, D)``.
+        ``(b, n)`` bool with True = padding; document_ids ``(b, n)`` integers. Returns
+        ``(b, n, D)``.
 
         The encoding is asked once per forward: an additive one is added to ``x``; a rotary
         or bias one makes its :meth:`~posenc.PositionalEncoding.position_state` (positions
         validated, cos/sin or bias computed), which every layer then applies.
+
+        ``cache`` (a :class:`~posenc.KVCache`): ``x`` holds the new tokens, which attend to
+        every cached one and join the cache; positions continue where it stands unless
+        given. ``document_ids``: packed documents, each attended to alone, with positions
+        restarting at 0 in each (see :mod:`posenc.context`).
         """
         check_input(x, self.dim)
         b, n, _ = x.shape
-        check_key_padding_mask(key_padding_mask, b, n, read_values=True)
-        if self.training and self.random_positions is not None:
+        context = SequenceContext.build(
+            batch=b,
+            seq=n,
+            device=x.device,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
+            cache=cache,
+            axes=self.pe.axes,
+            scheme=self.pe.registry_name() or type(self.pe).__name__,
+        )
+        if context is None:
+            check_key_padding_mask(key_padding_mask, b, n, read_values=True)
+        else:
+            positions, key_padding_mask = context.positions, None  # the context holds both
+        if self.training and self.random_positions is not None and cache is None:
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
+            if context is not None:
+                context.positions = context.key_positions = positions
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        state = self.pe.position_state(positions, x)
+        if context is None:
+            state = self.pe.position_state(positions, x)
+        else:
+            memo = {} if cache is None else cache.memo(self.pe)
+            state = self.pe.context_state(context.positions, context.key_positions, x, memo)
         for layer in self.layers:
-            x = layer(x, key_padding_mask=key_padding_mask, state=state)
+            x = layer(x, key_padding_mask=key_padding_mask, state=state, context=context)
+        if context is not None:
+            context.commit()
         return self.norm(x)
 
     #: The sequence length this encoder was trained at, when known (``posenc extrapolate``
@@ -416,8 +322,12 @@ class TransformerModel(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``."""
+        """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``. ``cache``
+        and ``document_ids`` as for :meth:`Encoder.forward`: with a cache, ``tokens`` are
+        the new ones and the logits are theirs."""
         if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
             got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
             raise PosencTypeError(
@@ -434,8 +344,56 @@ class TransformerModel(nn.Module):
                     f"token ids must be in [0, {self.vocab_size}), got range [{low}, {high}]"
                 )
         x = self.embed(tokens) * self.scale  # (b, n, D)
-        x = self.encoder(x, positions=positions, key_padding_mask=key_padding_mask)
+        x = self.encoder(
+            x,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            cache=cache,
+            document_ids=document_ids,
+        )
         return self.head(x)
+
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` new tokens:
+        ``(b, n + steps)``. Needs a causal model; runs without autograd, in the model's
+        current mode (call ``eval()`` first, as for any inference).
+
+        The prompt fills a :class:`~posenc.KVCache` in one call; each new token then costs
+        one call over that token alone. ``temperature == 0`` (default) is greedy, equal to
+        taking the argmax of a full forward over the sequence so far at every step; otherwise
+        tokens are sampled from ``softmax(logits / temperature)`` cut to the ``top_k`` most
+        likely and to the ``top_p`` nucleus, drawn with ``generator`` (seed it to reproduce).
+        Once a row emits ``eos_token_id`` its later places hold ``eos_token_id``;
+        generation stops when every row has, or after ``max_new_tokens``.
+        ``key_padding_mask`` ``(b, n)`` (True = padding) marks a left-padded prompt: each row
+        then generates what it would alone.
+
+        >>> model = TransformerModel(20, 16, 1, 2, pe="alibi", causal=True).eval()
+        >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
+        torch.Size([1, 7])
+        """
+        return generate(
+            self,
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            generator=generator,
+            key_padding_mask=key_padding_mask,
+        )
 
     @property
     def trained_length(self) -> int | None:

@@ -99,6 +99,19 @@ class PositionalEncoding(nn.Module):
         attention. Arithmetic is in ``x``'s work dtype (float32 for half-precision inputs)."""
         return None
 
+    def context_state(
+        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+    ) -> PositionState | None:
+        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`):
+        ``positions`` ``(b, n)`` are the new tokens' (queries and new keys), ``key_positions``
+        ``(b, nk)`` every key's, the cached ones first. ``memo`` is kept for this encoding
+        across the calls of one :class:`~posenc.KVCache` (xPos keeps its centre there).
+
+        The default serves every encoding that acts on the new tokens alone (rotary schemes
+        rotate new queries and keys at their positions; cached keys were rotated when
+        cached); :class:`BiasEncoding` pairs the queries with every key."""
+        return self.position_state(positions, x)
+
     def registry_name(self) -> str | None:
         """The name this class is registered under, if any."""
         return next((e.name for e in _REGISTRY.values() if e.cls is type(self)), None)
@@ -200,6 +213,13 @@ class BiasEncoding(PositionalEncoding):
         """The positions, validated once; the bias is made at the first layer's request."""
         b, n = x.shape[0], x.shape[1]
         return BiasState(self, resolve_positions(positions, n, batch=b, device=x.device))
+
+    def context_state(
+        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+    ) -> PositionState | None:
+        """The bias of the new queries at ``positions`` against every key at
+        ``key_positions`` (cached keys first)."""
+        return BiasState(self, positions, key_positions)
 
     def bias(
         self,

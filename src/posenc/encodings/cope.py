@@ -65,15 +65,18 @@ class CoPE(BiasEncoding):
         return cls(num_heads, dim // num_heads, **kwargs)
 
     def counts(self, q: Tensor, k: Tensor) -> Tensor:
-        """The contextual positions ``p_ij`` (eq. 4, clamped to ``P - 1``): ``(b, h, n, n)``."""
-        gates = torch.sigmoid(q @ k.transpose(-2, -1))  # (b, h, n, n), eq. 3
-        n = gates.shape[-1]
-        keep_past = torch.ones(n, n, dtype=torch.bool, device=gates.device).tril()  # j <= i
-        past = gates * keep_past
+        """The contextual positions ``p_ij`` (eq. 4, clamped to ``P - 1``): ``(b, h, nq, nk)``.
+        With fewer queries than keys (a cached call) the queries are the last ``nq`` tokens
+        of the ``nk``: query ``i`` sits at key index ``i + nk - nq``."""
+        gates = torch.sigmoid(q @ k.transpose(-2, -1))  # (b, h, nq, nk), eq. 3
+        nq, nk = gates.shape[-2:]
+        at = torch.ones(nq, nk, dtype=torch.bool, device=gates.device)
+        keep_past = at.tril(nk - nq)  # key j at or before query i
+        from_self = at.triu(nk - nq)  # key j at or after query i
         # sum over t = j..i of g_it: a reverse cumulative sum along the keys
-        to_query = past.flip(-1).cumsum(-1).flip(-1)
+        to_query = (gates * keep_past).flip(-1).cumsum(-1).flip(-1)
         # keys after the query: sum over t = i..j, a forward cumulative sum
-        from_query = (gates * keep_past.T).cumsum(-1)
+        from_query = (gates * from_self).cumsum(-1)
         counts = torch.where(keep_past, to_query, from_query)
         return counts.clamp(max=self.max_positions - 1)
 
@@ -85,7 +88,7 @@ class CoPE(BiasEncoding):
         q: Tensor | None = None,
         k: Tensor | None = None,
     ) -> Tensor:
-        """``(b, h, n, n)``; needs ``q`` and ``k`` (``(b, h, n, d)``). Positions only fix the
+        """``(b, h, nq, nk)``; needs ``q`` and ``k`` (``(b, h, n, d)``). Positions only fix the
         shapes: CoPE's positions come from the context."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         if q is None or k is None:
@@ -102,11 +105,12 @@ class CoPE(BiasEncoding):
                     f"d={self.head_dim}), got {tuple(t.shape)}"
                 )
         nq, nk = q.shape[2], k.shape[2]
-        if nq != nk or q_positions.shape[-1] != nq or k_positions.shape[-1] != nk:
+        if nq > nk or q_positions.shape[-1] != nq or k_positions.shape[-1] != nk:
             raise PosencValueError(
-                f"CoPE counts between a query and a key of one sequence: needs nq == nk and "
-                f"positions of that length, got nq={nq}, nk={nk}, q_positions "
-                f"{tuple(q_positions.shape)}, k_positions {tuple(k_positions.shape)}"
+                f"CoPE counts between a query and the keys of its sequence (the queries being "
+                f"the last nq of the nk keys): needs nq <= nk and positions of those lengths, "
+                f"got nq={nq}, nk={nk}, q_positions {tuple(q_positions.shape)}, k_positions "
+                f"{tuple(k_positions.shape)}"
             )
         # per pair and head: the gate, its cumulative sum, the two interpolation weights
         check_bias_bytes(q_pos, k_pos, 4 * self.num_heads, q)

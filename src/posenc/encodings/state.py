@@ -55,11 +55,16 @@ class BiasState(PositionState):
 
     Args:
         pe: the bias encoding.
-        positions: resolved positions, ``(n,)`` or ``(b, n)``, the same for queries and keys.
+        positions: resolved positions of the queries, ``(n,)`` or ``(b, n)``.
+        key_positions: those of the keys, ``(nk,)`` or ``(b, nk)`` (default: ``positions``;
+            a cached forward's keys are the cached tokens followed by the new ones).
     """
 
-    def __init__(self, pe: Any, positions: Tensor) -> None:  # pe: a BiasEncoding
+    def __init__(
+        self, pe: Any, positions: Tensor, key_positions: Tensor | None = None
+    ) -> None:  # pe: a BiasEncoding
         self.pe, self.positions = pe, positions
+        self.key_positions = positions if key_positions is None else key_positions
         self._kept: list[tuple[tuple[Any, ...], Any]] = []  # see keep()
 
     @property
@@ -71,7 +76,7 @@ class BiasState(PositionState):
         return self.pe.has_value_term
 
     def bias(self, q: Tensor, k: Tensor) -> Tensor:
-        """The logit bias ``(h, n, n)`` or ``(b, h, n, n)`` for this layer's ``q``, ``k``."""
+        """The logit bias ``(h, n, nk)`` or ``(b, h, n, nk)`` for this layer's ``q``, ``k``."""
         return self._ask("bias", q, k)
 
     def score_mod(self, q: Tensor, k: Tensor) -> Callable[..., Tensor] | None:
@@ -81,9 +86,9 @@ class BiasState(PositionState):
     def _ask(self, hook: str, q: Tensor, k: Tensor) -> Any:
         """The encoding's ``hook`` at these positions: asked again for every layer when it
         reads ``q``/``k``, else once and kept."""
-        pos = self.positions
+        q_pos, k_pos = self.positions, self.key_positions
         reads = {"q": q, "k": k} if self.pe.needs_qk else {}
-        return self.keep((hook,), lambda: getattr(self.pe, hook)(pos, pos, **reads))
+        return self.keep((hook,), lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
 
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """``make()`` (the bias, its ``score_mod``, or a tensor derived from the bias such as
@@ -101,5 +106,5 @@ class BiasState(PositionState):
         return value
 
     def value_term(self, weights: Tensor) -> Tensor:
-        """Shaw et al.'s value-side term: weights ``(b, h, n, n)`` -> ``(b, h, n, d)``."""
-        return self.pe.value_term(weights, self.positions, self.positions)
+        """Shaw et al.'s value-side term: weights ``(b, h, n, nk)`` -> ``(b, h, n, d)``."""
+        return self.pe.value_term(weights, self.positions, self.key_positions)

@@ -115,12 +115,18 @@ class XPos(RotaryEncoding):
         return (torch.arange(0, r, 2, dtype=torch.float64, device=device) + 0.4 * r) / (1.4 * r)
 
     def scaled_cos_sin(
-        self, positions: Tensor, dtype: torch.dtype, *, key: bool
+        self,
+        positions: Tensor,
+        dtype: torch.dtype,
+        *,
+        key: bool,
+        center: float | Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """cos and sin times ``ζ^(±(p - center)/γ)`` (``-`` for keys): ``(n, r/2)`` or
-        ``(b, 1, n, r/2)``. ``positions`` are already validated."""
+        ``(b, 1, n, r/2)``. ``positions`` are already validated; ``center`` (default: the
+        module's) overrides the centre."""
         pos = positions.to(torch.float64)
-        center = self.center
+        center = self.center if center is None else center
         if center is None:
             # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
             center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
@@ -153,6 +159,24 @@ class XPos(RotaryEncoding):
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
         return rotary_state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
+
+    def context_state(
+        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+    ) -> RotaryState:
+        """:meth:`position_state` with the centre fixed at the first cached call's: queries
+        and keys rotated in later calls share it (the centre cancels in every score only
+        when they do), so decoding equals one forward with ``center`` set to it."""
+        if self.center is not None:
+            return self.position_state(positions, x)
+        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        if "center" not in memo:
+            top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
+            memo["center"] = torch.floor((top + 1) / 2)
+        work = compute_dtype(x.dtype)
+        center = memo["center"]
+        query = self.scaled_cos_sin(pos, work, key=False, center=center)
+        keys = self.scaled_cos_sin(pos, work, key=True, center=center)
+        return rotary_state(self.interleaved, query, keys)
 
     def rotate(
         self,

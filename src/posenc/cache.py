@@ -1,0 +1,232 @@
+"""The key/value cache for incremental decoding: what every attention layer has already seen.
+
+One :class:`KVCache`, made without arguments, serves a whole model. The first cached call
+(``model(prompt, cache=cache)``) fills it; each later one (``model(next_tokens,
+cache=cache)``) appends its tokens and lets them attend to everything cached. It holds:
+
+* per token (shared by every layer): its position, its padding flag, its document id and the
+  number of the document run it belongs to (see :mod:`posenc.context`);
+* per attention layer (an entry made on the layer's first use): the keys and values, keys
+  **after** rotation, as transformers caches them. A rotated key never changes again, so a
+  rotary scheme whose frequencies depend on the sequence length (dynamic NTK, LongRoPE) keeps
+  each key at the frequencies in force when it was computed: decoding past the original
+  context then differs from one full forward over the same tokens (which rotates every key at
+  the final frequencies), exactly as it does in transformers;
+* per encoding, a small memo (xPos keeps the centre of its scale there, so every later query
+  and key shares the first call's).
+
+Storage grows by doubling, so ``N`` single-token steps copy ``O(N)`` elements in all, not
+``O(N²)``; under autograd the tensors are concatenated instead (in-place writes would break
+the backward of earlier steps). A call that fails half-way leaves the cache as it was before
+that call: its writes lie past the committed length and are dropped by the next call.
+
+Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
+``d`` head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .errors import PosencValueError
+
+__all__ = ["KVCache"]
+
+
+class Growing:
+    """A tensor grown along one dimension by doubling: ``append`` writes new entries past the
+    committed ``length`` and returns everything up to them; :meth:`commit` moves ``length``."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.data: Tensor | None = None  # capacity along ``dim`` >= length
+        self.length = 0
+
+    def view(self, length: int | None = None) -> Tensor | None:
+        """The first ``length`` (default: the committed length) entries."""
+        if self.data is None:
+            return None
+        return self.data.narrow(self.dim, 0, self.length if length is None else length)
+
+    def append(self, new: Tensor) -> Tensor:
+        """Write ``new`` after the committed entries; return all of them, ``new`` included."""
+        start, count = self.length, new.shape[self.dim]
+        end = start + count
+        if self.data is not None and self.data.dtype != new.dtype:
+            self.data = self.data.to(torch.promote_types(self.data.dtype, new.dtype))
+            new = new.to(self.data.dtype)
+        if self.data is None or (torch.is_grad_enabled() and new.requires_grad):
+            # autograd (or a first call): a new tensor, never written into later
+            old = self.view()
+            self.data = new.clone() if old is None else torch.cat([old, new], dim=self.dim)
+            return self.data
+        if end > self.data.shape[self.dim]:  # out of room: double (or more) and copy once
+            shape = list(self.data.shape)
+            shape[self.dim] = max(end, 2 * shape[self.dim])
+            grown = self.data.new_empty(shape)
+            grown.narrow(self.dim, 0, start).copy_(self.data.narrow(self.dim, 0, start))
+            self.data = grown
+        self.data.narrow(self.dim, start, count).copy_(new)
+        return self.data.narrow(self.dim, 0, end)
+
+    def commit(self, length: int) -> None:
+        self.length = length
+
+
+class LayerKV:
+    """One attention layer's cached keys and values, ``(b, h, N, d)`` each."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module  # kept so that a reused id() is never mistaken for this layer
+        self.keys, self.values = Growing(2), Growing(2)
+        self.pending = 0  # tokens appended in the current call, not yet committed
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pending:
+            raise PosencValueError(
+                f"{type(self.module).__name__} ran twice in one cached call: one KVCache entry "
+                "serves one attention layer per call (give each use its own module)"
+            )
+        self.pending = k.shape[2]
+        return self.keys.append(k), self.values.append(v)
+
+    def commit(self, length: int) -> None:
+        for part in (self.keys, self.values):
+            part.commit(length)
+        self.pending = 0
+
+    def drop_pending(self) -> None:
+        self.pending = 0
+
+
+class KVCache:
+    """Keys, values and token records of every attention layer of one model, for decoding
+    one call at a time.
+
+    >>> import posenc
+    >>> model = posenc.TransformerModel(50, 16, 2, 2, pe="rope", causal=True).eval()
+    >>> cache = posenc.KVCache()
+    >>> model(torch.tensor([[1, 2, 3]]), cache=cache).shape  # the prompt
+    torch.Size([1, 3, 50])
+    >>> model(torch.tensor([[4]]), cache=cache).shape  # one more token, at position 3
+    torch.Size([1, 1, 50])
+    >>> len(cache), cache.positions.tolist()
+    (4, [[0, 1, 2, 3]])
+
+    A call's ``key_padding_mask`` covers the tokens it passes; the cache keeps the earlier
+    ones. Positions continue where the cache stands (each row's largest cached position of
+    its current document, plus one) unless given. The batch size is fixed by the first call.
+    """
+
+    def __init__(self) -> None:
+        self._layers: dict[int, LayerKV] = {}
+        self._memos: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
+        self._positions, self._padding = Growing(1), Growing(1)
+        self._documents, self._runs = Growing(1), Growing(1)
+        self.batch_size: int | None = None
+        #: Whether any call passed ``document_ids`` (the document mask is built only then).
+        self.has_documents = False
+        self._length = 0
+
+    def __len__(self) -> int:
+        """Tokens cached per row (padding included)."""
+        return self._length
+
+    def __repr__(self) -> str:
+        layers = len(self._layers)
+        return f"KVCache(batch_size={self.batch_size}, length={self._length}, layers={layers})"
+
+    @property
+    def positions(self) -> Tensor | None:
+        """The cached tokens' positions, ``(b, N)``, or ``None`` when empty."""
+        return self._positions.view()
+
+    @property
+    def key_padding_mask(self) -> Tensor | None:
+        """The cached tokens' padding flags (True = padding), ``(b, N)``, or ``None``."""
+        return self._padding.view()
+
+    @property
+    def document_ids(self) -> Tensor | None:
+        """The cached tokens' document ids, ``(b, N)``, or ``None`` when empty."""
+        return self._documents.view()
+
+    @property
+    def document_runs(self) -> Tensor | None:
+        """The cached tokens' document run numbers (0, 1, ... per row), ``(b, N)``."""
+        return self._runs.view()
+
+    def layers(self) -> list[nn.Module]:
+        """The attention modules with an entry, in order of first use."""
+        return [entry.module for entry in self._layers.values()]
+
+    def keys_values(self, module: nn.Module) -> tuple[Tensor, Tensor] | None:
+        """``module``'s cached keys and values ``(b, h, N, d)`` (keys after rotation)."""
+        entry = self._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            return None
+        keys, values = entry.keys.view(), entry.values.view()
+        assert keys is not None and values is not None
+        return keys, values
+
+    def reset(self) -> None:
+        """Forget everything: the next call fills the cache anew."""
+        self.__init__()  # type: ignore[misc]
+
+    # ------------------------------------------------------------ used by posenc.context
+
+    def begin(self, batch: int) -> None:
+        """Start a call over ``batch`` rows: check the batch and drop what a failed call left."""
+        if self.batch_size is not None and batch != self.batch_size:
+            raise PosencValueError(
+                f"this KVCache holds {self.batch_size} row(s), got a batch of {batch}; "
+                "use one cache per batch (or cache.reset())"
+            )
+        for entry in self._layers.values():
+            entry.drop_pending()
+
+    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append one layer's new keys and values ``(b, h, n, d)``; return all ``(b, h, N + n,
+        d)``: the cached ones first."""
+        entry = self._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            if self._length:
+                raise PosencValueError(
+                    f"{type(module).__name__} has no entry in this KVCache, which already "
+                    f"holds {self._length} tokens of other layers: a cache serves the model "
+                    "that filled it"
+                )
+            entry = self._layers[id(module)] = LayerKV(module)
+        if entry.keys.length != self._length:
+            raise PosencValueError(
+                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
+                f"{entry.keys.length} tokens, the cache {self._length}"
+            )
+        return entry.append(k, v)
+
+    def memo(self, pe: nn.Module) -> dict[str, Any]:
+        """A dict kept for encoding ``pe`` across calls (xPos keeps its centre there)."""
+        held = self._memos.get(id(pe))
+        if held is None or held[0] is not pe:
+            held = self._memos[id(pe)] = (pe, {})
+        return held[1]
+
+    def commit(self, positions: Tensor, padding: Tensor, documents: Tensor, runs: Tensor) -> None:
+        """End a call: record its tokens ``(b, n)`` and make every layer's appends count."""
+        for part, new in (
+            (self._positions, positions),
+            (self._padding, padding),
+            (self._documents, documents),
+            (self._runs, runs),
+        ):
+            part.append(new)
+        self._length += positions.shape[1]
+        for part in (self._positions, self._padding, self._documents, self._runs):
+            part.commit(self._length)
+        for entry in self._layers.values():
+            if entry.pending:
+                entry.commit(self._length)
+        self.batch_size = positions.shape[0]
