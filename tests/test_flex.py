@@ -56,3 +56,46 @@ def test_block_mask_structure() -> None:
     )
     assert bool(unmasked.to_dense().all())  # every block visited, all of them full
     assert int(unmasked.kv_num_blocks.sum()) == 0 and int(unmasked.full_kv_num_blocks.sum()) == 9
+
+
+@pytest.mark.parametrize(("nq", "nk"), [(300, 300), (40, 300)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_document_block_mask_equals_the_dense_mask(nq: int, nk: int, causal: bool) -> None:
+    """Flex with a document block mask (runs spanning blocks, queries the last nq keys) gives
+    what the dense boolean mask gives, and skips the blocks pairing two documents."""
+    from posenc.masks import attention_mask
+    from posenc.sdpa import scaled_dot_product_attention
+
+    runs = torch.cat([torch.zeros(100), torch.ones(150), torch.full((50,), 2)]).long()
+    k_runs = torch.stack([runs, runs.roll(60).cummax(0).values])  # (2, 300), never decreasing
+    q_runs = k_runs[:, nk - nq :]
+    padding = torch.zeros(2, nk, dtype=torch.bool)
+    padding[1, 5:9] = True
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=gen) for n in (nq, nk, nk))
+    block_mask = flex.flex_block_mask(
+        2,
+        nq,
+        nk,
+        causal=causal,
+        key_padding_mask=padding,
+        device=torch.device("cpu"),
+        q_documents=q_runs,
+        k_documents=k_runs,
+    )
+    out = flex.flex_attention_forward(q, k, v, score_mod=None, block_mask=block_mask, compile=False)
+    dense = attention_mask(
+        2,
+        nq,
+        nk,
+        causal=causal,
+        key_padding_mask=padding,
+        device=None,
+        q_documents=q_runs,
+        k_documents=k_runs,
+    )
+    expected, _ = scaled_dot_product_attention(q, k, v, dense)
+    assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    if nq == nk:  # row 0: blocks [0,128) x [256,300) hold documents 0|1 and 2 only: skipped
+        visited = block_mask.to_dense()[0, 0]
+        assert not bool(visited[0, 2]) and not bool(visited[2, 0])

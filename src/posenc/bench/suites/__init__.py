@@ -16,6 +16,9 @@ encoder    a whole ``posenc.Encoder``, forward and forward+backward, train and e
            ``torch.nn.TransformerEncoder`` of the same shape with the same encoding added
 schemes    that encoder's forward with every registered sequence encoding (:mod:`..schemes`)
 scaling    RoPE and bias attention as n doubles from 512 to 16k, with the fitted exponent
+decode     greedy generation with a KV cache vs recomputing the prefix and vs transformers'
+           ``LlamaForCausalLM`` with its ``DynamicCache``; one new token's time as the cache
+           grows, vs the copy floor of the bytes it reads
 =========  ====================================================================================
 
 Every suite returns a :class:`~posenc.bench.harness.Section`; ``posenc bench`` prints them
@@ -23,8 +26,8 @@ and writes them as markdown. The ``bias`` and ``scaling`` suites measure in a su
 (:mod:`posenc.bench.worker`, driven by :mod:`.sweeps`), the others in this process.
 
 One file per family of suites: :mod:`.absolute` (``table``, ``add``), :mod:`.rotary`
-(``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`; their sizes are in
-:mod:`.settings`. This module runs them by name.
+(``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`, :mod:`.decode`; their
+sizes are in :mod:`.settings`. This module runs them by name.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from ..harness import Section
 from ..schemes import suite_schemes
 from .absolute import float64_table, numpy_table_fp32, suite_add, suite_table, torch_table_fp32
 from .attention import suite_bias, suite_scaling
+from .decode import suite_decode
 from .encoder import suite_encoder
 from .rotary import suite_rope
 from .settings import DEFAULT, QUICK, Settings, settings_for
 
-SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling")
+SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode")
 
 RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "table": suite_table,
@@ -51,6 +55,7 @@ RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "encoder": suite_encoder,
     "schemes": lambda s: suite_schemes(s.encoder, warmup=s.warmup, repeats=s.repeats),
     "scaling": suite_scaling,
+    "decode": suite_decode,
 }
 
 
@@ -80,6 +85,7 @@ __all__ = [
     "settings_for",
     "suite_add",
     "suite_bias",
+    "suite_decode",
     "suite_encoder",
     "suite_rope",
     "suite_scaling",

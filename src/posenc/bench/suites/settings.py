@@ -29,6 +29,11 @@ class Settings:
     max_call_s: float = 3.0  # scaling/bias: skip a size predicted slower than this per call
     size_budget_s: float = 4.0  # scaling/bias: time spent on the timed rounds of one size
     compile_flex: bool = True  # False runs flex_attention eagerly (no compilation)
+    # decode: vocabulary, width, depth, heads of the causal RoPE TransformerModel
+    decode: tuple[int, int, int, int] = (256, 256, 4, 4)
+    decode_tokens: tuple[int, int] = (128, 128)  # prompt length, new tokens
+    decode_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # cache lengths
+    decode_repeats: int = 5  # decode: timed generations per case
     threads: int = 0  # 0: torch's default
 
 
@@ -50,6 +55,10 @@ QUICK = Settings(
     max_call_s=1.0,
     size_budget_s=0.2,
     compile_flex=False,
+    decode=(32, 32, 1, 2),
+    decode_tokens=(8, 8),
+    decode_lengths=(4, 8, 16, 32, 64, 128),
+    decode_repeats=2,
 )
 
 
