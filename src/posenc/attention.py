@@ -99,6 +99,25 @@ def __getattr__(name: str) -> Any:
 FLEX_AUTO_MIN_ELEMENTS = 2**24
 
 
+def check_heads(
+    dim: int, num_heads: int, num_kv_heads: object, head_dim: object
+) -> tuple[int, int]:
+    """``(head_dim, num_kv_heads)`` with their defaults (``dim / num_heads``, ``num_heads``),
+    checked: key/value heads must divide the query heads."""
+    if head_dim is None:
+        if dim % num_heads:
+            raise PosencValueError(
+                f"num_heads ({num_heads}) must divide dim ({dim}), or give head_dim"
+            )
+        head_dim = dim // num_heads
+    head_dim = check_positive_int("head_dim", head_dim)
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % num_kv_heads:
+        raise PosencValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+    return head_dim, num_kv_heads
+
+
 def check_attention_pe(
     pe: object, num_heads: int, head_dim: int | None = None
 ) -> PositionalEncoding | None:
@@ -122,7 +141,7 @@ def check_attention_pe(
     if head_dim is not None and isinstance(pe_head_dim, int) and pe_head_dim != head_dim:
         raise PosencValueError(
             f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
-            f"head_dim={head_dim} (dim // num_heads)"
+            f"head_dim={head_dim}"
         )
     return pe
 
@@ -134,8 +153,14 @@ class MultiHeadAttention(nn.Module):
     """Multi-head self-attention that applies a rotary or bias encoding through its hook.
 
     Args:
-        dim: model width ``D``; must be divisible by ``num_heads``.
-        num_heads: number of heads ``h``.
+        dim: model width ``D``; must be divisible by ``num_heads`` unless ``head_dim`` is
+            given.
+        num_heads: number of query heads ``h``.
+        num_kv_heads: number of key/value heads ``g`` (grouped-query attention, Ainslie et
+            al. 2023): each serves ``h / g`` query heads; ``g = 1`` is multi-query attention.
+            Default ``h``. The KV cache stores the ``g`` grouped heads.
+        head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
+            ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
         pe: a rotary, bias or none encoding (additive ones belong on the input).
         causal: mask future keys.
         dropout: dropout on the attention weights (training only).
@@ -174,27 +199,30 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         backend: Backend | str = Backend.AUTO,
         compile_flex: bool = True,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("num_heads", num_heads)
-        if dim % num_heads:
-            raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
+        head_dim, num_kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise PosencValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         if backend == Backend.FLEX and not flex.flex_available():
             raise PosencValueError(
                 "backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)"
             )
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
+        self.num_kv_heads = num_kv_heads
         self.causal = check_bool("causal", causal)
         check_bool("bias", bias)
         self.dropout = check_probability("dropout", dropout)
         self.backend = Backend(backend)
         self.compile_flex = check_bool("compile_flex", compile_flex)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
-        self.out = nn.Linear(dim, dim, bias=bias)
+        # one fused projection: h query heads, then g key and g value heads (3·D by default)
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
+        self.out = nn.Linear(num_heads * head_dim, dim, bias=bias)
         #: The backend the last forward actually used (for inspection and benchmarks).
         self.last_backend: str | None = None
 
@@ -320,8 +348,12 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """:meth:`attend` on a checked ``x`` and mask."""
         b, n, _ = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d)
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if g == h:
+            q, k, v = self.qkv(x).view(b, n, 3, h, d).unbind(2)
+        else:
+            q, k, v = self.qkv(x).view(b, n, h + 2 * g, d).split([h, g, g], dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d); k, v (b, g, n, d)
         bias_state: BiasState | None = None
         if isinstance(state, RotaryState):
             # q and k are fresh projections: rotate them in their own storage where autograd
@@ -332,8 +364,10 @@ class MultiHeadAttention(nn.Module):
         elif isinstance(state, BiasState):
             bias_state = state
         if context is not None:
-            k, v = context.keys_values(self, k, v)  # (b, h, nk, d): the cached keys first
+            k, v = context.keys_values(self, k, v)  # (b, g, nk, d): the cached keys first
             key_padding_mask = context.key_padding_mask
+        if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
+            k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
         nk = k.shape[2]
 
         dropout_p = self.dropout if self.training else 0.0
@@ -373,7 +407,7 @@ class MultiHeadAttention(nn.Module):
                     q, k, v, mask, bias, dropout_p, plain_causal=plain_causal, keep=keep
                 )
         self.last_backend = backend.value
-        return out.transpose(1, 2).reshape(b, n, self.dim), weights  # (b, n, D)
+        return out.transpose(1, 2).reshape(b, n, h * d), weights  # (b, n, h·d)
 
     def _choose_backend(
         self,
@@ -455,7 +489,9 @@ class MultiHeadAttention(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, "
-            f"backend={self.backend.value!r}"
-        )
+        text = f"dim={self.dim}, num_heads={self.num_heads}"
+        if self.num_kv_heads != self.num_heads:
+            text += f", num_kv_heads={self.num_kv_heads}"
+        if self.head_dim * self.num_heads != self.dim:
+            text += f", head_dim={self.head_dim}"
+        return text + f", causal={self.causal}, backend={self.backend.value!r}"

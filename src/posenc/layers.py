@@ -97,11 +97,20 @@ class EncoderLayer(nn.Module):
         activation: Activation = "relu",
         pe: PositionalEncoding | None = None,
         backend: Backend = "auto",
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = check_bool("norm_first", norm_first)
         self.attn = MultiHeadAttention(
-            dim, num_heads, pe=pe, causal=causal, dropout=dropout, backend=backend
+            dim,
+            num_heads,
+            pe=pe,
+            causal=causal,
+            dropout=dropout,
+            backend=backend,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
         )
         self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import Backend, check_attention_pe
+from .attention import Backend, check_attention_pe, check_heads
 from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import (
@@ -53,15 +53,20 @@ def resolve_pe(
     num_heads: int,
     *,
     causal: bool = False,
+    head_dim: int | None = None,
     **kwargs: Any,
 ) -> PositionalEncoding:
     """A registry name, a module or ``None`` (NoPE) -> a module sized for the model. A name
-    built for a ``causal`` model starts from the scheme's ``causal_defaults``."""
+    built for a ``causal`` model starts from the scheme's ``causal_defaults``. An additive
+    scheme is as wide as the model; one acting inside attention is sized for ``num_heads``
+    heads of ``head_dim`` (default ``dim / num_heads``)."""
     if pe is None:
         return NoPE()
     if isinstance(pe, str):
-        defaults = entry(pe).cls.causal_defaults if causal else {}
-        return build_for_model(pe, dim, num_heads, **{**defaults, **kwargs})
+        found = entry(pe)
+        defaults = found.cls.causal_defaults if causal else {}
+        width = dim if head_dim is None or found.family == "additive" else num_heads * head_dim
+        return build_for_model(pe, width, num_heads, **{**defaults, **kwargs})
     if isinstance(pe, PositionalEncoding):
         if kwargs:
             raise PosencTypeError(
@@ -78,9 +83,12 @@ class Encoder(nn.Module):
     """A stack of ``depth`` encoder layers with one positional scheme.
 
     Args:
-        dim: model width; num_heads must divide it.
+        dim: model width; num_heads must divide it unless ``head_dim`` is given.
         depth: number of layers.
-        num_heads: attention heads.
+        num_heads: attention (query) heads.
+        num_kv_heads: key/value heads, grouped-query attention (default ``num_heads``; see
+            :class:`~posenc.MultiHeadAttention`).
+        head_dim: size of each head (default ``dim / num_heads``).
         pe: a registry name (see :func:`posenc.available`), a module, or ``None`` (NoPE).
         ffn_dim: feed-forward width (default ``4 * dim``).
         dropout: dropout in attention, feed-forward and residuals.
@@ -113,6 +121,8 @@ class Encoder(nn.Module):
         backend: Backend = "auto",
         pe_kwargs: dict[str, Any] | None = None,
         random_positions: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
@@ -120,8 +130,7 @@ class Encoder(nn.Module):
         if random_positions is not None:
             check_positive_int("random_positions", random_positions)
         check_positive_int("num_heads", num_heads)
-        if dim % num_heads:
-            raise PosencValueError(f"num_heads ({num_heads}) must divide dim ({dim})")
+        head_size, kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
         if ffn_dim is not None:
             check_positive_int("ffn_dim", ffn_dim)
         if pe_kwargs is not None and not isinstance(pe_kwargs, Mapping):
@@ -131,7 +140,8 @@ class Encoder(nn.Module):
         check_bool("norm_first", norm_first)
         hidden = 4 * dim if ffn_dim is None else ffn_dim
         # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
-        per_layer = 4 * dim * dim + 2 * dim * hidden + hidden + 9 * dim
+        inner = (2 * num_heads + 2 * kv_heads) * head_size * dim  # qkv and output projections
+        per_layer = inner + 2 * dim * hidden + hidden + 9 * dim
         check_bytes(
             "dim x depth x ffn_dim",
             f"{dim} x {depth} x {hidden}",
@@ -140,7 +150,10 @@ class Encoder(nn.Module):
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.causal = check_bool("causal", causal)
         self.random_positions = random_positions
-        self.pe = resolve_pe(pe, dim, num_heads, causal=causal, **(pe_kwargs or {}))
+        self.num_kv_heads, self.head_dim = kv_heads, head_size
+        self.pe = resolve_pe(
+            pe, dim, num_heads, causal=causal, head_dim=head_size, **(pe_kwargs or {})
+        )
         self.layers = nn.ModuleList(
             EncoderLayer(
                 dim,
@@ -151,6 +164,8 @@ class Encoder(nn.Module):
                 norm_first=norm_first,
                 activation=activation,
                 backend=backend,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
             )
             for _ in range(depth)
         )
@@ -158,7 +173,7 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
         # Validate the pairing now rather than at the first forward.
         if self.pe.family != "additive":
-            check_attention_pe(self.pe, num_heads, dim // num_heads)
+            check_attention_pe(self.pe, num_heads, head_size)
 
     def forward(
         self,
