@@ -115,3 +115,30 @@ def test_one_attention_module_twice_in_a_call_is_refused() -> None:
     encoder.layers[0].attn = attn
     with pytest.raises(ValueError, match="ran twice in one cached call"):
         encoder(torch.zeros(1, 3, DIM), cache=posenc.KVCache())
+
+
+def test_an_empty_call_is_accepted_and_changes_nothing() -> None:
+    model = _model()
+    cache = posenc.KVCache()
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    with torch.no_grad():
+        assert model(empty, cache=cache).shape == (2, 0, VOCAB)
+        assert model(empty, document_ids=empty).shape == (2, 0, VOCAB)
+        model(torch.ones(2, 3, dtype=torch.long), cache=cache)
+        assert model(empty, cache=cache).shape == (2, 0, VOCAB)
+    assert len(cache) == 3
+
+
+def test_keys_follow_the_models_dtype_between_calls() -> None:
+    """A model moved to bfloat16 between calls reads its cached keys in bfloat16."""
+    model = _model()
+    tokens = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    cache = posenc.KVCache()
+    with torch.no_grad():
+        model(tokens[:, :4], cache=cache)
+        model.to(torch.bfloat16)
+        step = model(tokens[:, 4:], cache=cache)
+        keys, _ = cache.keys_values(model.encoder.layers[0].attn)
+        assert step.dtype == keys.dtype == torch.bfloat16
+        reference = model.float()(tokens)[:, 4:]
+    assert_close(step.float(), reference, atol=0.1, rtol=0.05)

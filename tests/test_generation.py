@@ -142,3 +142,21 @@ def test_generation_needs_a_causal_model_over_its_vocabulary() -> None:
     classifier = posenc.TransformerModel(VOCAB, DIM, 1, HEADS, causal=True, num_outputs=3)
     with pytest.raises(ValueError, match="logits over the vocabulary"):
         classifier.generate(prompt, 2)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan() -> None:
+    model = _model()
+    prompt = torch.randint(0, VOCAB, (2, 3), generator=torch.Generator().manual_seed(5))
+    generator = torch.Generator().manual_seed(0)
+    sampled = model.generate(prompt, 5, temperature=1e-40, generator=generator)
+    assert torch.equal(sampled, model.generate(prompt, 5))
+
+
+def test_a_learned_table_too_short_for_the_generation_fails_before_any_work() -> None:
+    model = posenc.TransformerModel(
+        VOCAB, DIM, 1, HEADS, pe="learned", causal=True, pe_kwargs={"max_len": 8}
+    ).eval()
+    prompt = torch.ones(1, 4, dtype=torch.long)
+    assert model.generate(prompt, 5).shape == (1, 9)  # positions up to 7
+    with pytest.raises(ValueError, match=r"reaches position 8, past the learned table"):
+        model.generate(prompt, 6)

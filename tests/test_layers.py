@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "posenc.positions",
         "posenc.cache",
         "posenc.context",
+        "posenc.heads",
+        "posenc.schedule",
         "posenc.sdpa",
     ),
     ("posenc.attention",),

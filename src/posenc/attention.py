@@ -28,7 +28,6 @@ from . import flex
 from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import (
-    BiasEncoding,
     PositionalEncoding,
     ScoreMod,
     check_bool,
@@ -38,8 +37,10 @@ from .encodings.base import (
     compute_dtype,
 )
 from .encodings.state import BiasState, PositionState, RotaryState
-from .errors import PosencTypeError, PosencValueError
+from .errors import PosencValueError
+from .heads import check_attention_pe, check_heads
 from .masks import attention_mask, check_key_padding_mask
+from .schedule import per_layer
 from .sdpa import fused_attention, scaled_dot_product_attention
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Backend",
     "MultiHeadAttention",
     "check_attention_pe",
+    "check_heads",
     "scaled_dot_product_attention",
 ]
 
@@ -99,53 +101,6 @@ def __getattr__(name: str) -> Any:
 FLEX_AUTO_MIN_ELEMENTS = 2**24
 
 
-def check_heads(
-    dim: int, num_heads: int, num_kv_heads: object, head_dim: object
-) -> tuple[int, int]:
-    """``(head_dim, num_kv_heads)`` with their defaults (``dim / num_heads``, ``num_heads``),
-    checked: key/value heads must divide the query heads."""
-    if head_dim is None:
-        if dim % num_heads:
-            raise PosencValueError(
-                f"num_heads ({num_heads}) must divide dim ({dim}), or give head_dim"
-            )
-        head_dim = dim // num_heads
-    head_dim = check_positive_int("head_dim", head_dim)
-    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
-    if num_heads % num_kv_heads:
-        raise PosencValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
-    return head_dim, num_kv_heads
-
-
-def check_attention_pe(
-    pe: object, num_heads: int, head_dim: int | None = None
-) -> PositionalEncoding | None:
-    """Accept a rotary, bias or none encoding for attention; reject additive ones, and ones
-    sized for another head count or (when ``head_dim`` is given) another head dim."""
-    if pe is None:
-        return None
-    if not isinstance(pe, PositionalEncoding):
-        raise PosencTypeError(f"pe must be a posenc PositionalEncoding, got {type(pe).__name__}")
-    if pe.family == "additive":
-        raise PosencTypeError(
-            f"pe={type(pe).__name__} is additive: it acts on the input embeddings, not inside "
-            "attention (Encoder adds it before the first layer)"
-        )
-    if isinstance(pe, BiasEncoding) and pe.num_heads != num_heads:
-        raise PosencValueError(
-            f"pe={type(pe).__name__} has num_heads={pe.num_heads} but attention has "
-            f"num_heads={num_heads}"
-        )
-    pe_head_dim = getattr(pe, "head_dim", None)
-    if head_dim is not None and isinstance(pe_head_dim, int) and pe_head_dim != head_dim:
-        raise PosencValueError(
-            f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
-            f"head_dim={head_dim}"
-        )
-    return pe
-
-
 # --------------------------------------------------------------------------- module
 
 
@@ -162,6 +117,11 @@ class MultiHeadAttention(nn.Module):
         head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
             ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
         pe: a rotary, bias or none encoding (additive ones belong on the input).
+        window: a sliding window: each query reads the keys less than ``window`` positions
+            away (with ``causal``: keys ``i - window + 1 … i``), as Mistral's and Gemma's
+            local layers do. ``None``: every key.
+        chunk: chunked attention (Llama 4): each query reads the keys whose
+            ``position // chunk`` is its own. ``None``: every key.
         causal: mask future keys.
         dropout: dropout on the attention weights (training only).
         backend: where the softmax runs (a :class:`Backend` or its string):
@@ -201,6 +161,8 @@ class MultiHeadAttention(nn.Module):
         compile_flex: bool = True,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        window: int | None = None,
+        chunk: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
@@ -214,6 +176,7 @@ class MultiHeadAttention(nn.Module):
             )
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_kv_heads = num_kv_heads
+        self.window, self.chunk = per_layer("window", window, 1)[0], per_layer("chunk", chunk, 1)[0]
         self.causal = check_bool("causal", causal)
         check_bool("bias", bias)
         self.dropout = check_probability("dropout", dropout)
@@ -267,6 +230,7 @@ class MultiHeadAttention(nn.Module):
             cache=cache,
             axes=1 if encoding is None else encoding.axes,
             scheme=type(encoding).__name__,
+            windowed=self.windowed,
         )
         if context is None:
             # the caller that made ``state`` (an Encoder) has read the mask's values already
@@ -286,6 +250,12 @@ class MultiHeadAttention(nn.Module):
             )
             out = residual + out
         return (out, weights) if need_weights else out
+
+    @property
+    def windowed(self) -> bool:
+        """Whether this attention reads a sliding window or a chunk (its mask then needs the
+        positions: the caller makes a :class:`~posenc.context.SequenceContext`)."""
+        return self.window is not None or self.chunk is not None
 
     def state_for(
         self,
@@ -319,6 +289,11 @@ class MultiHeadAttention(nn.Module):
         check_input(x, self.dim)
         if context is None:
             check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            if self.windowed:
+                raise PosencValueError(
+                    "attend: a windowed or chunked attention needs the forward's context "
+                    "(its mask reads positions); call forward, or pass context="
+                )
         elif key_padding_mask is not None:
             raise PosencValueError("attend: pass key_padding_mask through the context alone")
         return self._heads(x, state, key_padding_mask, need_weights, context)
@@ -371,7 +346,7 @@ class MultiHeadAttention(nn.Module):
         nk = k.shape[2]
 
         dropout_p = self.dropout if self.training else 0.0
-        packed = context is not None and context.q_runs is not None
+        packed = self.windowed or (context is not None and context.q_runs is not None)
         backend, fused_only = self._choose_backend(
             q, k, bias_state, need_weights, dropout_p, packed=packed
         )
@@ -387,7 +362,7 @@ class MultiHeadAttention(nn.Module):
                     b, n, nk, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
                 )
             else:
-                mask = context.mask(self.causal, n, nk, x.device)
+                mask = context.mask(self.causal, n, nk, x.device, self.window, self.chunk)
             if backend == Backend.MATH:
                 out, weights = scaled_dot_product_attention(
                     q, k, v, mask, bias=bias, dropout_p=dropout_p
@@ -396,12 +371,14 @@ class MultiHeadAttention(nn.Module):
                     extra = bias_state.value_term(weights.to(compute_dtype(q.dtype)))
                     out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
             else:
-                plain = key_padding_mask is None and (context is None or context.q_runs is None)
+                plain = key_padding_mask is None and not self.windowed
+                plain = plain and (context is None or context.q_runs is None)
                 plain_causal = self.causal and plain and n == nk
                 keep = None  # the additive mask is the same in every layer: make it once
                 memo = context if bias_state is None else bias_state
                 if memo is not None:
-                    key = ("sdpa mask", self.causal, key_padding_mask, context, q.dtype)
+                    # the context keeps one mask per kind of layer; else the padding decides
+                    key = ("sdpa mask", self.causal, mask if context else key_padding_mask, q.dtype)
                     keep = functools.partial(memo.keep, key)
                 out = fused_attention(
                     q, k, v, mask, bias, dropout_p, plain_causal=plain_causal, keep=keep
@@ -473,7 +450,13 @@ class MultiHeadAttention(nn.Module):
                     return None
                 # no fused form: the kernel reads a materialised bias
                 score_mod = flex.bias_score_mod(state.bias(q, k))
-        runs = (None, None) if context is None else (context.q_runs, context.k_runs)
+        where: dict[str, Any] = {}
+        if context is not None:
+            where = {"q_documents": context.q_runs, "k_documents": context.k_runs}
+            if self.windowed:
+                positions = context.positions.expand(b, nq), context.key_positions.expand(b, nk)
+                where.update(q_positions=positions[0], k_positions=positions[1])
+                where.update(window=self.window, chunk=self.chunk)
         block_mask = flex.flex_block_mask(
             b,
             nq,
@@ -481,8 +464,7 @@ class MultiHeadAttention(nn.Module):
             causal=self.causal,
             key_padding_mask=key_padding_mask,
             device=q.device,
-            q_documents=runs[0],
-            k_documents=runs[1],
+            **where,
         )
         return flex.flex_attention_forward(
             q, k, v, score_mod=score_mod, block_mask=block_mask, compile=self.compile_flex
@@ -494,4 +476,7 @@ class MultiHeadAttention(nn.Module):
             text += f", num_kv_heads={self.num_kv_heads}"
         if self.head_dim * self.num_heads != self.dim:
             text += f", head_dim={self.head_dim}"
+        for name in ("window", "chunk"):
+            if getattr(self, name) is not None:
+                text += f", {name}={getattr(self, name)}"
         return text + f", causal={self.causal}, backend={self.backend.value!r}"

@@ -40,8 +40,11 @@ class Growing:
     """A tensor grown along one dimension by doubling: ``append`` writes new entries past the
     committed ``length`` and returns everything up to them; :meth:`commit` moves ``length``."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, *, follow_dtype: bool = False) -> None:
         self.dim = dim
+        #: On a new dtype, convert what is stored to it (keys and values follow the model,
+        #: moved to bf16 between calls, say); otherwise promote (positions: int, then float).
+        self.follow_dtype = follow_dtype
         self.data: Tensor | None = None  # capacity along ``dim`` >= length
         self.length = 0
 
@@ -56,8 +59,11 @@ class Growing:
         start, count = self.length, new.shape[self.dim]
         end = start + count
         if self.data is not None and self.data.dtype != new.dtype:
-            self.data = self.data.to(torch.promote_types(self.data.dtype, new.dtype))
-            new = new.to(self.data.dtype)
+            dtype = (
+                new.dtype if self.follow_dtype else torch.promote_types(self.data.dtype, new.dtype)
+            )
+            self.data = self.data.to(dtype)
+            new = new.to(dtype)
         if self.data is None or (torch.is_grad_enabled() and new.requires_grad):
             # autograd (or a first call): a new tensor, never written into later
             old = self.view()
@@ -81,7 +87,8 @@ class LayerKV:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module  # kept so that a reused id() is never mistaken for this layer
-        self.keys, self.values = Growing(2), Growing(2)
+        self.keys = Growing(2, follow_dtype=True)
+        self.values = Growing(2, follow_dtype=True)
         self.pending = 0  # tokens appended in the current call, not yet committed
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

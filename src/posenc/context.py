@@ -86,7 +86,7 @@ class SequenceContext:
         self.q_runs, self.k_runs = q_runs, k_runs
         self.cache = cache
         self._record = record  # what commit() hands the cache
-        self._masks: dict[tuple[bool, int, int], Tensor | None] = {}
+        self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
         self._kept: list[tuple[tuple[Any, ...], Any]] = []
 
     @property
@@ -107,21 +107,23 @@ class SequenceContext:
         cache: KVCache | None,
         axes: int = 1,
         scheme: str = "",
+        windowed: bool = False,
     ) -> SequenceContext | None:
         """The context of a forward over ``batch`` rows of ``seq`` new tokens, or ``None``
-        when there is neither a cache nor documents. Every argument is checked here, before
+        when there is neither a cache nor documents nor a ``windowed`` layer (a sliding
+        window or chunk, whose mask reads positions). Every argument is checked here, before
         any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``."""
         if cache is not None and not isinstance(cache, KVCache):
             raise PosencTypeError(
                 f"cache must be a posenc.KVCache or None, got {type(cache).__name__}"
             )
         document_ids = check_document_ids(document_ids, batch, seq)
-        if cache is None and document_ids is None:
+        if cache is None and document_ids is None and not windowed:
             return None
         if axes != 1:
             raise PosencValueError(
-                f"cache= and document_ids= need a scheme with 1-D positions; {scheme or 'this pe'} "
-                f"takes {axes}-D positions"
+                f"cache=, document_ids=, window= and chunk= need a scheme with 1-D positions; "
+                f"{scheme or 'this pe'} takes {axes}-D positions"
             )
         check_key_padding_mask(key_padding_mask, batch, seq)
         if cache is not None:
@@ -183,11 +185,20 @@ class SequenceContext:
             return k, v
         return self.cache.append_kv(module, k, v)
 
-    def mask(self, causal: bool, nq: int, nk: int, device: torch.device) -> Tensor | None:
+    def mask(
+        self,
+        causal: bool,
+        nq: int,
+        nk: int,
+        device: torch.device,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> Tensor | None:
         """The boolean ``(b, 1, nq, nk)`` mask (True = may attend) of a layer, made once per
-        forward: causal (the new queries are the last ``nq`` of the ``nk`` keys), padding and
-        documents; ``None`` when every pair may attend."""
-        key = (causal, nq, nk)
+        forward for each kind of layer: causal (the new queries are the last ``nq`` of the
+        ``nk`` keys), padding, documents, and a sliding ``window`` or ``chunk`` over
+        positions; ``None`` when every pair may attend."""
+        key = (causal, nq, nk, window, chunk)
         if key not in self._masks:
             batch = self.key_positions.shape[0]
             self._masks[key] = attention_mask(
@@ -199,6 +210,10 @@ class SequenceContext:
                 q_documents=self.q_runs,
                 k_documents=self.k_runs,
                 device=device,
+                q_positions=self.positions.expand(batch, nq),
+                k_positions=self.key_positions.expand(batch, nk),
+                window=window,
+                chunk=chunk,
             )
         return self._masks[key]
 
@@ -238,7 +253,7 @@ def _runs(
     )
     previous = torch.cat([before, document_ids[:, :-1]], dim=1)  # (b, n)
     opens = document_ids != previous
-    if last_id is None:
+    if last_id is None and opens.shape[1]:
         opens[:, 0] = True
     start = -1 if last_run is None else last_run.long()  # (b, 1) or a number
     return start + opens.long().cumsum(dim=1), opens

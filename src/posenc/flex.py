@@ -54,11 +54,18 @@ def flex_block_mask(
     device: torch.device,
     q_documents: Tensor | None = None,
     k_documents: Tensor | None = None,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Any:
     """A flex_attention ``BlockMask`` for a causal, key-padding and/or document mask (all
     blocks full when there is none). Documents are run numbers, ``(b, nq)`` and ``(b, nk)``,
     that never decrease along a row (:mod:`posenc.context`), so a block's documents span
-    from its first token's to its last token's.
+    from its first token's to its last token's. A sliding ``window`` and a ``chunk`` read positions,
+    ``(b, nq)`` and ``(b, nk)`` (as :func:`~posenc.masks.attention_mask`); a block is skipped
+    when no pair in it can be near enough (or share a chunk), judged from the block's
+    smallest and largest positions.
 
     Built from block-level reasoning, ``(b, 1, nq/128, nk/128)`` booleans, never from an
     ``nq × nk`` mask (``create_block_mask`` would evaluate every pair). Blocks with every pair
@@ -100,6 +107,22 @@ def flex_block_mask(
         q_hi, k_hi = q_hi.view(batch, mq, 1), k_hi.view(batch, 1, mk)
         some = some & (q_lo <= k_hi) & (k_lo <= q_hi)  # the two blocks share a document
         every = every & (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)  # ... and only it
+    if window is not None or chunk is not None:
+        assert q_positions is not None and k_positions is not None
+        q_lo, q_hi = _block_range(q_positions, bs, mq)  # (b, mq) each
+        k_lo, k_hi = _block_range(k_positions, bs, mk)
+        q_lo, q_hi = q_lo.view(batch, mq, 1), q_hi.view(batch, mq, 1)
+        k_lo, k_hi = k_lo.view(batch, 1, mk), k_hi.view(batch, 1, mk)
+        if window is not None:  # the nearest pair is within reach / the farthest one is
+            gap = torch.maximum(k_lo - q_hi, q_lo - k_hi)
+            some = some & (gap < window)
+            every = every & (torch.maximum(q_hi - k_lo, k_hi - q_lo) < window)
+        if chunk is not None:
+            cq_lo, cq_hi, ck_lo, ck_hi = (
+                torch.div(t, chunk, rounding_mode="floor") for t in (q_lo, q_hi, k_lo, k_hi)
+            )
+            some = some & (cq_lo <= ck_hi) & (ck_lo <= cq_hi)
+            every = every & (cq_lo == cq_hi) & (ck_lo == ck_hi) & (cq_lo == ck_lo)
     partial, full = some & ~every, every
 
     def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,11 +132,13 @@ def flex_block_mask(
 
     kv_num, kv_idx = as_indices(partial)
     full_num, full_idx = as_indices(full)
-    mask_mod = None
+    mask_mod: Callable[..., Tensor] | None = None
     if causal or keep is not None or documents:
         mask_mod = _mask_mod(causal, offset, keep, device)
         if documents:
             mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
+    if window is not None or chunk is not None:
+        mask_mod = _position_mask_mod(mask_mod, q_positions, k_positions, window, chunk)
     return BlockMask.from_kv_blocks(
         kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(nq, nk)
     )
@@ -143,6 +168,39 @@ def _document_mask_mod(
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         same = q_documents[b, q_idx] == k_documents[b, kv_idx]
         return same & inner(b, h, q_idx, kv_idx)
+
+    return mask_mod
+
+
+def _block_range(positions: Tensor, bs: int, blocks: int) -> tuple[Tensor, Tensor]:
+    """The smallest and largest position in each block of ``bs`` tokens: ``(b, blocks)``."""
+    n = positions.shape[-1]
+    tail = blocks * bs - n
+    low = F.pad(
+        positions, (0, tail), value=float("inf") if positions.is_floating_point() else 2**62
+    )
+    high = F.pad(positions, (0, tail), value=-1)
+    return low.view(-1, blocks, bs).amin(-1), high.view(-1, blocks, bs).amax(-1)
+
+
+def _position_mask_mod(
+    inner: Callable[..., Tensor] | None,
+    q_positions: Any,
+    k_positions: Any,
+    window: int | None,
+    chunk: int | None,
+) -> Callable[..., Tensor]:
+    """``inner`` (or nothing) and: the key is within ``window`` positions of the query, and
+    in its ``chunk``."""
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        qp, kp = q_positions[b, q_idx], k_positions[b, kv_idx]
+        allowed = qp == qp  # all True, of the right shape
+        if window is not None:
+            allowed = allowed & ((qp - kp).abs() < window)
+        if chunk is not None:
+            allowed = allowed & (qp // chunk == kp // chunk)
+        return allowed if inner is None else allowed & inner(b, h, q_idx, kv_idx)
 
     return mask_mod
 

@@ -41,7 +41,9 @@ def sample_next(
     """
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    work = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    work = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    # shift first: the largest logit becomes 0, so a tiny temperature gives -inf, never NaN
+    work = (work - work.amax(dim=-1, keepdim=True)) / temperature
     blocked = torch.tensor(-math.inf, dtype=work.dtype, device=work.device)
     if top_k is not None and top_k < work.shape[-1]:
         kth = work.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
@@ -160,6 +162,14 @@ def generate(
         4 * b * (n + max_new_tokens) * encoder.depth * encoder.dim * itemsize,
         device=prompt.device,
     )
+    longest = n - 1 + max_new_tokens - 1  # the last position fed (the last token is not)
+    for pe in encoder.distinct_pes():
+        limit = getattr(pe, "max_len", None)  # a learned table's rows
+        if isinstance(limit, int) and max_new_tokens and longest >= limit:
+            raise PosencValueError(
+                f"max_new_tokens={max_new_tokens} after a prompt of {n} tokens reaches position "
+                f"{longest}, past the learned table (max_len={limit})"
+            )
     if max_new_tokens == 0:
         return prompt.clone()
     cache = KVCache()

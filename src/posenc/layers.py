@@ -99,6 +99,8 @@ class EncoderLayer(nn.Module):
         backend: Backend = "auto",
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        window: int | None = None,
+        chunk: int | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = check_bool("norm_first", norm_first)
@@ -111,6 +113,8 @@ class EncoderLayer(nn.Module):
             backend=backend,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
+            window=window,
+            chunk=chunk,
         )
         self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)

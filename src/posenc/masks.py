@@ -25,6 +25,10 @@ def attention_mask(
     device: torch.device,
     q_documents: Tensor | None = None,
     k_documents: Tensor | None = None,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Tensor | None:
     """Boolean ``(b, 1, nq, nk)`` mask, True where attending is allowed; ``None`` if all is.
 
@@ -32,6 +36,11 @@ def attention_mask(
     ``torch.nn.MultiheadAttention``). Causal masking aligns the last query with the last key
     (the queries of a cached call are the newest keys). ``q_documents`` ``(b, nq)`` and
     ``k_documents`` ``(b, nk)`` keep each query to the keys of its own document.
+
+    ``window`` and ``chunk`` read positions, ``q_positions`` ``(b, nq)`` and ``k_positions``
+    ``(b, nk)``: a sliding window keeps the keys less than ``window`` positions from the query
+    (``i - w < j <= i`` with causal masking), a chunk the keys whose ``position // chunk``
+    is the query's (Llama 4's chunked attention).
     """
     mask = None
     if causal and nq > 1:  # one query, the newest, reads every key
@@ -43,6 +52,17 @@ def attention_mask(
     if q_documents is not None and k_documents is not None:
         same = q_documents.view(batch, 1, nq, 1) == k_documents.view(batch, 1, 1, nk)
         mask = same if mask is None else mask & same
+    if window is not None or chunk is not None:
+        assert q_positions is not None and k_positions is not None
+        qp, kp = q_positions.view(batch, 1, nq, 1), k_positions.view(batch, 1, 1, nk)
+        if window is not None:
+            near = (qp - kp).abs() < window
+            mask = near if mask is None else mask & near
+        if chunk is not None:
+            same_chunk = torch.div(qp, chunk, rounding_mode="floor") == torch.div(
+                kp, chunk, rounding_mode="floor"
+            )
+            mask = same_chunk if mask is None else mask & same_chunk
     return mask
 
 

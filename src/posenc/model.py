@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from .generation import generate
 from .layers import Activation, Block, EncoderLayer, FeedForward
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
+from .schedule import layers_of_types, per_layer, rescaled_schedule, resolve_schedule
 
 __all__ = [
     "Activation",
@@ -43,7 +44,6 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "TransformerModel",
-    "resolve_pe",
 ]
 
 
@@ -54,12 +54,14 @@ def resolve_pe(
     *,
     causal: bool = False,
     head_dim: int | None = None,
-    **kwargs: Any,
+    pe_kwargs: Mapping[str, Any] | None = None,
 ) -> PositionalEncoding:
-    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model. A name
-    built for a ``causal`` model starts from the scheme's ``causal_defaults``. An additive
-    scheme is as wide as the model; one acting inside attention is sized for ``num_heads``
-    heads of ``head_dim`` (default ``dim / num_heads``)."""
+    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model, built
+    with ``pe_kwargs`` (a scheme's own ``causal``, ALiBi's say, among them). A name built for
+    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme is as
+    wide as the model; one acting inside attention is sized for ``num_heads`` heads of
+    ``head_dim`` (default ``dim / num_heads``)."""
+    kwargs = dict(pe_kwargs or {})
     if pe is None:
         return NoPE()
     if isinstance(pe, str):
@@ -89,7 +91,13 @@ class Encoder(nn.Module):
         num_kv_heads: key/value heads, grouped-query attention (default ``num_heads``; see
             :class:`~posenc.MultiHeadAttention`).
         head_dim: size of each head (default ``dim / num_heads``).
-        pe: a registry name (see :func:`posenc.available`), a module, or ``None`` (NoPE).
+        pe: a registry name (see :func:`posenc.available`), a module, or ``None`` (NoPE);
+            or a list with one such entry per layer (``"none"`` for a NoPE layer; equal names
+            share one module; an additive scheme only as the single model-wide ``pe``; see
+            :mod:`posenc.schedule`).
+        window: a sliding window for every layer (an int), or per layer (a list, ``None``
+            for full attention); see :class:`~posenc.MultiHeadAttention`.
+        chunk: chunked attention (Llama 4), as ``window``.
         ffn_dim: feed-forward width (default ``4 * dim``).
         dropout: dropout in attention, feed-forward and residuals.
         causal: mask future positions (decoder-only models).
@@ -123,10 +131,13 @@ class Encoder(nn.Module):
         random_positions: int | None = None,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        window: int | list[int | None] | None = None,
+        chunk: int | list[int | None] | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("depth", depth)
+        windows, chunks = per_layer("window", window, depth), per_layer("chunk", chunk, depth)
         if random_positions is not None:
             check_positive_int("random_positions", random_positions)
         check_positive_int("num_heads", num_heads)
@@ -141,19 +152,28 @@ class Encoder(nn.Module):
         hidden = 4 * dim if ffn_dim is None else ffn_dim
         # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
         inner = (2 * num_heads + 2 * kv_heads) * head_size * dim  # qkv and output projections
-        per_layer = inner + 2 * dim * hidden + hidden + 9 * dim
+        layer_params = inner + 2 * dim * hidden + hidden + 9 * dim
         check_bytes(
             "dim x depth x ffn_dim",
             f"{dim} x {depth} x {hidden}",
-            depth * per_layer * torch.get_default_dtype().itemsize,
+            depth * layer_params * torch.get_default_dtype().itemsize,
         )
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.causal = check_bool("causal", causal)
         self.random_positions = random_positions
         self.num_kv_heads, self.head_dim = kv_heads, head_size
-        self.pe = resolve_pe(
-            pe, dim, num_heads, causal=causal, head_dim=head_size, **(pe_kwargs or {})
+        distinct, self._pe_index = resolve_schedule(
+            pe,
+            depth,
+            lambda item: resolve_pe(
+                item, dim, num_heads, causal=causal, head_dim=head_size, pe_kwargs=pe_kwargs
+            ),
         )
+        # one encoding: ``self.pe``, as always (its parameters keep their names); several:
+        # ``self.encodings``, and ``self.pe`` is None
+        self.pe: PositionalEncoding | None = distinct[0] if len(distinct) == 1 else None
+        if self.pe is None:
+            self.encodings = nn.ModuleList(distinct)
         self.layers = nn.ModuleList(
             EncoderLayer(
                 dim,
@@ -166,14 +186,27 @@ class Encoder(nn.Module):
                 backend=backend,
                 num_kv_heads=num_kv_heads,
                 head_dim=head_dim,
+                window=windows[i],
+                chunk=chunks[i],
             )
-            for _ in range(depth)
+            for i in range(depth)
         )
         # A pre-norm stack leaves its residual stream unnormalised: normalise once at the end.
         self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
         # Validate the pairing now rather than at the first forward.
-        if self.pe.family != "additive":
-            check_attention_pe(self.pe, num_heads, head_size)
+        for encoding in distinct:
+            if encoding.family != "additive":
+                check_attention_pe(encoding, num_heads, head_size)
+
+    def distinct_pes(self) -> list[PositionalEncoding]:
+        """The encodings of this encoder, each once, in order of first use."""
+        return [self.pe] if self.pe is not None else list(self.encodings)
+
+    @property
+    def pes(self) -> list[PositionalEncoding]:
+        """The encoding of each layer (one entry per layer; shared modules repeat)."""
+        distinct = self.distinct_pes()
+        return [distinct[i] for i in self._pe_index]
 
     def forward(
         self,
@@ -199,6 +232,13 @@ class Encoder(nn.Module):
         """
         check_input(x, self.dim)
         b, n, _ = x.shape
+        distinct = self.distinct_pes()
+        widest = distinct[0]  # the encoding with the most position axes
+        for pe in distinct[1:]:
+            widest = pe if pe.axes > widest.axes else widest
+        windowed = False
+        for layer in self.layers:
+            windowed = windowed or layer.attn.windowed
         context = SequenceContext.build(
             batch=b,
             seq=n,
@@ -207,8 +247,9 @@ class Encoder(nn.Module):
             key_padding_mask=key_padding_mask,
             document_ids=document_ids,
             cache=cache,
-            axes=self.pe.axes,
-            scheme=self.pe.registry_name() or type(self.pe).__name__,
+            axes=widest.axes,
+            scheme=widest.registry_name() or type(widest).__name__,
+            windowed=windowed,
         )
         if context is None:
             check_key_padding_mask(key_padding_mask, b, n, read_values=True)
@@ -220,13 +261,15 @@ class Encoder(nn.Module):
                 context.positions = context.key_positions = positions
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        if context is None:
-            state = self.pe.position_state(positions, x)
-        else:
-            memo = {} if cache is None else cache.memo(self.pe)
-            state = self.pe.context_state(context.positions, context.key_positions, x, memo)
-        for layer in self.layers:
-            x = layer(x, key_padding_mask=key_padding_mask, state=state, context=context)
+        states = []  # once per distinct encoding
+        for pe in distinct:
+            if context is None:
+                states.append(pe.position_state(positions, x))
+            else:
+                memo = {} if cache is None else cache.memo(pe)
+                states.append(pe.context_state(context.positions, context.key_positions, x, memo))
+        for layer, index in zip(self.layers, self._pe_index, strict=True):
+            x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
         if context is not None:
             context.commit()
         return self.norm(x)
@@ -236,14 +279,22 @@ class Encoder(nn.Module):
     #: a missing ``original_max_position_embeddings`` in :meth:`with_rope_scaling`.
     trained_length: int | None = None
 
-    def with_rope_scaling(self, scaling: Mapping[str, Any] | None) -> Encoder:
-        """This encoder with its rotary embedding's scaling replaced by ``scaling`` (a Hugging
+    #: The type of each layer (transformers' ``layer_types``: ``"full_attention"``,
+    #: ``"sliding_attention"``, ...), when known; :meth:`with_rope_scaling` may select by it.
+    layer_types: list[str] | None = None
+
+    def with_rope_scaling(
+        self, scaling: Mapping[str, Any] | None, *, layer_types: Iterable[str] | None = None
+    ) -> Encoder:
+        """This encoder with its rotary embeddings' scaling replaced by ``scaling`` (a Hugging
         Face ``rope_scaling`` dict, or ``None`` for plain RoPE): how a RoPE model trained at
-        length ``L`` is evaluated with position interpolation, dynamic NTK or YaRN.
+        length ``L`` is evaluated with position interpolation, dynamic NTK or YaRN. Every
+        RoPE layer is rescaled, or, with ``layer_types``, those whose entry in
+        :attr:`layer_types` is one of them (Gemma 3 scales its global layers only).
 
         The result is a new :class:`Encoder` that *shares* every layer, norm and weight with
         this one (training either trains both; ``copy.deepcopy`` it to fine-tune apart); only
-        the rotary module is new (:meth:`posenc.RotaryEmbedding.with_scaling`). This encoder
+        the rotary modules are new (:meth:`posenc.RotaryEmbedding.with_scaling`). This encoder
         is left as it is. A dictionary whose rope type needs the original context
         (:attr:`posenc.RopeType.needs_original`) and lacks ``original_max_position_embeddings``
         gets :attr:`trained_length`.
@@ -253,17 +304,19 @@ class Encoder(nn.Module):
         >>> enc.with_rope_scaling({"rope_type": "yarn", "factor": 4.0}).pe.scaling["factor"]
         4.0
         """
-        with_scaling = getattr(self.pe, "with_scaling", None)
-        if with_scaling is None:
-            raise PosencValueError(
-                f"with_rope_scaling needs a rotary encoding; this encoder's pe is "
-                f"{type(self.pe).__name__}"
-            )
         if scaling is not None and not isinstance(scaling, Mapping):
             raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        chosen = layers_of_types(self.layer_types, layer_types, self.depth)
+        distinct, index = rescaled_schedule(self.pes, chosen, scaling, self.trained_length)
         new = _sharing_copy(self)
-        # (the rotary spec fills a missing original context with the trained length)
-        new.pe = with_scaling(scaling, original_max_position_embeddings=self.trained_length)
+        new._pe_index = index
+        if len(distinct) == 1:
+            new.pe = distinct[0]
+            new._modules.pop("encodings", None)
+        else:
+            new._modules.pop("pe", None)
+            new.pe = None
+            new.encodings = nn.ModuleList(distinct)
         return new
 
     def extra_repr(self) -> str:
@@ -420,9 +473,11 @@ class TransformerModel(nn.Module):
     def trained_length(self, value: int | None) -> None:
         self.encoder.trained_length = value
 
-    def with_rope_scaling(self, scaling: Mapping[str, Any] | None) -> TransformerModel:
-        """This model with its rotary embedding's scaling replaced, sharing every weight with
-        it (see :meth:`Encoder.with_rope_scaling`).
+    def with_rope_scaling(
+        self, scaling: Mapping[str, Any] | None, *, layer_types: Iterable[str] | None = None
+    ) -> TransformerModel:
+        """This model with its rotary embeddings' scaling replaced, sharing every weight with
+        it (see :meth:`Encoder.with_rope_scaling`, whose ``layer_types`` it passes on).
 
         >>> model = TransformerModel(50, 16, 1, 2, pe="rope", causal=True)
         >>> model.trained_length = 64
@@ -431,5 +486,5 @@ class TransformerModel(nn.Module):
         (True, False)
         """
         new = _sharing_copy(self)
-        new.encoder = self.encoder.with_rope_scaling(scaling)
+        new.encoder = self.encoder.with_rope_scaling(scaling, layer_types=layer_types)
         return new
