@@ -204,3 +204,31 @@ def test_a_schemes_own_causal_argument_passes_through_pe_kwargs() -> None:
     """``pe_kwargs={"causal": ...}`` is ALiBi's own argument, not the model's."""
     encoder = posenc.Encoder(DIM, 1, HEADS, pe="alibi", pe_kwargs={"causal": True})
     assert encoder.pe.causal is True and encoder.causal is False
+
+
+def test_a_windowed_layer_keeps_only_the_keys_it_can_still_read() -> None:
+    torch.manual_seed(0)
+    model = posenc.TransformerModel(
+        30, DIM, 3, HEADS, pe="alibi", causal=True, window=[4, None, None], chunk=[None, 8, None]
+    ).eval()
+    tokens = torch.randint(0, 30, (2, 60), generator=torch.Generator().manual_seed(5))
+    padding = torch.zeros(2, 10, dtype=torch.bool)
+    padding[1, :6] = True  # row 1 holds 4 real prompt tokens
+    positions = posenc.positions_from_padding(padding)
+    window, chunked, full = (layer.attn for layer in model.encoder.layers)
+    with torch.no_grad():
+        cache = posenc.KVCache()
+        parts = [model(tokens[:, :10], cache=cache, key_padding_mask=padding, positions=positions)]
+        for t in range(10, 60):
+            parts.append(model(tokens[:, t : t + 1], cache=cache))
+            assert cache.keys_values(window)[0].shape[2] <= 4  # i - 3 ... i
+            assert cache.keys_values(chunked)[0].shape[2] <= 8  # the current chunk
+        assert cache.keys_values(full)[0].shape[2] == 60
+        # the windowed layer's storage stayed small: it reuses its room
+        assert cache._layers[id(window)].keys.data.shape[2] <= 16
+        for r in range(2):
+            real = tokens[r : r + 1, 6 * r :]
+            alone = model(real)
+            assert_close(torch.cat(parts, dim=1)[r, 6 * r :], alone[0], atol=ATOL, rtol=RTOL)
+        with pytest.raises(ValueError, match="positions go back in row 0"):
+            model(tokens[:, :1], cache=cache, positions=torch.tensor([3]))

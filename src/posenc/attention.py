@@ -340,7 +340,7 @@ class MultiHeadAttention(nn.Module):
             bias_state = state
         if context is not None:
             k, v = context.keys_values(self, k, v)  # (b, g, nk, d): the cached keys first
-            key_padding_mask = context.key_padding_mask
+            key_padding_mask = context.last_keys(k.shape[2])[1]
         if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
             k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
         nk = k.shape[2]
@@ -452,9 +452,10 @@ class MultiHeadAttention(nn.Module):
                 score_mod = flex.bias_score_mod(state.bias(q, k))
         where: dict[str, Any] = {}
         if context is not None:
-            where = {"q_documents": context.q_runs, "k_documents": context.k_runs}
+            k_positions, _, k_runs = context.last_keys(nk)
+            where = {"q_documents": context.q_runs, "k_documents": k_runs}
             if self.windowed:
-                positions = context.positions.expand(b, nq), context.key_positions.expand(b, nk)
+                positions = context.positions.expand(b, nq), k_positions.expand(b, nk)
                 where.update(q_positions=positions[0], k_positions=positions[1])
                 where.update(window=self.window, chunk=self.chunk)
         block_mask = flex.flex_block_mask(

@@ -37,25 +37,30 @@ __all__ = ["KVCache"]
 
 
 class Growing:
-    """A tensor grown along one dimension by doubling: ``append`` writes new entries past the
-    committed ``length`` and returns everything up to them; :meth:`commit` moves ``length``."""
+    """A tensor grown along one dimension by doubling. Entries are numbered by their index in
+    the sequence: ``append`` writes new ones past the committed ``length`` and returns the
+    live ones up to them; :meth:`commit` moves ``length``; :meth:`drop_before` forgets a
+    prefix (a windowed layer's keys no query can read again), whose room the next growth
+    reclaims."""
 
     def __init__(self, dim: int, *, follow_dtype: bool = False) -> None:
         self.dim = dim
         #: On a new dtype, convert what is stored to it (keys and values follow the model,
         #: moved to bf16 between calls, say); otherwise promote (positions: int, then float).
         self.follow_dtype = follow_dtype
-        self.data: Tensor | None = None  # capacity along ``dim`` >= length
+        self.data: Tensor | None = None  # holds entries base, base + 1, ...
+        self.base = 0  # the index of data's first entry
+        self.first = 0  # the first live entry (>= base)
         self.length = 0
 
-    def view(self, length: int | None = None) -> Tensor | None:
-        """The first ``length`` (default: the committed length) entries."""
+    def view(self) -> Tensor | None:
+        """The live committed entries, ``first … length - 1``."""
         if self.data is None:
             return None
-        return self.data.narrow(self.dim, 0, self.length if length is None else length)
+        return self.data.narrow(self.dim, self.first - self.base, self.length - self.first)
 
     def append(self, new: Tensor) -> Tensor:
-        """Write ``new`` after the committed entries; return all of them, ``new`` included."""
+        """Write ``new`` after the committed entries; return the live ones, ``new`` included."""
         start, count = self.length, new.shape[self.dim]
         end = start + count
         if self.data is not None and self.data.dtype != new.dtype:
@@ -68,18 +73,28 @@ class Growing:
             # autograd (or a first call): a new tensor, never written into later
             old = self.view()
             self.data = new.clone() if old is None else torch.cat([old, new], dim=self.dim)
+            self.base = self.first
             return self.data
-        if end > self.data.shape[self.dim]:  # out of room: double (or more) and copy once
+        if end - self.base > self.data.shape[self.dim]:
+            # out of room: move the live entries to a buffer twice their size (amortised O(1)
+            # per entry, and a dropped prefix's room is reclaimed)
+            live = start - self.first
             shape = list(self.data.shape)
-            shape[self.dim] = max(end, 2 * shape[self.dim])
+            shape[self.dim] = max(2 * (live + count), 1)
             grown = self.data.new_empty(shape)
-            grown.narrow(self.dim, 0, start).copy_(self.data.narrow(self.dim, 0, start))
-            self.data = grown
-        self.data.narrow(self.dim, start, count).copy_(new)
-        return self.data.narrow(self.dim, 0, end)
+            grown.narrow(self.dim, 0, live).copy_(
+                self.data.narrow(self.dim, self.first - self.base, live)
+            )
+            self.data, self.base = grown, self.first
+        self.data.narrow(self.dim, start - self.base, count).copy_(new)
+        return self.data.narrow(self.dim, self.first - self.base, end - self.first)
 
     def commit(self, length: int) -> None:
         self.length = length
+
+    def drop_before(self, index: int) -> None:
+        """Forget the entries before ``index`` (never the uncommitted ones)."""
+        self.first = max(self.first, min(index, self.length))
 
 
 class LayerKV:
@@ -90,6 +105,9 @@ class LayerKV:
         self.keys = Growing(2, follow_dtype=True)
         self.values = Growing(2, follow_dtype=True)
         self.pending = 0  # tokens appended in the current call, not yet committed
+        #: The layer's sliding window and chunk: what it may drop after each call.
+        self.window: int | None = getattr(module, "window", None)
+        self.chunk: int | None = getattr(module, "chunk", None)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if self.pending:
@@ -99,6 +117,10 @@ class LayerKV:
             )
         self.pending = k.shape[2]
         return self.keys.append(k), self.values.append(v)
+
+    def drop_before(self, index: int) -> None:
+        for part in (self.keys, self.values):
+            part.drop_before(index)
 
     def commit(self, length: int) -> None:
         for part in (self.keys, self.values):
@@ -134,6 +156,9 @@ class KVCache:
         self._positions, self._padding = Growing(1), Growing(1)
         self._documents, self._runs = Growing(1), Growing(1)
         self.batch_size: int | None = None
+        #: Once a windowed layer may have dropped keys: each row's next position ``(b, 1)``;
+        #: the tokens continuing a row's document must not be placed below it.
+        self.floor: Tensor | None = None
         #: Whether any call passed ``document_ids`` (the document mask is built only then).
         self.has_documents = False
         self._length = 0
@@ -171,7 +196,8 @@ class KVCache:
         return [entry.module for entry in self._layers.values()]
 
     def keys_values(self, module: nn.Module) -> tuple[Tensor, Tensor] | None:
-        """``module``'s cached keys and values ``(b, h, N, d)`` (keys after rotation)."""
+        """``module``'s cached keys and values ``(b, h, N, d)`` (keys after rotation); a
+        windowed or chunked layer holds only the last ones, those it can still read."""
         entry = self._layers.get(id(module))
         if entry is None or entry.module is not module:
             return None
@@ -237,3 +263,32 @@ class KVCache:
             if entry.pending:
                 entry.commit(self._length)
         self.batch_size = positions.shape[0]
+        self._drop_unreadable()
+
+    def _drop_unreadable(self) -> None:
+        """Let each windowed or chunked layer forget the keys no later query can read: those
+        of earlier documents, padding, and keys too far back (window) or in an earlier chunk
+        than the next position. A prefix common to every row is dropped; the positions of
+        tokens continuing a row's document must not go back below ``floor`` afterwards."""
+        windowed = [e for e in self._layers.values() if e.window is not None or e.chunk is not None]
+        if not windowed:
+            return
+        positions, padding, runs = self.positions, self.key_padding_mask, self.document_runs
+        assert positions is not None and padding is not None and runs is not None
+        current = (runs == runs[:, -1:]) & ~padding  # (b, N): the documents being continued
+        lowest = torch.tensor(-1, dtype=positions.dtype, device=positions.device)
+        following = torch.where(current, positions, lowest).amax(dim=1, keepdim=True) + 1
+        self.floor = following  # (b, 1): the next position of each row
+        for entry in windowed:
+            unreadable = ~current
+            if entry.window is not None:
+                unreadable = unreadable | (positions <= following - entry.window)
+            if entry.chunk is not None:
+                chunk = entry.chunk
+                earlier = torch.div(positions, chunk, rounding_mode="floor") < torch.div(
+                    following, chunk, rounding_mode="floor"
+                )
+                unreadable = unreadable | earlier
+            needed = (~unreadable).any(dim=0)  # (N,)
+            first = int(needed.float().argmax()) if bool(needed.any()) else len(self)
+            entry.drop_before(first)

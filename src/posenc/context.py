@@ -149,6 +149,8 @@ class SequenceContext:
         else:
             positions = resolve_positions(positions, seq, batch=batch, device=device)
             positions = positions.expand(batch, seq)
+            if cache is not None and cache.floor is not None and last_run is not None:
+                _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
         key_positions, keys_padding, k_runs = positions, new_padding, q_runs
         if past:
             assert cache is not None
@@ -201,21 +203,36 @@ class SequenceContext:
         key = (causal, nq, nk, window, chunk)
         if key not in self._masks:
             batch = self.key_positions.shape[0]
+            k_positions, padding, k_runs = self.last_keys(nk)
             self._masks[key] = attention_mask(
                 batch,
                 nq,
                 nk,
                 causal=causal,
-                key_padding_mask=self.key_padding_mask,
+                key_padding_mask=padding,
                 q_documents=self.q_runs,
-                k_documents=self.k_runs,
+                k_documents=k_runs,
                 device=device,
                 q_positions=self.positions.expand(batch, nq),
-                k_positions=self.key_positions.expand(batch, nk),
+                k_positions=k_positions.expand(batch, nk),
                 window=window,
                 chunk=chunk,
             )
         return self._masks[key]
+
+    def last_keys(self, nk: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The positions ``(b, nk)``, padding flags and document runs of the last ``nk`` keys:
+        a windowed layer of a cached forward holds only those (the cache dropped the keys it
+        can no longer read); every other layer holds them all."""
+        total = self.key_positions.shape[-1]
+        if nk == total:
+            return self.key_positions, self.key_padding_mask, self.k_runs
+        start = total - nk
+
+        def tail(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[..., start:]
+
+        return self.key_positions[..., start:], tail(self.key_padding_mask), tail(self.k_runs)
 
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """``make()`` kept under ``key`` for the rest of this forward (a layer's mask made
@@ -278,3 +295,18 @@ def _default_positions(
     largest = torch.where(same, cached_pos, lowest).amax(dim=1, keepdim=True)  # (b, 1)
     continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
     return torch.where(continuing, largest + 1 + index, counted)
+
+
+def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
+    """Refuse explicit positions that go back below a row's next position, for the tokens
+    continuing its document: a windowed layer of the cache dropped the keys they could
+    read."""
+    back = continuing & (positions < floor)  # (b, n)
+    if bool(back.any()):
+        row = int(back.any(dim=1).float().argmax())
+        raise PosencValueError(
+            f"positions go back in row {row}: the next position there is "
+            f"{floor[row, 0].item()}, got {positions[row][back[row]].min().item()}; this "
+            "cache's windowed layers no longer hold the keys such a token would read (use a "
+            "new KVCache)"
+        )

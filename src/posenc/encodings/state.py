@@ -86,20 +86,28 @@ class BiasState(PositionState):
     def _ask(self, hook: str, q: Tensor, k: Tensor) -> Any:
         """The encoding's ``hook`` at these positions: asked again for every layer when it
         reads ``q``/``k``, else once and kept."""
-        q_pos, k_pos = self.positions, self.key_positions
+        q_pos, k_pos = self.positions, self.last_keys(k.shape[-2])
         reads = {"q": q, "k": k} if self.pe.needs_qk else {}
-        return self.keep((hook,), lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
+        key = (hook, k.shape[-2])
+        return self.keep(key, lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
+
+    def last_keys(self, nk: int) -> Tensor:
+        """The positions of the last ``nk`` keys (a windowed layer of a cached forward holds
+        only the last keys; every other layer holds them all)."""
+        if nk == self.key_positions.shape[-1]:
+            return self.key_positions
+        return self.key_positions[..., -nk:] if nk else self.key_positions[..., :0]
 
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """``make()`` (the bias, its ``score_mod``, or a tensor derived from the bias such as
         the bias with a layer's mask), made once per forward: kept under ``key`` when the
         scheme reads no ``q``/``k``, made anew in every layer otherwise. ``key`` lists what
-        it depends on (a hook's name, a mask, a flag, a dtype); its items are compared by
-        identity."""
+        it depends on (a hook's name, a mask, a flag, a dtype, a key count); its items are
+        compared by identity, ints by value."""
         if self.pe.needs_qk:
             return make()
         for stored, value in self._kept:
-            if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
+            if len(stored) == len(key) and all(map(_same, stored, key)):
                 return value
         value = make()
         self._kept.append((key, value))
@@ -107,4 +115,9 @@ class BiasState(PositionState):
 
     def value_term(self, weights: Tensor) -> Tensor:
         """Shaw et al.'s value-side term: weights ``(b, h, n, nk)`` -> ``(b, h, n, d)``."""
-        return self.pe.value_term(weights, self.positions, self.key_positions)
+        return self.pe.value_term(weights, self.positions, self.last_keys(weights.shape[-1]))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """One item of a memo key: the same object, or equal ints (key counts)."""
+    return a is b or (type(a) is int and type(b) is int and a == b)
