@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "posenc.cache",
         "posenc.context",
         "posenc.heads",
+        "posenc.query_scale",
         "posenc.schedule",
         "posenc.sdpa",
     ),

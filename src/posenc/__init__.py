@@ -21,6 +21,7 @@ from .errors import (
 )
 from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
 from .positions import positions_from_padding, randomize_positions
+from .query_scale import QueryScale
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "PosencError",
     "PosencTypeError",
     "PosencValueError",
+    "QueryScale",
     "TransformerModel",
     "get_memory_budget",
     "positions_from_padding",

@@ -38,9 +38,9 @@ from .encodings.base import (
 )
 from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencValueError
-from .heads import check_attention_pe, check_heads
+from .heads import check_attention_pe, check_heads, check_reach
 from .masks import attention_mask, check_key_padding_mask
-from .schedule import per_layer
+from .query_scale import QueryScale
 from .sdpa import fused_attention, scaled_dot_product_attention
 
 __all__ = [
@@ -122,6 +122,9 @@ class MultiHeadAttention(nn.Module):
             local layers do. ``None``: every key.
         chunk: chunked attention (Llama 4): each query reads the keys whose
             ``position // chunk`` is its own. ``None``: every key.
+        query_scale: a :class:`~posenc.QueryScale`: queries multiplied by a factor growing
+            with the log of their position, after the rotation (Llama 4's NoPE-layer
+            temperature, Ministral 3's ``llama_4_scaling_beta``).
         causal: mask future keys.
         dropout: dropout on the attention weights (training only).
         backend: where the softmax runs (a :class:`Backend` or its string):
@@ -163,6 +166,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         window: int | None = None,
         chunk: int | None = None,
+        query_scale: QueryScale | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
@@ -176,7 +180,7 @@ class MultiHeadAttention(nn.Module):
             )
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_kv_heads = num_kv_heads
-        self.window, self.chunk = per_layer("window", window, 1)[0], per_layer("chunk", chunk, 1)[0]
+        self.window, self.chunk, self.query_scale = check_reach(window, chunk, query_scale)
         self.causal = check_bool("causal", causal)
         check_bool("bias", bias)
         self.dropout = check_probability("dropout", dropout)
@@ -230,7 +234,7 @@ class MultiHeadAttention(nn.Module):
             cache=cache,
             axes=1 if encoding is None else encoding.axes,
             scheme=type(encoding).__name__,
-            windowed=self.windowed,
+            windowed=self.reads_positions,
         )
         if context is None:
             # the caller that made ``state`` (an Encoder) has read the mask's values already
@@ -253,9 +257,14 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def windowed(self) -> bool:
-        """Whether this attention reads a sliding window or a chunk (its mask then needs the
-        positions: the caller makes a :class:`~posenc.context.SequenceContext`)."""
+        """Whether this attention reads a sliding window or a chunk."""
         return self.window is not None or self.chunk is not None
+
+    @property
+    def reads_positions(self) -> bool:
+        """Whether this attention reads positions itself (a window, a chunk or a query
+        scale): the caller then makes a :class:`~posenc.context.SequenceContext`."""
+        return self.windowed or self.query_scale is not None
 
     def state_for(
         self,
@@ -289,10 +298,10 @@ class MultiHeadAttention(nn.Module):
         check_input(x, self.dim)
         if context is None:
             check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-            if self.windowed:
+            if self.reads_positions:
                 raise PosencValueError(
-                    "attend: a windowed or chunked attention needs the forward's context "
-                    "(its mask reads positions); call forward, or pass context="
+                    "attend: a windowed, chunked or query-scaled attention needs the "
+                    "forward's context (it reads positions); call forward, or pass context="
                 )
         elif key_padding_mask is not None:
             raise PosencValueError("attend: pass key_padding_mask through the context alone")
@@ -338,6 +347,9 @@ class MultiHeadAttention(nn.Module):
             q, k = state(q, k, inplace=fresh)
         elif isinstance(state, BiasState):
             bias_state = state
+        if self.query_scale is not None:
+            assert context is not None  # forward made one: reads_positions
+            q = self.query_scale.apply(q, context.positions)
         if context is not None:
             k, v = context.keys_values(self, k, v)  # (b, g, nk, d): the cached keys first
             key_padding_mask = context.last_keys(k.shape[2])[1]
@@ -477,7 +489,7 @@ class MultiHeadAttention(nn.Module):
             text += f", num_kv_heads={self.num_kv_heads}"
         if self.head_dim * self.num_heads != self.dim:
             text += f", head_dim={self.head_dim}"
-        for name in ("window", "chunk"):
+        for name in ("window", "chunk", "query_scale"):
             if getattr(self, name) is not None:
                 text += f", {name}={getattr(self, name)}"
         return text + f", causal={self.causal}, backend={self.backend.value!r}"

@@ -1,12 +1,14 @@
-"""The sizes of an attention layer checked: query heads, key/value heads, head size, and
-whether a positional encoding fits them."""
+"""An attention layer's arguments checked: query heads, key/value heads, head size, whether a
+positional encoding fits them, and what each query may reach (window, chunk, query scale)."""
 
 from __future__ import annotations
 
 from .encodings.base import BiasEncoding, PositionalEncoding, check_positive_int
 from .errors import PosencTypeError, PosencValueError
+from .query_scale import QueryScale
+from .schedule import per_layer
 
-__all__ = ["check_attention_pe", "check_heads"]
+__all__ = ["check_attention_pe", "check_heads", "check_reach"]
 
 
 def check_heads(
@@ -54,3 +56,15 @@ def check_attention_pe(
             f"head_dim={head_dim}"
         )
     return pe
+
+
+def check_reach(
+    window: object, chunk: object, query_scale: object
+) -> tuple[int | None, int | None, QueryScale | None]:
+    """``window`` and ``chunk`` (each a positive int or ``None``) and ``query_scale`` (a
+    :class:`~posenc.QueryScale` or ``None``), checked."""
+    if query_scale is not None and not isinstance(query_scale, QueryScale):
+        raise PosencTypeError(
+            f"query_scale must be a posenc.QueryScale or None, got {type(query_scale).__name__}"
+        )
+    return per_layer("window", window, 1)[0], per_layer("chunk", chunk, 1)[0], query_scale

@@ -28,6 +28,7 @@ from .encodings.base import (
 from .encodings.state import PositionState
 from .errors import PosencValueError
 from .masks import check_key_padding_mask
+from .query_scale import QueryScale
 
 __all__ = ["Activation", "Block", "EncoderLayer", "FeedForward"]
 
@@ -101,6 +102,7 @@ class EncoderLayer(nn.Module):
         head_dim: int | None = None,
         window: int | None = None,
         chunk: int | None = None,
+        query_scale: QueryScale | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = check_bool("norm_first", norm_first)
@@ -115,6 +117,7 @@ class EncoderLayer(nn.Module):
             head_dim=head_dim,
             window=window,
             chunk=chunk,
+            query_scale=query_scale,
         )
         self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)

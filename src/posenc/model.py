@@ -35,6 +35,7 @@ from .generation import generate
 from .layers import Activation, Block, EncoderLayer, FeedForward
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
+from .query_scale import QueryScale
 from .schedule import layers_of_types, per_layer, rescaled_schedule, resolve_schedule
 
 __all__ = [
@@ -98,6 +99,8 @@ class Encoder(nn.Module):
         window: a sliding window for every layer (an int), or per layer (a list, ``None``
             for full attention); see :class:`~posenc.MultiHeadAttention`.
         chunk: chunked attention (Llama 4), as ``window``.
+        query_scale: a :class:`~posenc.QueryScale` for every layer, or a per-layer list
+            (``None`` there: none); Llama 4 scales its NoPE layers' queries.
         ffn_dim: feed-forward width (default ``4 * dim``).
         dropout: dropout in attention, feed-forward and residuals.
         causal: mask future positions (decoder-only models).
@@ -133,11 +136,17 @@ class Encoder(nn.Module):
         head_dim: int | None = None,
         window: int | list[int | None] | None = None,
         chunk: int | list[int | None] | None = None,
+        query_scale: QueryScale | list[QueryScale | None] | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("depth", depth)
         windows, chunks = per_layer("window", window, depth), per_layer("chunk", chunk, depth)
+        scales = query_scale if isinstance(query_scale, (list, tuple)) else [query_scale] * depth
+        if len(scales) != depth:
+            raise PosencValueError(
+                f"query_scale has {len(scales)} entries but the model has depth={depth}"
+            )
         if random_positions is not None:
             check_positive_int("random_positions", random_positions)
         check_positive_int("num_heads", num_heads)
@@ -188,6 +197,7 @@ class Encoder(nn.Module):
                 head_dim=head_dim,
                 window=windows[i],
                 chunk=chunks[i],
+                query_scale=scales[i],
             )
             for i in range(depth)
         )
@@ -238,7 +248,7 @@ class Encoder(nn.Module):
             widest = pe if pe.axes > widest.axes else widest
         windowed = False
         for layer in self.layers:
-            windowed = windowed or layer.attn.windowed
+            windowed = windowed or layer.attn.reads_positions
         context = SequenceContext.build(
             batch=b,
             seq=n,
