@@ -26,6 +26,7 @@ _SUBCOMMAND_MODULES = (
     "posenc.extrapolate.cli",
     "posenc.bench.cli",
     "posenc.report",
+    "posenc.hf_command",
 )
 
 

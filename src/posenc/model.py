@@ -22,21 +22,25 @@ from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import (
     AdditiveEncoding,
-    NoPE,
     PositionalEncoding,
-    build_for_model,
     check_bool,
     check_input,
     check_positive_int,
-    entry,
 )
 from .errors import PosencTypeError, PosencValueError, check_bytes
 from .generation import generate
+from .hf_models import build_from_hf_config
 from .layers import Activation, Block, EncoderLayer, FeedForward
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
 from .query_scale import QueryScale
-from .schedule import layers_of_types, per_layer, rescaled_schedule, resolve_schedule
+from .schedule import (
+    layers_of_types,
+    per_layer,
+    rescaled_schedule,
+    resolve_pe,
+    resolve_schedule,
+)
 
 __all__ = [
     "Activation",
@@ -46,40 +50,6 @@ __all__ = [
     "FeedForward",
     "TransformerModel",
 ]
-
-
-def resolve_pe(
-    pe: str | PositionalEncoding | None,
-    dim: int,
-    num_heads: int,
-    *,
-    causal: bool = False,
-    head_dim: int | None = None,
-    pe_kwargs: Mapping[str, Any] | None = None,
-) -> PositionalEncoding:
-    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model, built
-    with ``pe_kwargs`` (a scheme's own ``causal``, ALiBi's say, among them). A name built for
-    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme is as
-    wide as the model; one acting inside attention is sized for ``num_heads`` heads of
-    ``head_dim`` (default ``dim / num_heads``)."""
-    kwargs = dict(pe_kwargs or {})
-    if pe is None:
-        return NoPE()
-    if isinstance(pe, str):
-        found = entry(pe)
-        defaults = found.cls.causal_defaults if causal else {}
-        width = dim if head_dim is None or found.family == "additive" else num_heads * head_dim
-        return build_for_model(pe, width, num_heads, **{**defaults, **kwargs})
-    if isinstance(pe, PositionalEncoding):
-        if kwargs:
-            raise PosencTypeError(
-                f"pe_kwargs apply only when pe is a registry name, got pe_kwargs={kwargs!r} "
-                f"with pe={type(pe).__name__}"
-            )
-        return pe
-    raise PosencTypeError(
-        f"pe must be a registry name or a PositionalEncoding, got {type(pe).__name__}"
-    )
 
 
 class Encoder(nn.Module):
@@ -207,6 +177,23 @@ class Encoder(nn.Module):
         for encoding in distinct:
             if encoding.family != "additive":
                 check_attention_pe(encoding, num_heads, head_size)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, device: Any = None, **overrides: Any) -> Encoder:
+        """An encoder with the schedule of the model ``config`` describes (a transformers
+        config or a ``config.json`` dict; see :mod:`posenc.hf_models`): its width, heads,
+        key/value heads, head size, feed-forward width, and per layer its encoding (RoPE as
+        the layer type reads it, or NoPE), window, chunk and query temperature; causal, with
+        random weights. ``overrides`` change sizes first (``num_layers=``,
+        ``hidden_size=``, ...); ``device="meta"`` allocates nothing. :attr:`layer_types`
+        records each layer's type.
+
+        >>> from transformers import Gemma3TextConfig
+        >>> enc = Encoder.from_hf_config(Gemma3TextConfig(), num_layers=6, device="meta")
+        >>> [(t, layer.attn.window) for t, layer in zip(enc.layer_types, enc.layers)][4:]
+        [('sliding_attention', 4096), ('full_attention', None)]
+        """
+        return build_from_hf_config(cls, config, device=device, overrides=overrides)
 
     def distinct_pes(self) -> list[PositionalEncoding]:
         """The encodings of this encoder, each once, in order of first use."""
@@ -472,6 +459,14 @@ class TransformerModel(nn.Module):
             generator=generator,
             key_padding_mask=key_padding_mask,
         )
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, device: Any = None, **overrides: Any
+    ) -> TransformerModel:
+        """A model with the vocabulary and schedule of the model ``config`` describes, random
+        weights (see :meth:`Encoder.from_hf_config`, whose arguments it takes)."""
+        return build_from_hf_config(cls, config, device=device, overrides=overrides, vocab=True)
 
     @property
     def trained_length(self) -> int | None:

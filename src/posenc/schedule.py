@@ -19,10 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .encodings.base import NoPE, PositionalEncoding
+from .encodings.base import NoPE, PositionalEncoding, build_for_model, entry
 from .errors import PosencTypeError, PosencValueError
 
-__all__ = ["layers_of_types", "per_layer", "rescaled_schedule", "resolve_schedule"]
+__all__ = [
+    "layers_of_types",
+    "per_layer",
+    "rescaled_schedule",
+    "resolve_pe",
+    "resolve_schedule",
+]
 
 #: Builds one encoding from a registry name or module (the Encoder's ``resolve_pe`` with its
 #: model's sizes bound).
@@ -138,3 +144,37 @@ def rescaled_schedule(
             )
     layer_pes = [scaled[id(pe)] if i in targets else pe for i, pe in enumerate(pes)]
     return resolve_schedule(layer_pes, len(layer_pes), lambda pe: pe)
+
+
+def resolve_pe(
+    pe: str | PositionalEncoding | None,
+    dim: int,
+    num_heads: int,
+    *,
+    causal: bool = False,
+    head_dim: int | None = None,
+    pe_kwargs: Mapping[str, Any] | None = None,
+) -> PositionalEncoding:
+    """A registry name, a module or ``None`` (NoPE) -> a module sized for the model, built
+    with ``pe_kwargs`` (a scheme's own ``causal``, ALiBi's say, among them). A name built for
+    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme is as
+    wide as the model; one acting inside attention is sized for ``num_heads`` heads of
+    ``head_dim`` (default ``dim / num_heads``)."""
+    kwargs = dict(pe_kwargs or {})
+    if pe is None:
+        return NoPE()
+    if isinstance(pe, str):
+        found = entry(pe)
+        defaults = found.cls.causal_defaults if causal else {}
+        width = dim if head_dim is None or found.family == "additive" else num_heads * head_dim
+        return build_for_model(pe, width, num_heads, **{**defaults, **kwargs})
+    if isinstance(pe, PositionalEncoding):
+        if kwargs:
+            raise PosencTypeError(
+                f"pe_kwargs apply only when pe is a registry name, got pe_kwargs={kwargs!r} "
+                f"with pe={type(pe).__name__}"
+            )
+        return pe
+    raise PosencTypeError(
+        f"pe must be a registry name or a PositionalEncoding, got {type(pe).__name__}"
+    )

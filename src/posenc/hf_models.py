@@ -1,0 +1,242 @@
+"""A transformers model's whole position schedule read from its config: widths, heads, key/value
+heads, head size, and per layer its encoding (RoPE with the layer type's θ and scaling, or
+none), its sliding window or chunk, and its query temperature.
+
+What each family does, as its modeling file says (transformers 5.24):
+
+* ``layer_types`` names each layer (``full_attention``, ``sliding_attention``,
+  ``chunked_attention``); a sliding layer reads ``sliding_window`` keys (unless
+  ``use_sliding_window`` is false, SmolLM3), a chunked one ``attention_chunk_size``.
+  A config without ``layer_types`` but with a ``sliding_window`` (Mistral) windows every layer.
+* ``no_rope_layers`` (SmolLM3, Llama 4): 1 = RoPE, 0 = NoPE. Cohere 2 rotates only its
+  sliding layers. Llama 4 scales the queries of its NoPE layers (``attn_temperature_tuning``).
+* RoPE parameters nested by layer type (Gemma 3, OLMo 3) give each type its own module; one
+  set of parameters gives every RoPE layer the same module.
+
+posenc's layers keep their own norms, feed-forward and softmax scale (``1/sqrt(head_dim)``);
+what is read here is where positions enter, which is where ports go wrong. Weights are random:
+posenc loads no checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .encodings.base import PositionalEncoding
+from .encodings.rotary import RotaryEmbedding
+from .errors import PosencTypeError, PosencValueError
+from .query_scale import QueryScale
+
+__all__ = ["LayerSchedule", "ModelSchedule", "build_from_hf_config", "read_schedule"]
+
+#: Families whose full-attention layers are NoPE: only sliding layers rotate.
+ROPE_ON_SLIDING_ONLY = frozenset({"cohere2"})
+#: The size overrides :func:`read_schedule` takes, by their transformers names (and aliases).
+OVERRIDES = {
+    "num_layers": "num_hidden_layers",
+    "num_hidden_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+}
+
+
+@dataclass(frozen=True)
+class LayerSchedule:
+    """One layer: its type, its encoding (``None``: NoPE), window, chunk and query scale."""
+
+    kind: str
+    pe: PositionalEncoding | None
+    window: int | None
+    chunk: int | None
+    query_scale: QueryScale | None
+
+
+@dataclass(frozen=True)
+class ModelSchedule:
+    """The sizes of a model and its layers' schedules, as a config describes them."""
+
+    model_type: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int | None
+    vocab_size: int | None
+    layers: tuple[LayerSchedule, ...]
+
+    def encoder_kwargs(self) -> dict[str, Any]:
+        """The arguments of :class:`~posenc.Encoder` after ``dim, depth, num_heads``."""
+        return {
+            "pe": [layer.pe for layer in self.layers],
+            "ffn_dim": self.intermediate_size,
+            "causal": True,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "window": [layer.window for layer in self.layers],
+            "chunk": [layer.chunk for layer in self.layers],
+            "query_scale": [layer.query_scale for layer in self.layers],
+        }
+
+
+def _as_dict(config: Any) -> dict[str, Any]:
+    """A config object or ``config.json`` dict as a plain dict of its text model."""
+    if isinstance(config, Mapping):
+        raw = dict(config)
+    elif hasattr(config, "to_dict"):
+        raw = config.to_dict()
+    else:
+        raise PosencTypeError(
+            f"config must be a transformers config or a config.json dict, got "
+            f"{type(config).__name__}"
+        )
+    text = raw.get("text_config")
+    if isinstance(text, Mapping) and raw.get("num_hidden_layers") is None:
+        raw = dict(text)  # a multimodal config: its language model
+    return raw
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise PosencValueError(f"config has no {key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PosencValueError(f"config {key} must be a positive int, got {value!r}")
+    return value
+
+
+def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
+    """The schedule of the model ``config`` describes (a transformers config or a
+    ``config.json`` dict), with size ``overrides`` (``num_layers=``, ``hidden_size=``,
+    ``num_attention_heads=``, ...; see :data:`OVERRIDES`) applied first: a smaller model of
+    the same schedule (its first ``num_layers`` layers)."""
+    raw = _as_dict(config)
+    for name, value in overrides.items():
+        if name not in OVERRIDES:
+            raise PosencTypeError(
+                f"unknown override {name}=; expected one of {', '.join(sorted(OVERRIDES))}"
+            )
+        raw[OVERRIDES[name]] = value
+    model_type = str(raw.get("model_type") or "")
+    depth = _int(raw, "num_hidden_layers")
+    hidden = _int(raw, "hidden_size")
+    heads = _int(raw, "num_attention_heads")
+    kv_heads = _int(raw, "num_key_value_heads", heads)
+    head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+    if head_dim is None:
+        raise PosencValueError(
+            f"config has no head_dim and num_attention_heads={heads} does not divide "
+            f"hidden_size={hidden}"
+        )
+    kinds = _per_layer_list(raw, "layer_types", depth) or ["full_attention"] * depth
+    rotates = _rotating_layers(raw, model_type, kinds, depth)
+    modules: dict[str, RotaryEmbedding] = {}  # one per layer type (or one for all)
+    nested = _nested_by_layer_type(raw)
+    sliding = raw.get("sliding_window")
+    if raw.get("use_sliding_window") is False:
+        sliding = None
+    tuning = raw.get("attn_temperature_tuning")
+    layers = []
+    for i, kind in enumerate(kinds):
+        pe: PositionalEncoding | None = None
+        if rotates[i]:
+            key = kind if nested else ""
+            if key not in modules:
+                modules[key] = RotaryEmbedding.from_hf_config(
+                    _sized(config, raw), layer_type=kind if nested else None
+                )
+            pe = modules[key]
+        window = (
+            sliding
+            if kind == "sliding_attention" or (sliding and "layer_types" not in raw)
+            else None
+        )
+        chunk = raw.get("attention_chunk_size") if kind == "chunked_attention" else None
+        scale = None
+        if tuning and not rotates[i]:
+            scale = QueryScale.llama4(raw.get("attn_scale", 0.1), raw.get("floor_scale", 8192))
+        layers.append(LayerSchedule(kind, pe, window, chunk, scale))
+    return ModelSchedule(
+        model_type=model_type,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        intermediate_size=raw.get("intermediate_size"),
+        vocab_size=raw.get("vocab_size"),
+        layers=tuple(layers),
+    )
+
+
+def _per_layer_list(raw: Mapping[str, Any], key: str, depth: int) -> list[Any] | None:
+    """``raw[key]``, a list with an entry per layer (longer lists are cut to ``depth``, as a
+    ``num_layers`` override asks), or ``None`` when absent."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) < depth:
+        raise PosencValueError(
+            f"config {key} must list at least num_hidden_layers={depth} entries, got {value!r}"
+        )
+    return list(value[:depth])
+
+
+def _rotating_layers(
+    raw: Mapping[str, Any], model_type: str, kinds: list[str], depth: int
+) -> list[bool]:
+    """Whether each layer applies RoPE."""
+    no_rope = _per_layer_list(raw, "no_rope_layers", depth)
+    if no_rope is not None:  # SmolLM3, Llama 4: 1 = RoPE, 0 = NoPE
+        return [bool(flag) for flag in no_rope]
+    if model_type in ROPE_ON_SLIDING_ONLY:
+        return [kind == "sliding_attention" for kind in kinds]
+    return [True] * depth
+
+
+def _nested_by_layer_type(raw: Mapping[str, Any]) -> bool:
+    """Whether the RoPE parameters are given per layer type (Gemma 3, OLMo 3)."""
+    for field in ("rope_parameters", "rope_scaling"):
+        params = raw.get(field)
+        if isinstance(params, Mapping) and params:
+            return all(isinstance(v, Mapping) or v is None for v in params.values())
+    return False
+
+
+def _sized(config: Any, raw: dict[str, Any]) -> Any:
+    """The config the rotary reading gets: the original, unless overrides changed sizes it
+    reads (then the overridden dict)."""
+    if isinstance(config, Mapping) or not hasattr(config, "to_dict"):
+        return raw
+    original = _as_dict(config)
+    return config if original == raw else raw
+
+
+def build_from_hf_config(
+    cls: Any,
+    config: Any,
+    *,
+    device: Any = None,
+    overrides: Mapping[str, Any],
+    vocab: bool = False,
+) -> Any:
+    """``cls`` (:class:`~posenc.Encoder`, or with ``vocab`` :class:`~posenc.TransformerModel`)
+    built with the schedule of ``config``, on ``device``, its layer types recorded."""
+    schedule = read_schedule(config, **overrides)
+    sizes: tuple[int, ...] = (schedule.hidden_size, len(schedule.layers), schedule.num_heads)
+    if vocab:
+        if schedule.vocab_size is None:
+            raise PosencValueError("config has no vocab_size")
+        sizes = (schedule.vocab_size, *sizes)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = cls(*sizes, **schedule.encoder_kwargs())
+    encoder = model.encoder if vocab else model
+    encoder.layer_types = [layer.kind for layer in schedule.layers]
+    return model

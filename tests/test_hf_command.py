@@ -1,0 +1,71 @@
+"""``posenc hf CONFIG.json``: the schedule table, the tables docs/schedules.md shows (they must
+stay the command's output), and bad configs as one line with status 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posenc import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "docs" / "configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_the_documented_tables_are_the_commands_output(path: Path, capsys) -> None:
+    assert cli.main(["hf", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() in (ROOT / "docs" / "schedules.md").read_text()
+
+
+def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
+    config = {
+        "model_type": "smollm3",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "no_rope_layers": [1, 1, 1, 0],
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "use_sliding_window": True,
+        "sliding_window": 16,
+        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert cli.main(["hf", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "smollm3: 4 layers, hidden 64, 4 heads (2 key/value) of 16"
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[4:]]
+    assert rows[0] == [
+        "0",
+        "sliding_attention",
+        "window 16",
+        "linear",
+        "50000",
+        "2",
+        "16/16",
+        "half",
+        "-",
+    ]
+    assert rows[3][:4] == ["3", "full_attention", "-", "none (NoPE)"]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("{not json", "is not JSON"),
+        ("[1, 2]", "must hold a JSON object"),
+        ("{}", "no num_hidden_layers"),
+    ],
+)
+def test_bad_configs_are_one_line_and_status_2(tmp_path: Path, capsys, text: str, match: str):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert cli.main(["hf", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["hf", str(tmp_path / "missing.json")]) == 2

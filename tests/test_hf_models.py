@@ -1,0 +1,208 @@
+"""Whole position schedules read from transformers configs, checked at the attention level.
+
+posenc's layers use LayerNorm and a plain feed-forward, so whole models cannot match. Instead a
+tiny transformers model of each family runs with hooks that capture, in every layer, the
+queries, keys and values before the rotation (after the family's q/k norms) and the attention
+output before ``o_proj``. posenc's attention, built with the schedule
+``Encoder.from_hf_config`` reads (encoding, window, chunk, NoPE, temperature, grouped heads),
+must turn those q, k, v into the same output, layer by layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import posenc
+from posenc.hf_models import read_schedule
+
+transformers = pytest.importorskip("transformers")
+
+N = 13  # longer than the windows and chunks below
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 64,
+    "pad_token_id": 0,
+}
+
+
+def _configs() -> dict[str, object]:
+    t = transformers
+    return {
+        "gemma3": t.Gemma3TextConfig(
+            **TINY,
+            num_hidden_layers=6,
+            sliding_window=4,
+            query_pre_attn_scalar=8,  # posenc scales by 1/sqrt(head_dim)
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            },
+        ),
+        "smollm3": t.SmolLM3Config(
+            **TINY,
+            num_hidden_layers=4,
+            no_rope_layers=[1, 1, 1, 0],
+            use_sliding_window=True,
+            sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+        "cohere2": t.Cohere2Config(**TINY, num_hidden_layers=4, sliding_window=4),
+        "llama4": t.Llama4TextConfig(
+            **TINY,
+            intermediate_size_mlp=64,
+            num_hidden_layers=4,
+            no_rope_layers=[1, 1, 1, 0],
+            attention_chunk_size=4,
+            attn_temperature_tuning=True,
+            floor_scale=3,
+            attn_scale=0.5,
+            use_qk_norm=False,  # a norm of q and k, not a position: posenc has none
+        ),
+        "olmo3": t.Olmo3Config(
+            **TINY,
+            num_hidden_layers=4,
+            sliding_window=4,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 5e5},
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 8,
+                    "rope_theta": 5e5,
+                },
+            },
+        ),
+    }
+
+
+def _capture(model) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """Hooks on every layer's attention: q and k where they leave the family's norms (else
+    the projections), v, and the input of ``o_proj``."""
+    layers = model.model.layers
+    seen: list[dict[str, torch.Tensor]] = [{} for _ in layers]
+    handles = []
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+
+        def keep(name, i=i):
+            def hook(module, args, output):
+                seen[i][name] = output
+
+            return hook
+
+        for name in ("q", "k"):
+            source = getattr(attn, f"{name}_norm", None) or getattr(attn, f"{name}_proj")
+            handles.append(source.register_forward_hook(keep(name)))
+        handles.append(attn.v_proj.register_forward_hook(keep("v")))
+        handles.append(
+            attn.o_proj.register_forward_pre_hook(
+                lambda module, args, i=i: seen[i].__setitem__("out", args[0])
+            )
+        )
+    return seen, handles
+
+
+def _heads(t: torch.Tensor, n: int, heads: int, d: int) -> torch.Tensor:
+    """A captured tensor as ``(b, n, heads·d)`` (norms see ``(b, h, n, d)`` in some families)."""
+    if t.dim() == 4:
+        t = t.transpose(1, 2) if t.shape[1] == heads and t.shape[2] == n else t
+        return t.reshape(t.shape[0], n, heads * d)
+    return t
+
+
+def _identity_attention(attn: posenc.MultiHeadAttention, pe) -> posenc.MultiHeadAttention:
+    """posenc attention with ``attn``'s schedule whose input is q, k and v side by side."""
+    h, g, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    width = (h + 2 * g) * d
+    core = posenc.MultiHeadAttention(
+        width,
+        h,
+        num_kv_heads=g,
+        head_dim=d,
+        pe=None if isinstance(pe, posenc.NoPE) else pe,
+        causal=True,
+        bias=False,
+        window=attn.window,
+        chunk=attn.chunk,
+        query_scale=attn.query_scale,
+    ).eval()
+    with torch.no_grad():
+        core.qkv.weight.copy_(torch.eye(width))
+        core.out.weight.copy_(torch.eye(width, h * d))
+    return core
+
+
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "cohere2", "llama4", "olmo3"])
+def test_every_layer_attends_as_the_family_does(family: str) -> None:
+    config = _configs()[family]
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    seen, handles = _capture(model)
+    tokens = torch.randint(0, 64, (2, N), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(tokens)
+    for handle in handles:
+        handle.remove()
+    encoder = posenc.Encoder.from_hf_config(config)
+    h, g, d = encoder.num_heads, encoder.num_kv_heads, encoder.head_dim
+    for i, (layer, pe) in enumerate(zip(encoder.layers, encoder.pes, strict=True)):
+        q = _heads(seen[i]["q"], N, h, d)
+        k, v = _heads(seen[i]["k"], N, g, d), seen[i]["v"]
+        core = _identity_attention(layer.attn, pe)
+        with torch.no_grad():
+            ours = core(torch.cat([q, k, v], dim=-1))[..., : h * d]
+            assert_close(
+                ours,
+                seen[i]["out"],
+                atol=2e-5,
+                rtol=1e-4,
+                msg=lambda m, i=i: f"{family} layer {i} ({encoder.layer_types[i]}): {m}",
+            )
+            cache = posenc.KVCache()  # and decoding through posenc's cache
+            x = torch.cat([q, k, v], dim=-1)
+            steps = [core(x[:, :5], cache=cache)] + [
+                core(x[:, t : t + 1], cache=cache) for t in range(5, N)
+            ]
+            assert_close(
+                torch.cat(steps, dim=1)[..., : h * d], seen[i]["out"], atol=2e-5, rtol=1e-4
+            )
+
+
+def test_the_schedules_read_for_each_family() -> None:
+    configs = _configs()
+    gemma = read_schedule(configs["gemma3"])
+    assert [layer.window for layer in gemma.layers] == [4, 4, 4, 4, 4, None]
+    assert gemma.layers[5].pe.scaling["factor"] == 8.0 and gemma.layers[0].pe.base == 10000.0
+    assert gemma.layers[0].pe is gemma.layers[1].pe  # one module per layer type
+    smol = read_schedule(configs["smollm3"])
+    assert [layer.pe is None for layer in smol.layers] == [False, False, False, True]
+    assert [layer.window for layer in smol.layers] == [5, None, 5, None]
+    cohere = read_schedule(configs["cohere2"])
+    assert [layer.pe is None for layer in cohere.layers] == [False, False, False, True]
+    llama4 = read_schedule(configs["llama4"])
+    assert [layer.chunk for layer in llama4.layers] == [4, 4, 4, None]
+    assert [layer.query_scale is not None for layer in llama4.layers] == [False] * 3 + [True]
+    olmo = read_schedule(configs["olmo3"])
+    assert olmo.layers[3].pe.scaling["rope_type"] == "yarn"  # YaRN on the full layers only
+    assert olmo.layers[0].pe.scaling.get("rope_type", "default") == "default"
+
+
+def test_overrides_and_the_meta_device_keep_a_big_schedule_cheap() -> None:
+    config = transformers.Gemma3TextConfig()  # the flagship's 26 layers of 2304
+    model = posenc.TransformerModel.from_hf_config(config, device="meta")
+    assert len(model.encoder.layers) == 26 and model.embed.weight.is_meta
+    assert model.encoder.layers[0].attn.qkv.weight.shape == ((8 + 2 * 4) * 256, 2304)
+    small = posenc.Encoder.from_hf_config(config, num_layers=6, hidden_size=64, head_dim=16)
+    assert small.layer_types[5] == "full_attention" and small.layers[0].attn.window == 4096
+    assert small(torch.randn(1, 5, 64)).shape == (1, 5, 64)
+    with pytest.raises(TypeError, match="unknown override num_experts="):
+        posenc.Encoder.from_hf_config(config, num_experts=2)
+    with pytest.raises(TypeError, match="config must be a transformers config"):
+        posenc.Encoder.from_hf_config(42)
