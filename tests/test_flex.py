@@ -99,3 +99,51 @@ def test_document_block_mask_equals_the_dense_mask(nq: int, nk: int, causal: boo
     if nq == nk:  # row 0: blocks [0,128) x [256,300) hold documents 0|1 and 2 only: skipped
         visited = block_mask.to_dense()[0, 0]
         assert not bool(visited[0, 2]) and not bool(visited[2, 0])
+
+
+@pytest.mark.parametrize(("window", "chunk"), [(50, None), (None, 96), (40, 96)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_and_chunk_block_masks_equal_the_dense_mask(window, chunk, causal) -> None:
+    """Blocks of 128 tokens are skipped only where no pair can be near enough or share a
+    chunk (positions given per row, one row shifted by left padding)."""
+    from posenc.masks import attention_mask
+    from posenc.sdpa import scaled_dot_product_attention
+
+    n = 400
+    positions = torch.stack([torch.arange(n), (torch.arange(n) - 30).clamp(min=0)])
+    padding = torch.zeros(2, n, dtype=torch.bool)
+    padding[1, :30] = True
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=gen) for _ in range(3))
+    reach = {"window": window, "chunk": chunk}
+    block_mask = flex.flex_block_mask(
+        2,
+        n,
+        n,
+        causal=causal,
+        key_padding_mask=padding,
+        device=torch.device("cpu"),
+        q_positions=positions,
+        k_positions=positions,
+        **reach,
+    )
+    out = flex.flex_attention_forward(q, k, v, score_mod=None, block_mask=block_mask, compile=False)
+    dense = attention_mask(
+        2,
+        n,
+        n,
+        causal=causal,
+        key_padding_mask=padding,
+        device=None,
+        q_positions=positions,
+        k_positions=positions,
+        **reach,
+    )
+    expected, _ = scaled_dot_product_attention(q, k, v, dense)
+    # a query with no key left (row 1's causal padding) is zero on flex, uniform on math
+    some = dense.expand(2, 1, n, n).any(-1, keepdim=True)  # (b, 1, n, 1)
+    assert_close(out * some, expected * some, atol=1e-5, rtol=1e-4)
+    visited = block_mask.to_dense()[0, 0]  # row 0: blocks 3 apart hold no near pair
+    if window is not None:
+        assert not bool(visited[0, 3]) and not bool(visited[3, 0])
+    assert bool(visited[1, 1])
