@@ -160,3 +160,10 @@ def test_a_learned_table_too_short_for_the_generation_fails_before_any_work() ->
     assert model.generate(prompt, 5).shape == (1, 9)  # positions up to 7
     with pytest.raises(ValueError, match=r"reaches position 8, past the learned table"):
         model.generate(prompt, 6)
+
+
+def test_the_result_is_an_ordinary_tensor() -> None:
+    """Generation runs in inference mode; what it returns can be written and used in autograd."""
+    out = _model().generate(torch.ones(1, 3, dtype=torch.long), 3)
+    assert not out.is_inference()
+    out[0, 0] = 2  # an inference tensor would refuse this outside inference mode

@@ -156,6 +156,12 @@ class KVCache:
         self._positions, self._padding = Growing(1), Growing(1)
         self._documents, self._runs = Growing(1), Growing(1)
         self.batch_size: int | None = None
+        #: Each row's next position ``(b, 1)`` (its last document's largest real position + 1).
+        self.next_position: Tensor | None = None
+        self._last_id: Tensor | None = None
+        self._last_run: Tensor | None = None
+        #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
+        self.has_padding = False
         #: Once a windowed layer may have dropped keys: each row's next position ``(b, 1)``;
         #: the tokens continuing a row's document must not be placed below it.
         self.floor: Tensor | None = None
@@ -179,17 +185,25 @@ class KVCache:
     @property
     def key_padding_mask(self) -> Tensor | None:
         """The cached tokens' padding flags (True = padding), ``(b, N)``, or ``None``."""
+        self._catch_up()
         return self._padding.view()
 
     @property
     def document_ids(self) -> Tensor | None:
         """The cached tokens' document ids, ``(b, N)``, or ``None`` when empty."""
+        self._catch_up()
         return self._documents.view()
 
     @property
     def document_runs(self) -> Tensor | None:
         """The cached tokens' document run numbers (0, 1, ... per row), ``(b, N)``."""
+        self._catch_up()
         return self._runs.view()
+
+    @property
+    def last_document(self) -> tuple[Tensor | None, Tensor | None]:
+        """Each row's last document id and run number ``(b, 1)`` (``None`` when empty)."""
+        return self._last_id, self._last_run
 
     def layers(self) -> list[nn.Module]:
         """The attention modules with an entry, in order of first use."""
@@ -247,23 +261,85 @@ class KVCache:
             held = self._memos[id(pe)] = (pe, {})
         return held[1]
 
-    def commit(self, positions: Tensor, padding: Tensor, documents: Tensor, runs: Tensor) -> None:
-        """End a call: record its tokens ``(b, n)`` and make every layer's appends count."""
-        for part, new in (
-            (self._positions, positions),
-            (self._padding, padding),
-            (self._documents, documents),
-            (self._runs, runs),
-        ):
-            part.append(new)
-        self._length += positions.shape[1]
-        for part in (self._positions, self._padding, self._documents, self._runs):
+    def stage(
+        self,
+        positions: Tensor,
+        padding: Tensor | None = None,
+        documents: Tensor | None = None,
+        runs: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Write a call's tokens' records ``(b, n)`` after the committed ones, uncounted until
+        :meth:`commit`; return every key's positions, padding flags and runs ``(b, N + n)``.
+
+        Without ``padding``, ``documents`` and ``runs`` (a decoding step: real tokens that
+        continue each row's last document) only the positions are written; the rest is
+        filled in when read (:meth:`_catch_up`), so a step writes one record, not four."""
+        key_positions = self._positions.append(positions)
+        if padding is None or documents is None or runs is None:
+            return key_positions, None, None
+        self._catch_up()
+        self._documents.append(documents)
+        return key_positions, self._padding.append(padding), self._runs.append(runs)
+
+    def _catch_up(self) -> None:
+        """Fill the padding flags, document ids and runs of the tokens staged without them:
+        real tokens of each row's last document."""
+        missing = self._length - self._runs.length
+        if missing <= 0 or self._last_id is None or self._last_run is None:
+            return
+        b = self._last_id.shape[0]
+        device = self._last_id.device
+        self._padding.append(torch.zeros(b, missing, dtype=torch.bool, device=device))
+        self._documents.append(self._last_id.expand(b, missing))
+        self._runs.append(self._last_run.expand(b, missing))
+        for part in (self._padding, self._documents, self._runs):
             part.commit(self._length)
+
+    def commit(
+        self,
+        positions: Tensor,
+        padding: Tensor | None,
+        documents: Tensor | None,
+        runs: Tensor | None,
+        padded: bool,
+    ) -> None:
+        """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
+        where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
+        the rest ``None``: a step staged with its positions alone)."""
+        n = positions.shape[1]
+        self._length += n
+        self._positions.commit(self._length)
+        if padding is not None:
+            for part in (self._padding, self._documents, self._runs):
+                part.commit(self._length)
         for entry in self._layers.values():
             if entry.pending:
                 entry.commit(self._length)
         self.batch_size = positions.shape[0]
+        self.has_padding = self.has_padding or padded
+        if n and (padding is None or documents is None or runs is None):
+            assert self.next_position is not None  # a step follows a first call
+            top = positions.amax(dim=1, keepdim=True) + 1  # real tokens, the same document
+            self.next_position = torch.maximum(self.next_position, top)
+        elif n and documents is not None and runs is not None:
+            self._follow(positions, padding, documents, runs)
         self._drop_unreadable()
+
+    def _follow(
+        self, positions: Tensor, padding: Tensor | None, documents: Tensor, runs: Tensor
+    ) -> None:
+        """Each row's last document (id and run) and its next position: the largest real
+        position of that document, plus one, from this call's tokens and the earlier ones."""
+        last_id, last_run = documents[:, -1:], runs[:, -1:]  # (b, 1)
+        real = runs == last_run  # (b, n)
+        if padding is not None:
+            real = real & ~padding
+        lowest = torch.tensor(-1, dtype=positions.dtype, device=positions.device)
+        following = torch.where(real, positions, lowest).amax(dim=1, keepdim=True) + 1
+        if self.next_position is not None and self._last_run is not None:
+            same = last_run == self._last_run  # the document went on through this call
+            following = torch.where(same, torch.maximum(self.next_position, following), following)
+        self.next_position, self._last_id, self._last_run = following, last_id, last_run
 
     def _drop_unreadable(self) -> None:
         """Let each windowed or chunked layer forget the keys no later query can read: those
@@ -274,10 +350,10 @@ class KVCache:
         if not windowed:
             return
         positions, padding, runs = self.positions, self.key_padding_mask, self.document_runs
-        assert positions is not None and padding is not None and runs is not None
+        following = self.next_position
+        if positions is None or padding is None or runs is None or following is None:
+            return
         current = (runs == runs[:, -1:]) & ~padding  # (b, N): the documents being continued
-        lowest = torch.tensor(-1, dtype=positions.dtype, device=positions.device)
-        following = torch.where(current, positions, lowest).amax(dim=1, keepdim=True) + 1
         self.floor = following  # (b, 1): the next position of each row
         for entry in windowed:
             unreadable = ~current

@@ -79,7 +79,7 @@ class SequenceContext:
         q_runs: Tensor | None,
         k_runs: Tensor | None,
         cache: KVCache | None,
-        record: tuple[Tensor, Tensor, Tensor, Tensor] | None,
+        record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
         self.key_padding_mask = key_padding_mask
@@ -129,6 +129,14 @@ class SequenceContext:
         if cache is not None:
             cache.begin(batch)
         past = 0 if cache is None else len(cache)
+        if (
+            cache is not None
+            and past
+            and document_ids is None
+            and key_padding_mask is None
+            and not (cache.has_documents or cache.has_padding)
+        ):
+            return cls._step(cache, batch, seq, device, positions)
         new_padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
@@ -137,13 +145,17 @@ class SequenceContext:
         # documents: the cache's last id and run continue unless ids are given
         last_id = last_run = None
         if past:
-            assert cache is not None and cache.document_ids is not None
-            last_id, last_run = cache.document_ids[:, -1:], cache.document_runs[:, -1:]  # (b, 1)
-        if document_ids is None:
-            fill = 0 if last_id is None else last_id
-            document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device) + fill
-        document_ids = document_ids.to(device=device, dtype=torch.long)
-        q_runs, opens = _runs(document_ids, last_id, last_run)
+            assert cache is not None
+            last_id, last_run = cache.last_document  # (b, 1) each
+        given = document_ids is not None
+        if document_ids is None and last_id is not None and last_run is not None:
+            document_ids, q_runs = last_id.expand(batch, seq), last_run.expand(batch, seq)
+            opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
+        else:
+            if document_ids is None:
+                document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+            document_ids = document_ids.to(device=device, dtype=torch.long)
+            q_runs, opens = _runs(document_ids, last_id, last_run)
         if positions is None:
             positions = _default_positions(cache, q_runs, opens, last_run)
         else:
@@ -152,24 +164,17 @@ class SequenceContext:
             if cache is not None and cache.floor is not None and last_run is not None:
                 _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
         key_positions, keys_padding, k_runs = positions, new_padding, q_runs
-        if past:
-            assert cache is not None
-            cached_pos = cache.positions
-            assert cached_pos is not None
-            work = torch.promote_types(cached_pos.dtype, positions.dtype)
-            key_positions = torch.cat([cached_pos.to(work), positions.to(work)], dim=1)
-            keys_padding = torch.cat([cache.key_padding_mask, new_padding], dim=1)
-            k_runs = torch.cat([cache.document_runs, q_runs], dim=1)
+        record = None
+        if cache is not None:  # written past the committed length: count only on commit
+            record = (positions, new_padding, document_ids, q_runs, key_padding_mask is not None)
+            key_positions, keys_padding, k_runs = cache.stage(*record[:4])
         # a document mask only where some row's keys hold two documents or more
-        with_documents = (cache is not None and cache.has_documents) or _splits(k_runs)
-        any_padding = key_padding_mask is not None or (past and bool(keys_padding.any()))
-        if any_padding:
-            check_key_padding_mask(keys_padding, batch, past + seq, read_values=True)
+        with_documents = (cache is not None and cache.has_documents) or (given and _splits(k_runs))
         if with_documents and cache is not None:
             cache.has_documents = True
-        record = None
-        if cache is not None:
-            record = (positions, new_padding, document_ids, q_runs)
+        any_padding = key_padding_mask is not None or (cache is not None and cache.has_padding)
+        if key_padding_mask is not None:  # the earlier keys' rows were checked when cached
+            check_key_padding_mask(keys_padding, batch, past + seq, read_values=True)
         return cls(
             positions=positions,
             key_positions=key_positions,
@@ -178,6 +183,37 @@ class SequenceContext:
             k_runs=k_runs if with_documents else None,
             cache=cache,
             record=record,
+        )
+
+    @classmethod
+    def _step(
+        cls,
+        cache: KVCache,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+    ) -> SequenceContext:
+        """A decoding step's context: real tokens continuing each row's document, in a cache
+        without padding or documents; only their positions are recorded."""
+        following = cache.next_position
+        assert following is not None
+        if positions is None:
+            positions = following + torch.arange(seq, device=device)  # (b, n)
+        else:
+            positions = resolve_positions(positions, seq, batch=batch, device=device)
+            positions = positions.expand(batch, seq)
+            if cache.floor is not None:
+                _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
+        key_positions, _, _ = cache.stage(positions)
+        return cls(
+            positions=positions,
+            key_positions=key_positions,
+            key_padding_mask=None,
+            q_runs=None,
+            k_runs=None,
+            cache=cache,
+            record=(positions, None, None, None, False),
         )
 
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -285,16 +321,10 @@ def _default_positions(
     index = torch.arange(n, device=q_runs.device).expand(b, n)
     start = torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
     counted = index - start
-    if cache is None or last_run is None or not len(cache):
+    if cache is None or last_run is None or cache.next_position is None:
         return counted
-    cached_pos, cached_runs = cache.positions, cache.document_runs
-    padding = cache.key_padding_mask
-    assert cached_pos is not None and cached_runs is not None and padding is not None
-    same = (cached_runs == last_run) & ~padding  # (b, N)
-    lowest = torch.tensor(-1, dtype=cached_pos.dtype, device=cached_pos.device)
-    largest = torch.where(same, cached_pos, lowest).amax(dim=1, keepdim=True)  # (b, 1)
     continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
-    return torch.where(continuing, largest + 1 + index, counted)
+    return torch.where(continuing, cache.next_position + index, counted)
 
 
 def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:

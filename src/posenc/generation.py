@@ -21,7 +21,7 @@ from .errors import PosencTypeError, PosencValueError, check_bytes
 from .masks import check_key_padding_mask
 from .positions import positions_from_padding
 
-__all__ = ["generate", "sample_next"]
+__all__ = ["check_tokens", "generate", "sample_next"]
 
 
 def sample_next(
@@ -58,6 +58,21 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def check_tokens(tokens: object, vocab_size: int, name: str = "tokens") -> None:
+    """``tokens`` checked to be ``(batch, seq)`` int64/int32 ids in ``[0, vocab_size)``."""
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
+        got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise PosencTypeError(f"{name} must be an int64 or int32 tensor of token ids, got {got}")
+    if tokens.dim() != 2:
+        raise PosencValueError(f"{name} must have shape (batch, seq), got {tuple(tokens.shape)}")
+    if not torch.compiler.is_compiling() and tokens.numel():
+        low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer
+        if low < 0 or high >= vocab_size:
+            raise PosencValueError(
+                f"token ids must be in [0, {vocab_size}), got range [{low}, {high}]"
+            )
+
+
 def _check_generate(
     model: Any,
     prompt: object,
@@ -70,10 +85,9 @@ def _check_generate(
     key_padding_mask: object,
 ) -> None:
     """Every argument of :func:`generate`, checked before any work."""
-    if not isinstance(prompt, Tensor) or prompt.dtype not in (torch.long, torch.int32):
-        got = prompt.dtype if isinstance(prompt, Tensor) else type(prompt).__name__
-        raise PosencTypeError(f"prompt must be an int64 or int32 tensor of token ids, got {got}")
-    if prompt.dim() != 2 or prompt.shape[1] == 0 or prompt.shape[0] == 0:
+    check_tokens(prompt, model.vocab_size, "prompt")
+    assert isinstance(prompt, Tensor)
+    if prompt.shape[1] == 0 or prompt.shape[0] == 0:
         raise PosencValueError(
             f"prompt must have shape (batch, seq) with at least one token, got "
             f"{tuple(prompt.shape)}"
@@ -125,7 +139,6 @@ def _check_generate(
         )
 
 
-@torch.no_grad()
 def generate(
     model: Any,
     prompt: Tensor,
@@ -172,9 +185,45 @@ def generate(
             )
     if max_new_tokens == 0:
         return prompt.clone()
+    # inference mode: no autograd bookkeeping at all (a step is mostly fixed costs); the
+    # tokens leave it through one concatenation, as ordinary tensors
+    with torch.inference_mode():
+        new = _new_tokens(
+            model,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            eos_token_id,
+            generator,
+            key_padding_mask,
+        )
+    return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+
+
+def _new_tokens(
+    model: Any,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_token_id: int | None,
+    generator: torch.Generator | None,
+    key_padding_mask: Tensor | None,
+) -> list[Tensor]:
+    """The new tokens of :func:`generate`, one ``(b,)`` tensor per step."""
+    b = prompt.shape[0]
     cache = KVCache()
     positions = None if key_padding_mask is None else positions_from_padding(key_padding_mask)
-    logits = model(prompt, cache=cache, positions=positions, key_padding_mask=key_padding_mask)
+    logits = model(
+        prompt,
+        cache=cache,
+        positions=positions,
+        key_padding_mask=key_padding_mask,
+        logits_to_keep=1,  # the prompt's other logits are never read
+    )
     finished = torch.zeros(b, dtype=torch.bool, device=prompt.device)
     new: list[Tensor] = []
     for step in range(max_new_tokens):
@@ -188,4 +237,4 @@ def generate(
         if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
             break
         logits = model(new[-1][:, None], cache=cache)
-    return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+    return new

@@ -28,7 +28,7 @@ from .encodings.base import (
     check_positive_int,
 )
 from .errors import PosencTypeError, PosencValueError, check_bytes
-from .generation import generate
+from .generation import check_tokens, generate
 from .hf_models import build_from_hf_config
 from .layers import Activation, Block, EncoderLayer, FeedForward
 from .masks import check_key_padding_mask
@@ -389,25 +389,17 @@ class TransformerModel(nn.Module):
         key_padding_mask: Tensor | None = None,
         cache: KVCache | None = None,
         document_ids: Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> Tensor:
         """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``. ``cache``
         and ``document_ids`` as for :meth:`Encoder.forward`: with a cache, ``tokens`` are
-        the new ones and the logits are theirs."""
-        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
-            got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
-            raise PosencTypeError(
-                f"tokens must be an int64 or int32 tensor of token ids, got {got}"
-            )
-        if tokens.dim() != 2:
-            raise PosencValueError(
-                f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}"
-            )
-        if not torch.compiler.is_compiling() and tokens.numel():
-            low, high = int(tokens.min()), int(tokens.max())
-            if low < 0 or high >= self.vocab_size:
-                raise PosencValueError(
-                    f"token ids must be in [0, {self.vocab_size}), got range [{low}, {high}]"
-                )
+        the new ones and the logits are theirs. ``logits_to_keep=k > 0`` returns the logits
+        of the last ``k`` tokens only, ``(b, k, num_outputs)`` (generation needs the last)."""
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+            raise PosencTypeError(f"logits_to_keep must be an int, got {logits_to_keep!r}")
+        if logits_to_keep < 0:
+            raise PosencValueError(f"logits_to_keep must be >= 0, got {logits_to_keep}")
+        check_tokens(tokens, self.vocab_size)
         x = self.embed(tokens) * self.scale  # (b, n, D)
         x = self.encoder(
             x,
@@ -416,7 +408,7 @@ class TransformerModel(nn.Module):
             cache=cache,
             document_ids=document_ids,
         )
-        return self.head(x)
+        return self.head(x if logits_to_keep == 0 else x[:, -logits_to_keep:])
 
     def generate(
         self,

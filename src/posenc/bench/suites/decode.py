@@ -13,6 +13,9 @@ Three measurements of one causal RoPE :class:`~posenc.TransformerModel`, in one 
 
 from __future__ import annotations
 
+import random as pyrandom
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from ...cache import KVCache
-from ..harness import Case, Section, Table, fit_exponent, ms, peer_version, ratio, round_robin
+from ..harness import Case, Section, Table, ms, peer_version, ratio, round_robin
+from ..timing import Timing
 from .settings import Settings, missing_peer, timing_line
 
 # ----------------------------------------------------------------------- the decoding loops
@@ -103,13 +107,13 @@ def llama_loop(model: nn.Module, prompt: Tensor, new: int) -> Tensor:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    logits = model(prompt, past_key_values=cache, use_cache=True).logits
+    logits = model(prompt, cache=cache, use_cache=True).logits
     tokens = []
     for step in range(new):
         token = logits[:, -1].argmax(dim=-1, keepdim=True)
         tokens.append(token)
         if step + 1 < new:
-            logits = model(token, past_key_values=cache, use_cache=True).logits
+            logits = model(token, cache=cache, use_cache=True).logits
     return torch.cat([prompt, *tokens], dim=1)
 
 
@@ -209,17 +213,52 @@ def _generation(s: Settings, model: nn.Module, section: Section) -> tuple[Table,
     return first, second
 
 
+def _slope(xs: list[int], ys: list[float]) -> float:
+    """The least-squares slope of ``ys`` against ``xs`` (0 with fewer than two lengths)."""
+    if len(set(xs)) < 2:
+        return 0.0
+    return statistics.linear_regression(xs, ys).slope
+
+
+def warm_rounds(steps: list[Case], *, warmup: int, repeats: int) -> list[Timing]:
+    """:func:`~posenc.bench.harness.round_robin` for decoding steps: every timed call follows
+    an untimed call of the same case, as a step follows a step when decoding (the weights
+    and that cache are then as warm as they get), instead of whatever case came before it.
+    Each round takes the cases in a new (seeded) order; each case runs ``warmup + 2 *
+    repeats`` times."""
+    samples: list[list[float]] = [[] for _ in steps]
+    order = list(range(len(steps)))
+    shuffler = pyrandom.Random(0)
+    for case in steps:
+        for _ in range(warmup):
+            case.fn()
+    for _ in range(repeats):
+        shuffler.shuffle(order)
+        for i in order:
+            steps[i].fn()
+            start = time.perf_counter()
+            steps[i].fn()
+            samples[i].append(time.perf_counter() - start)
+    return [
+        Timing(case.name, statistics.median(x), min(x), max(x), repeats)
+        for case, x in zip(steps, samples, strict=True)
+    ]
+
+
 def _growth(s: Settings, model: nn.Module, section: Section) -> Table:
-    """One new token's time against the cache's length, and the copy floor at each length."""
+    """One new token's time against the cache's length, and two copy floors at each length:
+    into a new buffer (``torch.empty_like(x).copy_(x)``) and into an existing one."""
     vocab = s.decode[0]
     lengths = s.decode_lengths
     random = torch.Generator().manual_seed(2)
     token = torch.randint(0, vocab, (1, 1), generator=random)
-    cases: list[Case] = []
+    steps: list[Case] = []
+    floors: list[Case] = []
     for length in lengths:
         cache = KVCache()
         model(torch.randint(0, vocab, (1, length), generator=random), cache=cache)
         buffer = torch.empty(step_bytes(model, length) // 4, dtype=torch.float32).normal_()
+        target = torch.empty_like(buffer)
 
         def step(cache: KVCache = cache) -> object:
             return model(token, cache=cache)
@@ -227,42 +266,62 @@ def _growth(s: Settings, model: nn.Module, section: Section) -> Table:
         def floor(buffer: Tensor = buffer) -> object:
             return torch.empty_like(buffer).copy_(buffer)
 
-        cases += [Case(f"step {length}", step), Case(f"floor {length}", floor)]
-    timings = round_robin(cases, warmup=s.warmup, repeats=s.repeats, grad=True)
+        def into(buffer: Tensor = buffer, target: Tensor = target) -> object:
+            return target.copy_(buffer)
+
+        steps.append(Case(f"step {length}", step))
+        floors += [Case(f"floor {length}", floor), Case(f"into {length}", into)]
+    timings = warm_rounds(steps, warmup=s.warmup, repeats=s.repeats)
+    copies = round_robin(floors, warmup=s.warmup, repeats=s.repeats, grad=True)
     rows = []
-    for i, length in enumerate(lengths):
-        t, f = timings[2 * i], timings[2 * i + 1]
+    for i, (length, t) in enumerate(zip(lengths, timings, strict=True)):
+        f, c = copies[2 * i : 2 * i + 2]
         rows.append({"length": length, "median_s": t.median, "low_s": t.low, "high_s": t.high,
-                     "bytes": step_bytes(model, length), "floor_s": f.median})  # fmt: skip
+                     "bytes": step_bytes(model, length), "floor_s": f.median,
+                     "into_s": c.median})  # fmt: skip
     base = rows[0]["median_s"]
     table = Table(
         ["cache length", "µs/token", "range µs", f"x {lengths[0]} row", "bytes read MiB",
-         "copy floor µs", "x floor"],
+         "copy floor µs", "x floor", "copy into buffer µs", "x copy into"],
         caption="One new token as the cache grows (batch 1; `bytes read`: every weight and "
-        "the cached keys and values of every layer; the floor is "
-        "`torch.empty_like(x).copy_(x)` of a buffer that size):",
+        "the cached keys and values of every layer; `copy floor`: "
+        "`torch.empty_like(x).copy_(x)` of a buffer that size; `copy into buffer`: "
+        "`y.copy_(x)` into a buffer made beforehand):",
     )  # fmt: skip
+    us = 1e6
     for r in rows:
         r["x_first"] = r["median_s"] / base
         r["x_floor"] = r["median_s"] / r["floor_s"]
+        r["x_into"] = r["median_s"] / r["into_s"]
         table.rows.append(
-            [str(r["length"]), f"{r['median_s'] * 1e6:,.0f}",
-             f"{r['low_s'] * 1e6:,.0f}–{r['high_s'] * 1e6:,.0f}", f"{r['x_first']:.2f}",
-             f"{r['bytes'] / 2**20:.1f}", f"{r['floor_s'] * 1e6:,.0f}", f"{r['x_floor']:.2f}"]
+            [str(r["length"]), f"{r['median_s'] * us:,.0f}",
+             f"{r['low_s'] * us:,.0f}–{r['high_s'] * us:,.0f}", f"{r['x_first']:.2f}",
+             f"{r['bytes'] / 2**20:.1f}", f"{r['floor_s'] * us:,.0f}", f"{r['x_floor']:.2f}",
+             f"{r['into_s'] * us:,.0f}", f"{r['x_into']:.2f}"]
         )  # fmt: skip
     section.data["growth"] = rows
-    grown = [(r["length"] - lengths[0], r["median_s"] - base) for r in rows[1:]]
-    slope = fit_exponent([g[0] for g in grown], [g[1] for g in grown])
-    per_k = [1e9 * c / x for x, c in grown if c > 0]  # µs per 1000 cached tokens
-    if slope is not None and per_k:
+    xs = [r["length"] for r in rows]
+    step_slope = _slope(xs, [r["median_s"] for r in rows]) * 1e3 * us  # µs per 1000 tokens
+    copy_slope = _slope(xs, [r["into_s"] for r in rows]) * 1e3 * us
+    last_slope = _slope(xs[-2:], [r["median_s"] for r in rows[-2:]]) * 1e3 * us
+    kv_mib = (step_bytes(model, 1000) - step_bytes(model, 0)) / 2**20
+    versus = f"{step_slope / copy_slope:.2f}x" if copy_slope > 0 else "-"
+    section.notes.append(
+        f"growth: each 1000 more cached tokens add {step_slope:.0f} µs to a step "
+        f"({last_slope:.0f} µs between the last two rows: a straight line, as the attention's "
+        f"work); copying those tokens' keys and values ({kv_mib:.1f} MiB) into a buffer adds "
+        f"{copy_slope:.0f} µs ({versus}; least-squares lines over every row)"
+    )
+    if rows[-1]["bytes"] > 32 * 2**20:
         section.notes.append(
-            f"the time beyond the {lengths[0]} row grows as (L − {lengths[0]})^{slope:.2f} "
-            f"(least-squares fit of log time on log length; 1 is the attention's work, linear "
-            f"in L): {min(per_k):.0f}–{max(per_k):.0f} µs more per 1000 cached tokens"
+            "the two floors part where a buffer exceeds 32 MiB, glibc's largest `mmap` "
+            "threshold: from there every `empty_like` maps fresh pages and faults each one in, "
+            "so the new-buffer floor jumps while the copy into an existing buffer (the "
+            "bandwidth) does not"
         )
     section.notes.append(
-        f"each timed step appends its token, so over the {s.warmup + s.repeats} calls of a row "
-        f"the cache grows from L to L + {s.warmup + s.repeats}; a row's first call also "
+        f"each step appends its token, so over the {s.warmup + 2 * s.repeats} calls of a row "
+        f"the cache grows from L to L + {s.warmup + 2 * s.repeats}; a row's first call also "
         "doubles the cache's storage (a warm-up call)"
     )
     return table
@@ -273,14 +332,18 @@ def suite_decode(s: Settings) -> Section:
     n, new = s.decode_tokens
     section = Section("decode", "Incremental decoding with a KV cache")
     llama = peer_version("transformers")
+    model = posenc_model(s)
+    weights_mib = step_bytes(model, 0) / 2**20
+    floors_line = timing_line(s)
     section.intro = [
-        f"`posenc.TransformerModel({vocab}, {dim}, {depth}, {heads}, pe=\"rope\", "
-        f"causal=True).eval()`, fp32, batch 1, everything under `torch.no_grad()`. Generation: "
-        f"a {n}-token prompt and {new} new greedy tokens; `model.generate(prompt, {new})` fills "
-        "a `posenc.KVCache` with the prompt, then runs one call per new token; `recompute` "
-        "runs the model over the whole sequence so far at every step and takes the argmax of "
-        "the last logits. Both give the same tokens (checked before timing). New tokens/s = "
-        f"{new} / median (the prompt's call included). "
+        f'`posenc.TransformerModel({vocab}, {dim}, {depth}, {heads}, pe="rope", '
+        f"causal=True).eval()` ({weights_mib:.1f} MiB of weights), fp32, batch 1, everything "
+        f"under `torch.no_grad()`. Generation: a {n}-token prompt and {new} new greedy tokens; "
+        f"`model.generate(prompt, {new})` fills a `posenc.KVCache` with the prompt, then runs "
+        "one call per new token; `recompute` runs the model over the whole sequence so far at "
+        "every step and takes the argmax of the last logits. Both give the same tokens "
+        f"(checked before timing). New tokens/s = {new} / median (the prompt's call included).",
+        "",
         f"transformers ({llama or 'not installed'}): `LlamaForCausalLM` with hidden_size "
         f"{dim}, {depth} layers, {heads} heads ({heads} key/value heads), intermediate_size "
         f"{4 * dim}, vocabulary {vocab}, fp32, SDPA attention, through "
@@ -290,20 +353,24 @@ def suite_decode(s: Settings) -> Section:
         "library's model called by hand, the prompt once and then one token per call with a "
         "cache, argmax in between (no `generate`). "
         f"Generation medians over {s.decode_repeats} timed calls per case, round-robin, after "
-        f"{max(s.warmup, 1)} untimed call(s) of each (the first one also checks the tokens). "
-        f"Per-token rows: {timing_line(s)}",
+        f"{max(s.warmup, 1)} untimed call(s) of each (the first one also checks the tokens).",
+        "",
+        f"Per-token rows: medians over {s.repeats} timed steps per cache length after "
+        f"{s.warmup} warm-up step(s); each round takes the lengths in a new order and times "
+        "the second of two back-to-back steps, so that a timed step follows a step, as in "
+        "decoding (where the weights may stay in the CPU's caches from one step to the next), "
+        f"and not a copy. Copy floors: {floors_line[0].lower()}{floors_line[1:]}",
     ]
     with torch.no_grad():
-        model = posenc_model(s)
         first, second = _generation(s, model, section)
         third = _growth(s, model, section)
-    section.tables += [first, second, third]
+    section.tables += [table for table in (first, second, third) if table.rows]
     if section.data["peer"]:
-        mine, peer = section.data["peer"][0], section.data["peer"][2]
+        through_generate, by_hand = section.data["peer"][0], section.data["peer"][2]
         section.notes.insert(
             0,
-            f"posenc generates {mine['speedup']:.2f}x as fast as transformers through "
-            f"`generate` and {peer['speedup']:.2f}x through the manual loop (above 1: posenc "
-            "is faster)",
+            f"posenc generates {through_generate['speedup']:.2f}x as fast as transformers "
+            f"through `generate` and {by_hand['speedup']:.2f}x through the manual loop (above "
+            "1: posenc is faster)",
         )
     return section

@@ -33,7 +33,7 @@ class Settings:
     decode: tuple[int, int, int, int] = (256, 256, 4, 4)
     decode_tokens: tuple[int, int] = (128, 128)  # prompt length, new tokens
     decode_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # cache lengths
-    decode_repeats: int = 5  # decode: timed generations per case
+    decode_repeats: int = 9  # decode: timed generations per case
     threads: int = 0  # 0: torch's default
 
 
