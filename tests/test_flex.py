@@ -28,7 +28,7 @@ def test_flex_compile_failure_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch
     attn = MultiHeadAttention(8, 2, pe=pe, backend="flex")
     ref = MultiHeadAttention(8, 2, pe=pe, backend="math")
     ref.load_state_dict(attn.state_dict())
-    x = torch.randn(1, 6, 8)
+    x = torch.randn(1, 130, 8)  # past one block: shorter ones never compile on a CPU
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="compiling flex_attention failed"):
         got = attn(x)
     assert attn.last_backend == "sdpa"
@@ -147,3 +147,19 @@ def test_window_and_chunk_block_masks_equal_the_dense_mask(window, chunk, causal
     if window is not None:
         assert not bool(visited[0, 3]) and not bool(visited[3, 0])
     assert bool(visited[1, 1])
+
+
+def test_short_sequences_on_cpu_skip_the_compiled_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below one block (128) of queries or keys, torch 2.13's compiled CPU flex kernel is
+    intermittently wrong: posenc runs the eager reference there."""
+
+    def refuse(key):
+        raise AssertionError("the compiled kernel ran for a short sequence")
+
+    monkeypatch.setattr(flex, "_compiled_flex", refuse)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    mask = flex.flex_block_mask(1, 8, 8, causal=True, key_padding_mask=None, device=q.device)
+    out = flex.flex_attention_forward(q, k, v, score_mod=None, block_mask=mask, compile=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_close(out, expected, atol=1e-6, rtol=1e-5)

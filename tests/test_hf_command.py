@@ -4,6 +4,7 @@ stay the command's output), and bad configs as one line with status 2."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,12 @@ def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
         ("{not json", "is not JSON"),
         ("[1, 2]", "must hold a JSON object"),
         ("{}", "no num_hidden_layers"),
+        # refused by the encoder the table describes, not printed
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"num_key_value_heads": 3, "rope_theta": 10000.0}',
+            r"num_kv_heads \(3\) must divide num_heads \(4\)",
+        ),
     ],
 )
 def test_bad_configs_are_one_line_and_status_2(tmp_path: Path, capsys, text: str, match: str):
@@ -67,5 +74,5 @@ def test_bad_configs_are_one_line_and_status_2(tmp_path: Path, capsys, text: str
     path.write_text(text)
     assert cli.main(["hf", str(path)]) == 2
     err = capsys.readouterr().err
-    assert match in err and len(err.strip().splitlines()) == 1
+    assert re.search(match, err) and len(err.strip().splitlines()) == 1
     assert cli.main(["hf", str(tmp_path / "missing.json")]) == 2

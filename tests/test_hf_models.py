@@ -64,6 +64,9 @@ def _configs() -> dict[str, object]:
             attn_scale=0.5,
             use_qk_norm=False,  # a norm of q and k, not a position: posenc has none
         ),
+        "exaone4": t.Exaone4Config(  # full layers without RoPE (it has a window)
+            **TINY, num_hidden_layers=4, sliding_window=4, sliding_window_pattern=4
+        ),
         "olmo3": t.Olmo3Config(
             **TINY,
             num_hidden_layers=4,
@@ -138,7 +141,7 @@ def _identity_attention(attn: posenc.MultiHeadAttention, pe) -> posenc.MultiHead
     return core
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3", "cohere2", "llama4", "olmo3"])
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "cohere2", "llama4", "olmo3", "exaone4"])
 def test_every_layer_attends_as_the_family_does(family: str) -> None:
     config = _configs()[family]
     config._attn_implementation = "eager"
@@ -206,3 +209,31 @@ def test_overrides_and_the_meta_device_keep_a_big_schedule_cheap() -> None:
         posenc.Encoder.from_hf_config(config, num_experts=2)
     with pytest.raises(TypeError, match="config must be a transformers config"):
         posenc.Encoder.from_hf_config(42)
+
+
+def test_families_that_rotate_some_layers_by_their_own_rule() -> None:
+    t = transformers
+    exaone = read_schedule(t.Exaone4Config(**TINY, num_hidden_layers=4, sliding_window_pattern=4))
+    assert [layer.pe is None for layer in exaone.layers] == [False, False, False, True]
+    unwindowed = t.Exaone4Config(**TINY, num_hidden_layers=4, sliding_window_pattern=4).to_dict()
+    unwindowed["sliding_window"] = None  # no window: every layer rotates
+    assert all(layer.pe is not None for layer in read_schedule(unwindowed).layers)
+    cohere = t.Cohere2Config(**TINY, num_hidden_layers=4, sliding_window=None)
+    assert all(layer.pe is None for layer in read_schedule(cohere).layers)  # as its code does
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"model_type": "granite_swa"}, "decided by its model's forward"),
+        ({"model_type": "gemma3_text", "use_bidirectional_attention": True}, "bidirectional"),
+        ({"layer_types": ["linear_attention", "full_attention"]}, r"layer_types holds \['linear"),
+        ({"layer_types": ["chunked_attention"] * 2}, "no attention_chunk_size"),
+        ({"sliding_window": "x"}, "config sliding_window must be a positive int"),
+        ({"intermediate_size": [64, 64]}, "config intermediate_size must be a positive int"),
+    ],
+)
+def test_configs_posenc_cannot_read_exactly_are_refused(config: dict, match: str) -> None:
+    base = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "rope_theta": 1e4}
+    with pytest.raises(ValueError, match=match):
+        posenc.Encoder.from_hf_config({**base, **config})

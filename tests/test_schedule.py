@@ -232,3 +232,15 @@ def test_a_windowed_layer_keeps_only_the_keys_it_can_still_read() -> None:
             assert_close(torch.cat(parts, dim=1)[r, 6 * r :], alone[0], atol=ATOL, rtol=RTOL)
         with pytest.raises(ValueError, match="positions go back in row 0"):
             model(tokens[:, :1], cache=cache, positions=torch.tensor([3]))
+
+
+def test_one_layer_takes_no_list_and_per_layer_errors_name_the_layer() -> None:
+    with pytest.raises(TypeError, match="window of one attention layer must be a positive int"):
+        posenc.MultiHeadAttention(DIM, HEADS, window=[3])
+    scale = posenc.QueryScale.llama4(0.1, 8)
+    with pytest.raises(TypeError, match=r"query_scale\[1\] must be a posenc"):
+        posenc.Encoder(DIM, 2, HEADS, query_scale=[scale, 3])
+    encoder = posenc.Encoder(DIM, 3, HEADS, pe="rope")
+    encoder.layer_types = ["full_attention"] * 2
+    with pytest.raises(ValueError, match="layer_types has 2 entries but the encoder has depth=3"):
+        encoder.with_rope_scaling(None, layer_types=["full_attention"])

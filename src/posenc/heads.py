@@ -63,6 +63,12 @@ def check_reach(
 ) -> tuple[int | None, int | None, QueryScale | None]:
     """``window`` and ``chunk`` (each a positive int or ``None``) and ``query_scale`` (a
     :class:`~posenc.QueryScale` or ``None``), checked."""
+    for name, value in (("window", window), ("chunk", chunk)):
+        if isinstance(value, (list, tuple)):
+            raise PosencTypeError(
+                f"{name} of one attention layer must be a positive int or None, got a list "
+                f"{value!r} (per-layer lists go to Encoder)"
+            )
     if query_scale is not None and not isinstance(query_scale, QueryScale):
         raise PosencTypeError(
             f"query_scale must be a posenc.QueryScale or None, got {type(query_scale).__name__}"

@@ -8,8 +8,11 @@ What each family does, as its modeling file says (transformers 5.24):
   ``chunked_attention``); a sliding layer reads ``sliding_window`` keys (unless
   ``use_sliding_window`` is false, SmolLM3), a chunked one ``attention_chunk_size``.
   A config without ``layer_types`` but with a ``sliding_window`` (Mistral) windows every layer.
-* ``no_rope_layers`` (SmolLM3, Llama 4): 1 = RoPE, 0 = NoPE. Cohere 2 rotates only its
-  sliding layers. Llama 4 scales the queries of its NoPE layers (``attn_temperature_tuning``).
+* ``no_rope_layers`` (SmolLM3, Llama 4): 1 = RoPE, 0 = NoPE. Cohere 2, Flint and AFMoE
+  rotate only their sliding layers, EXAONE 4 too when it has a window
+  (:data:`ROPE_IF_LAYER_WINDOW` and its neighbours); families whose model decides per layer
+  are refused (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are bidirectional configs. Llama 4
+  scales the queries of its NoPE layers (``attn_temperature_tuning``).
 * RoPE parameters nested by layer type (Gemma 3, OLMo 3) give each type its own module; one
   set of parameters gives every RoPE layer the same module.
 
@@ -34,8 +37,32 @@ from .query_scale import QueryScale
 
 __all__ = ["LayerSchedule", "ModelSchedule", "build_from_hf_config", "read_schedule"]
 
-#: Families whose full-attention layers are NoPE: only sliding layers rotate.
-ROPE_ON_SLIDING_ONLY = frozenset({"cohere2"})
+#: Families that rotate only some layers, by the condition their attention module tests
+#: (transformers 5.24): the layer's own window is set (Cohere 2, Flint: a config without a
+#: ``sliding_window`` rotates nothing), or the layer is a sliding one (AFMoE), or the config
+#: has no window or the layer is a sliding one (EXAONE 4 and its kin).
+ROPE_IF_LAYER_WINDOW = frozenset({"cohere2", "flint"})
+ROPE_IF_SLIDING = frozenset({"afmoe"})
+ROPE_IF_NO_WINDOW_OR_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
+#: Families whose model decides per layer whether to rotate (it passes the rotary tables to
+#: some layers only, or tests a flag of its own): refused, named, rather than guessed.
+ROTATION_DECIDED_BY_THE_MODEL = frozenset(
+    {
+        "beam",
+        "cohere2_moe",
+        "cohere_compass",
+        "granite_swa",
+        "granitemoe_swa",
+        "granitemoehybrid",
+        "lara_mini",
+        "muse_glimmer",
+        "muse_spark",
+        "olmo_hybrid",
+        "zamba2",
+    }
+)
+#: The layer types whose attention posenc builds.
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 #: The size overrides :func:`read_schedule` takes, by their transformers names (and aliases).
 OVERRIDES = {
     "num_layers": "num_hidden_layers",
@@ -126,6 +153,17 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             )
         raw[OVERRIDES[name]] = value
     model_type = str(raw.get("model_type") or "")
+    if model_type in ROTATION_DECIDED_BY_THE_MODEL:
+        raise PosencValueError(
+            f"config model_type={model_type!r}: which of its layers rotate is decided by its "
+            "model's forward, which posenc does not read; refused rather than guessed"
+        )
+    if raw.get("use_bidirectional_attention") or raw.get("is_causal") is False:
+        raise PosencValueError(
+            f"config model_type={model_type!r} is bidirectional (use_bidirectional_attention "
+            "or is_causal=False; transformers also halves its window): posenc reads causal "
+            "schedules only"
+        )
     depth = _int(raw, "num_hidden_layers")
     hidden = _int(raw, "hidden_size")
     heads = _int(raw, "num_attention_heads")
@@ -137,12 +175,25 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             f"hidden_size={hidden}"
         )
     kinds = _per_layer_list(raw, "layer_types", depth) or ["full_attention"] * depth
+    unknown = sorted(set(kinds) - set(LAYER_TYPES))
+    if unknown:
+        raise PosencValueError(
+            f"config layer_types holds {unknown}; posenc builds {', '.join(LAYER_TYPES)}"
+        )
+    sliding = _optional_int(raw, "sliding_window")
+    if raw.get("use_sliding_window") is False:
+        sliding = None
+    chunk_size = _optional_int(raw, "attention_chunk_size")
+    if "chunked_attention" in kinds and chunk_size is None:
+        raise PosencValueError(
+            "config layer_types has chunked_attention but no attention_chunk_size"
+        )
+    intermediate = raw.get("intermediate_size")
+    if intermediate is not None:
+        intermediate = _int(raw, "intermediate_size")
     rotates = _rotating_layers(raw, model_type, kinds, depth)
     modules: dict[str, RotaryEmbedding] = {}  # one per layer type (or one for all)
     nested = _nested_by_layer_type(raw)
-    sliding = raw.get("sliding_window")
-    if raw.get("use_sliding_window") is False:
-        sliding = None
     tuning = raw.get("attn_temperature_tuning")
     layers = []
     for i, kind in enumerate(kinds):
@@ -154,12 +205,8 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
                     _sized(config, raw), layer_type=kind if nested else None
                 )
             pe = modules[key]
-        window = (
-            sliding
-            if kind == "sliding_attention" or (sliding and "layer_types" not in raw)
-            else None
-        )
-        chunk = raw.get("attention_chunk_size") if kind == "chunked_attention" else None
+        window = sliding if kind == "sliding_attention" or raw.get("layer_types") is None else None
+        chunk = chunk_size if kind == "chunked_attention" else None
         scale = None
         if tuning and not rotates[i]:
             scale = QueryScale.llama4(raw.get("attn_scale", 0.1), raw.get("floor_scale", 8192))
@@ -170,7 +217,7 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=int(head_dim),
-        intermediate_size=raw.get("intermediate_size"),
+        intermediate_size=intermediate,
         vocab_size=raw.get("vocab_size"),
         layers=tuple(layers),
     )
@@ -196,9 +243,19 @@ def _rotating_layers(
     no_rope = _per_layer_list(raw, "no_rope_layers", depth)
     if no_rope is not None:  # SmolLM3, Llama 4: 1 = RoPE, 0 = NoPE
         return [bool(flag) for flag in no_rope]
-    if model_type in ROPE_ON_SLIDING_ONLY:
-        return [kind == "sliding_attention" for kind in kinds]
+    sliding = [kind == "sliding_attention" for kind in kinds]
+    if model_type in ROPE_IF_LAYER_WINDOW:
+        return [is_sliding and raw.get("sliding_window") is not None for is_sliding in sliding]
+    if model_type in ROPE_IF_SLIDING:
+        return sliding
+    if model_type in ROPE_IF_NO_WINDOW_OR_SLIDING:
+        return [raw.get("sliding_window") is None or is_sliding for is_sliding in sliding]
     return [True] * depth
+
+
+def _optional_int(raw: Mapping[str, Any], key: str) -> int | None:
+    """``raw[key]``, a positive int, or ``None`` when absent."""
+    return None if raw.get(key) is None else _int(raw, key)
 
 
 def _nested_by_layer_type(raw: Mapping[str, Any]) -> bool:

@@ -117,6 +117,11 @@ class Encoder(nn.Module):
             raise PosencValueError(
                 f"query_scale has {len(scales)} entries but the model has depth={depth}"
             )
+        for i, item in enumerate(scales):
+            if item is not None and not isinstance(item, QueryScale):
+                raise PosencTypeError(
+                    f"query_scale[{i}] must be a posenc.QueryScale or None, got {item!r}"
+                )
         if random_positions is not None:
             check_positive_int("random_positions", random_positions)
         check_positive_int("num_heads", num_heads)

@@ -111,6 +111,10 @@ def layers_of_types(
             "layer_types= needs an encoder whose layer_types are known (set "
             "Encoder.layer_types, or build it with from_hf_config)"
         )
+    if len(known) != depth:
+        raise PosencValueError(
+            f"Encoder.layer_types has {len(known)} entries but the encoder has depth={depth}"
+        )
     unknown = wanted - set(known)
     if unknown:
         raise PosencValueError(
