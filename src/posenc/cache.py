@@ -17,8 +17,11 @@ cache=cache)``) appends its tokens and lets them attend to everything cached. It
 
 Storage grows by doubling, so ``N`` single-token steps copy ``O(N)`` elements in all, not
 ``O(N²)``; under autograd the tensors are concatenated instead (in-place writes would break
-the backward of earlier steps). A call that fails half-way leaves the cache as it was before
-that call: its writes lie past the committed length and are dropped by the next call.
+the backward of earlier steps). A step in a cache without padding or documents writes only
+its positions; the other token records are filled in when read. A model with windowed or
+chunked layers scans the token records after each call to find the keys they can drop
+(``O(N)`` per call, 8 bytes a token). A call that fails half-way leaves the cache as it was
+before that call: its writes lie past the committed length and are dropped by the next call.
 
 Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
 ``d`` head dim.
