@@ -932,9 +932,9 @@ MISUSE = [
            _from(lambda: _namespace(model_type="mystery", partial_rotary_factor=1.5)),
            PosencValueError, "partial_rotary_factor", 1.5),
     Misuse("unknown-rope-type",
-           _from(lambda: transformers.LlamaConfig(**_tiny(rope_parameters={
-               "rope_type": "proportional", "rope_theta": 1e4, "partial_rotary_factor": 0.5}))),
-           PosencValueError, "rope_type", "proportional"),
+           _from(lambda: _namespace(model_type="llama", rope_parameters={
+               "rope_type": "made_up", "rope_theta": 1e4, "partial_rotary_factor": 0.5})),
+           PosencValueError, "rope_type", "made_up"),
     Misuse("unknown-key",
            _from(lambda: _namespace(model_type="qwen2_vl", rope_parameters={
                "rope_type": "default", "mrope_section": [2, 3, 3]})),

@@ -49,6 +49,10 @@ def _longrope(n: int, **extra: Any) -> dict[str, Any]:
 # (head_dim, base, max_position_embeddings, rope_parameters without rope_theta)
 CASES: list[tuple[int, float, int, dict[str, Any]]] = [
     (16, 10000.0, 64, {"rope_type": "default"}),
+    # p-RoPE: the first int(p * d / 2) frequencies of the whole head, the rest 0
+    (64, 1e6, 512, {"rope_type": "proportional", "partial_rotary_factor": 0.25, "factor": 2.0}),
+    (128, 10000.0, 512, {"rope_type": "proportional", "partial_rotary_factor": 0.5}),
+    (32, 10000.0, 64, {"rope_type": "proportional", "partial_rotary_factor": 0.3}),
     (64, 500000.0, 128, {"rope_type": "default"}),
     (16, 10000.0, 64, {"rope_type": "linear", "factor": 4.0}),
     (32, 1000.0, 64, {"rope_type": "linear", "factor": 0.5}),
@@ -490,7 +494,7 @@ def test_the_built_in_registry() -> None:
     """Seven types, in order, with the records the rest of posenc asks (a test that registers
     a type of its own leaves this registry as it found it)."""
     assert list(ROPE_TYPES) == ["default", "linear", "ntk", "dynamic", "yarn", "longrope",
-                                "llama3"]  # fmt: skip
+                                "llama3", "proportional"]  # fmt: skip
     assert [t for t, spec in ROPE_TYPES.items() if spec.uses_length] == ["dynamic", "longrope"]
     assert [t for t, spec in ROPE_TYPES.items() if spec.needs_original] == [
         "dynamic", "yarn", "longrope", "llama3"]  # fmt: skip
@@ -636,3 +640,33 @@ def test_a_registry_entry_still_calls_like_the_function_it_was() -> None:
     got = ROPE_TYPES["linear"](16, 10000.0, params)
     want = ROPE_TYPES["linear"].init(16, 10000.0, params)
     assert torch.equal(got[0], want[0]) and got[1] == want[1]
+
+
+def test_proportional_rope_rotates_as_transformers_llama_does() -> None:
+    """p-RoPE read from a transformers config: the whole head's pairs, the lowest frequencies
+    not turned (unlike partial RoPE over the same fraction), equal to LlamaRotaryEmbedding
+    with apply_rotary_pos_emb."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from posenc import RotaryEmbedding
+
+    params = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64,
+                         rope_parameters={**params, "factor": 2.0})  # fmt: skip
+    ours = RotaryEmbedding.from_hf_config(config)
+    assert ours.rotary_dim == 64 and ours.scaling["partial_rotary_factor"] == 0.25
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 4, 16, 64, generator=gen) for _ in range(2))
+    positions = torch.arange(100, 116)
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = ours(q, k, positions)
+    assert_close(q_rot, q_ref, atol=1e-5, rtol=2e-5)
+    assert_close(k_rot, k_ref, atol=1e-5, rtol=2e-5)
+    # the last 3/4 of the pairs are not turned: those dims pass through, in both halves
+    untouched = torch.cat([torch.arange(8, 32), torch.arange(40, 64)])
+    assert torch.equal(q_rot[..., untouched], q[..., untouched])
+    partial = RotaryEmbedding(64, base=1e6, rotary_dim=16)  # partial RoPE: other frequencies
+    assert not torch.allclose(partial(q, k, positions)[0], q_rot, atol=1e-3)
+    with pytest.raises(ValueError, match=r"partial_rotary_factor in \(0, 1\]"):
+        RotaryEmbedding(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 1.5})

@@ -262,10 +262,20 @@ def _factor(field: str, value: Any) -> float:
     return factor
 
 
+def _spans_head(params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` names a rope type whose rotation spans the head (its
+    ``partial_rotary_factor`` belongs to its frequencies, not to the rotary dimension)."""
+    kind = ROPE_TYPES.get(str(params.get("rope_type", params.get("type", "default"))))
+    return kind is not None and kind.spans_head
+
+
 def _rotary_dim(
     cfg: _Config, field: str, params: dict[str, Any], head_dim: int, model_type: str
 ) -> int:
-    """``r`` from the fraction fields and ``rotary_dim``, checked even and ``<= head_dim``."""
+    """``r`` from the fraction fields and ``rotary_dim``, checked even and ``<= head_dim``
+    (a rope type that spans the head, proportional RoPE, reads its fraction itself)."""
+    if _spans_head(params):
+        return head_dim
     factor_field, factor = None, None
     if params.get("partial_rotary_factor") is not None:
         factor_field = f"{field}['partial_rotary_factor']"
@@ -317,7 +327,8 @@ def _scaling(
     ``rope_type`` names renamed, which fields win for the original context), or ``None`` for
     plain RoPE. Everything else, the legacy ``"type"`` key included, is normalised once, by
     :class:`~posenc.encodings.rotary_spec.RotarySpec` (through ``validate_rope_scaling``)."""
-    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    dropped = ("rope_theta",) if _spans_head(params) else ("rope_theta", "partial_rotary_factor")
+    scaling = {k: v for k, v in params.items() if k not in dropped}
     aliases = ROPE_TYPE_ALIASES.get(model_type, {})
     for key in ("rope_type", "type"):  # the family's config class renames these on load
         if isinstance(scaling.get(key), str) and scaling[key] in aliases:

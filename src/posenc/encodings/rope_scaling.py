@@ -5,7 +5,7 @@ dictionary) is one :class:`RopeType` record, and :data:`ROPE_TYPES` is the regis
 read-only mapping from name to record, in the order the types were registered. Validation,
 :class:`~posenc.RotaryEmbedding`, ``from_hf_config``, ``Encoder.with_rope_scaling`` and
 ``posenc extrapolate`` ask the record what a type needs, never test its name.
-:func:`register_rope_type` adds a type; the seven built-in ones (pure functions in
+:func:`register_rope_type` adds a type; the eight built-in ones (pure functions in
 :mod:`.rope_types`) are registered through it too, at the end of this module. A record holds:
 
 ``init``
@@ -39,6 +39,10 @@ read-only mapping from name to record, in the order the types were registered. V
     transformers' own function for the type reads the original context from the config's
     ``max_position_embeddings`` only; ``from_hf_config`` then drops the dictionary's
     ``original_max_position_embeddings`` to give what transformers gives.
+``spans_head``
+    the rotation spans the whole head whatever ``partial_rotary_factor`` says: the factor
+    stays in the dictionary for ``init`` to read (proportional RoPE zeroes the frequencies
+    past it) instead of setting a smaller rotary dimension.
 
 The built-in types reproduce the function of the same ``rope_type`` in transformers'
 ``modeling_rope_utils`` (checked against transformers 5.23,
@@ -65,6 +69,11 @@ llama3     keep high frequencies, divide low ones by ``factor``, smooth in betwe
            (Meta 2024, Llama 3.1)
 =========  ==============================================================================
 
+``proportional`` (p-RoPE: Gemma 4's global layers, LFM3) keeps the first
+``int(partial_rotary_factor * dim / 2)`` frequencies, sets the rest to 0 (those pairs are not
+turned) and divides every one by ``factor``. Its pairs still span the whole head, unlike
+partial RoPE's, whose exponent's denominator is the rotated width (``spans_head``).
+
 Unlike Hugging Face, which logs a warning and carries on, invalid parameters (a
 non-positive factor, a missing key, factor lists of the wrong length, ...) raise
 ``ValueError``/``TypeError`` naming the key and the value.
@@ -87,6 +96,7 @@ from .rope_types import (
     check_llama3,
     check_longrope,
     check_number,
+    check_proportional,
     check_yarn,
     default_inv_freq,
     init_default,
@@ -95,6 +105,7 @@ from .rope_types import (
     init_llama3,
     init_longrope,
     init_ntk,
+    init_proportional,
     init_yarn,
 )
 
@@ -148,6 +159,7 @@ class RopeType:
     needs_original: bool = False  # needs original_max_position_embeddings
     switches_at_original: bool = False  # only the side of the original context matters
     hf_ignores_original: bool = False  # transformers reads max_position_embeddings instead
+    spans_head: bool = False  # partial_rotary_factor is the init's, the rotation spans the head
 
     def __call__(
         self,
@@ -209,6 +221,7 @@ def register_rope_type(
     needs_original: bool = False,
     switches_at_original: bool = False,
     hf_ignores_original: bool = False,
+    spans_head: bool = False,
 ) -> RopeType:
     """Add a ``rope_type`` to :data:`ROPE_TYPES` and return its record; from then on
     ``RotaryEmbedding(scaling={"rope_type": name, ...})``, ``from_hf_config``,
@@ -258,6 +271,7 @@ def register_rope_type(
         "needs_original": needs_original,
         "switches_at_original": switches_at_original,
         "hf_ignores_original": hf_ignores_original,
+        "spans_head": spans_head,
     }
     for flag, value in flags.items():
         check_bool(f"register_rope_type: {flag}", value)
@@ -280,6 +294,7 @@ def register_rope_type(
         needs_original=needs_original,
         switches_at_original=switches_at_original,
         hf_ignores_original=hf_ignores_original,
+        spans_head=spans_head,
     )
     _TYPES[name] = spec
     return spec
@@ -349,6 +364,14 @@ register_rope_type(
     keys=("factor", "low_freq_factor", "high_freq_factor", ORIGINAL),
     validate=check_llama3,
     needs_original=True,
+)
+
+register_rope_type(
+    "proportional",
+    init_proportional,
+    optional=("factor",),
+    validate=check_proportional,
+    spans_head=True,
 )
 
 # --------------------------------------------------------------------------- validation

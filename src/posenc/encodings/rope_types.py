@@ -1,4 +1,4 @@
-"""The seven built-in RoPE context extensions, as pure functions: each ``init`` computes
+"""The eight built-in RoPE context extensions, as pure functions: each ``init`` computes
 ``(inv_freq float64 (dim/2,), attention_factor)`` the way the ``rope_type`` of the same name
 in transformers' ``modeling_rope_utils`` does, and each ``validate`` checks the type's own
 parameters. :mod:`.rope_scaling` registers them (its module docstring has the table of what
@@ -37,6 +37,36 @@ def init_default(
     seq_len: float | None = None,
 ) -> tuple[Tensor, float]:
     return default_inv_freq(dim, base), 1.0
+
+
+def init_proportional(
+    dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    max_position_embeddings: int | None = None,
+    seq_len: float | None = None,
+) -> tuple[Tensor, float]:
+    # p-RoPE: the pairs span the head (dim is the head dim); the lowest frequencies are 0
+    proportion = params.get("partial_rotary_factor")
+    kept = int((1.0 if proportion is None else float(proportion)) * dim // 2)
+    inv_freq = default_inv_freq(dim, base)
+    inv_freq[kept:] = 0.0
+    factor = params.get("factor")
+    return inv_freq / (1.0 if factor is None else float(factor)), 1.0
+
+
+def check_proportional(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    proportion = params.get("partial_rotary_factor")
+    if proportion is None:
+        return  # 1: every frequency kept, as linear scaling (transformers warns)
+    check_number("partial_rotary_factor", proportion)
+    if not 0.0 < float(proportion) <= 1.0:
+        raise PosencValueError(
+            f"rope_type 'proportional' needs partial_rotary_factor in (0, 1], got {proportion!r}"
+        )
 
 
 def init_linear(

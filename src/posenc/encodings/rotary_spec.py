@@ -108,7 +108,10 @@ class RotarySpec:
             if base not in (10000.0, theta):
                 raise PosencValueError(f"base={base} conflicts with scaling['rope_theta']={theta}")
             base = theta
-        factor = params.pop("partial_rotary_factor", None)
+        kind = ROPE_TYPES.get(str(params.get("rope_type", params.get("type", "default"))))
+        # proportional RoPE reads the factor itself and rotates the whole head
+        spans_head = kind is not None and kind.spans_head
+        factor = None if spans_head else params.pop("partial_rotary_factor", None)
         if factor is not None:
             factor = check_positive_float("scaling['partial_rotary_factor']", factor)
             implied = int(head_dim * factor)
