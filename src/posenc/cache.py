@@ -165,9 +165,6 @@ class KVCache:
         self._last_run: Tensor | None = None
         #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
         self.has_padding = False
-        #: Once a windowed layer may have dropped keys: each row's next position ``(b, 1)``;
-        #: the tokens continuing a row's document must not be placed below it.
-        self.floor: Tensor | None = None
         #: Whether any call passed ``document_ids`` (the document mask is built only then).
         self.has_documents = False
         self._length = 0
@@ -344,12 +341,22 @@ class KVCache:
             following = torch.where(same, torch.maximum(self.next_position, following), following)
         self.next_position, self._last_id, self._last_run = following, last_id, last_run
 
+    def _windowed(self) -> list[LayerKV]:
+        """The entries of layers with a sliding window or a chunk (they drop keys)."""
+        return [e for e in self._layers.values() if e.window is not None or e.chunk is not None]
+
+    @property
+    def floor(self) -> Tensor | None:
+        """Once a windowed or chunked layer may have dropped keys, each row's next position
+        ``(b, 1)``: the tokens continuing a row's document must not be placed below it."""
+        return self.next_position if self._windowed() else None
+
     def _drop_unreadable(self) -> None:
         """Let each windowed or chunked layer forget the keys no later query can read: those
         of earlier documents, padding, and keys too far back (window) or in an earlier chunk
         than the next position. A prefix common to every row is dropped; the positions of
         tokens continuing a row's document must not go back below ``floor`` afterwards."""
-        windowed = [e for e in self._layers.values() if e.window is not None or e.chunk is not None]
+        windowed = self._windowed()
         if not windowed:
             return
         positions, padding, runs = self.positions, self.key_padding_mask, self.document_runs
@@ -357,7 +364,6 @@ class KVCache:
         if positions is None or padding is None or runs is None or following is None:
             return
         current = (runs == runs[:, -1:]) & ~padding  # (b, N): the documents being continued
-        self.floor = following  # (b, 1): the next position of each row
         for entry in windowed:
             unreadable = ~current
             if entry.window is not None:

@@ -132,11 +132,9 @@ def flex_block_mask(
 
     kv_num, kv_idx = as_indices(partial)
     full_num, full_idx = as_indices(full)
-    mask_mod: Callable[..., Tensor] | None = None
-    if causal or keep is not None or documents:
-        mask_mod = _mask_mod(causal, offset, keep, device)
-        if documents:
-            mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
+    mask_mod = _mask_mod(causal, offset, keep, device)  # None when neither
+    if documents:
+        mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
     if window is not None or chunk is not None:
         mask_mod = _position_mask_mod(mask_mod, q_positions, k_positions, window, chunk)
     return BlockMask.from_kv_blocks(
