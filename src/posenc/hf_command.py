@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .errors import PosencValueError
-from .hf_models import ModelSchedule, read_schedule
+from .hf_models import ModelSchedule, build_from_schedule, read_schedule
 from .model import Encoder
 
 __all__ = ["add_subcommand", "schedule_table"]
@@ -93,13 +93,8 @@ def cmd_hf(args: argparse.Namespace) -> int:
         raise PosencValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
     with torch.device("meta"):  # tables shaped, nothing allocated
         schedule = read_schedule(config)
-        # the encoder that from_hf_config would build: what it refuses is refused here too
-        Encoder(
-            schedule.hidden_size,
-            len(schedule.layers),
-            schedule.num_heads,
-            **schedule.encoder_kwargs(),
-        )
+    # the encoder that from_hf_config would build: what it refuses is refused here too
+    build_from_schedule(Encoder, schedule, device="meta")
     print(schedule_table(schedule))
     return 0
 

@@ -35,7 +35,13 @@ from .encodings.rotary import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
 
-__all__ = ["LayerSchedule", "ModelSchedule", "build_from_hf_config", "read_schedule"]
+__all__ = [
+    "LayerSchedule",
+    "ModelSchedule",
+    "build_from_hf_config",
+    "build_from_schedule",
+    "read_schedule",
+]
 
 #: Families that rotate only some layers, by the condition their attention module tests
 #: (transformers 5.24): the layer's own window is set (Cohere 2, Flint: a config without a
@@ -286,7 +292,14 @@ def build_from_hf_config(
 ) -> Any:
     """``cls`` (:class:`~posenc.Encoder`, or with ``vocab`` :class:`~posenc.TransformerModel`)
     built with the schedule of ``config``, on ``device``, its layer types recorded."""
-    schedule = read_schedule(config, **overrides)
+    return build_from_schedule(cls, read_schedule(config, **overrides), device=device, vocab=vocab)
+
+
+def build_from_schedule(
+    cls: Any, schedule: ModelSchedule, *, device: Any = None, vocab: bool = False
+) -> Any:
+    """``cls`` built with ``schedule`` on ``device`` (``"meta"``: nothing allocated), as
+    :func:`build_from_hf_config` builds it."""
     sizes: tuple[int, ...] = (schedule.hidden_size, len(schedule.layers), schedule.num_heads)
     if vocab:
         if schedule.vocab_size is None:
