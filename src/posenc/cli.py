@@ -27,6 +27,7 @@ _SUBCOMMAND_MODULES = (
     "posenc.bench.cli",
     "posenc.report",
     "posenc.hf_command",
+    "posenc.conformance",
 )
 
 
