@@ -64,6 +64,20 @@ def _configs() -> dict[str, object]:
             attn_scale=0.5,
             use_qk_norm=False,  # a norm of q and k, not a position: posenc has none
         ),
+        "ministral3": t.Ministral3Config(  # YaRN, and queries scaled by position on every layer
+            **TINY,
+            num_hidden_layers=2,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 2.0,
+                "original_max_position_embeddings": 4,  # the scale steps every 4 positions
+                "max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "llama_4_scaling_beta": 0.5,
+            },
+        ),
         "exaone4": t.Exaone4Config(  # full layers without RoPE (it has a window)
             **TINY, num_hidden_layers=4, sliding_window=4, sliding_window_pattern=4
         ),
@@ -141,7 +155,9 @@ def _identity_attention(attn: posenc.MultiHeadAttention, pe) -> posenc.MultiHead
     return core
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3", "cohere2", "llama4", "olmo3", "exaone4"])
+@pytest.mark.parametrize(
+    "family", ["gemma3", "smollm3", "cohere2", "llama4", "olmo3", "exaone4", "ministral3"]
+)
 def test_every_layer_attends_as_the_family_does(family: str) -> None:
     config = _configs()[family]
     config._attn_implementation = "eager"
@@ -195,6 +211,10 @@ def test_the_schedules_read_for_each_family() -> None:
     olmo = read_schedule(configs["olmo3"])
     assert olmo.layers[3].pe.scaling["rope_type"] == "yarn"  # YaRN on the full layers only
     assert olmo.layers[0].pe.scaling.get("rope_type", "default") == "default"
+    ministral = read_schedule(configs["ministral3"])
+    scale = posenc.QueryScale.ministral3(beta=0.5, original_max_position_embeddings=4)
+    assert [layer.query_scale for layer in ministral.layers] == [scale, scale]
+    assert ministral.layers[0].pe.scaling["rope_type"] == "yarn"
 
 
 def test_overrides_and_the_meta_device_keep_a_big_schedule_cheap() -> None:
@@ -220,6 +240,42 @@ def test_families_that_rotate_some_layers_by_their_own_rule() -> None:
     assert all(layer.pe is not None for layer in read_schedule(unwindowed).layers)
     cohere = t.Cohere2Config(**TINY, num_hidden_layers=4, sliding_window=None)
     assert all(layer.pe is None for layer in read_schedule(cohere).layers)  # as its code does
+
+
+def _latent_and_per_layer_configs() -> dict[str, object]:
+    t = transformers
+    latent = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "kv_lora_rank": 8, "q_lora_rank": 8}
+    return {
+        "deepseek_v3": t.DeepseekV3Config(
+            **TINY, **latent, num_hidden_layers=2, n_routed_experts=4
+        ),
+        "mistral4": t.Mistral4Config(**TINY, **latent, num_hidden_layers=2, n_routed_experts=4),
+        "deepseek_v4": t.DeepseekV4Config(**TINY, qk_rope_head_dim=4, num_hidden_layers=2),
+        "gemma4": t.Gemma4TextConfig(**TINY, global_head_dim=16, num_hidden_layers=6),
+        "embedding_gemma2": t.EmbeddingGemma2TextConfig(**TINY, num_hidden_layers=6),
+    }
+
+
+@pytest.mark.parametrize(
+    ("family", "match"),
+    [
+        ("deepseek_v3", "has qk_rope_head_dim, kv_lora_rank: multi-head latent attention"),
+        ("mistral4", "has qk_rope_head_dim, kv_lora_rank: multi-head latent attention"),
+        ("deepseek_v4", "has qk_rope_head_dim: multi-head latent attention"),
+        ("gemma4", r"sets \['head_dim'\] per layer"),
+        ("embedding_gemma2", r"sets \['head_dim', 'num_key_value_heads'\] per layer"),
+    ],
+)
+def test_latent_attention_and_per_layer_sizes_are_refused_by_name(family: str, match: str) -> None:
+    """posenc's attention has no latent projections and one head size for every layer: these
+    schedules are refused, naming the model type and the fields (their rotations are read by
+    RotaryEmbedding.from_hf_config: tests/encodings/test_hf_config.py)."""
+    config = _latent_and_per_layer_configs()[family]
+    with pytest.raises(posenc.PosencValueError, match=match) as info:
+        posenc.Encoder.from_hf_config(config, device="meta")
+    assert repr(config.model_type) in str(info.value)
+    with pytest.raises(posenc.PosencValueError, match=match):  # its config.json alike
+        posenc.Encoder.from_hf_config(config.to_dict(), device="meta")
 
 
 @pytest.mark.parametrize(

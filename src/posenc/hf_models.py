@@ -12,7 +12,13 @@ What each family does, as its modeling file says (transformers 5.24):
   rotate only their sliding layers, EXAONE 4 too when it has a window
   (:data:`ROPE_IF_LAYER_WINDOW` and its neighbours); families whose model decides per layer
   are refused (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are bidirectional configs. Llama 4
-  scales the queries of its NoPE layers (``attn_temperature_tuning``).
+  scales the queries of its NoPE layers (``attn_temperature_tuning``); Ministral 3 those of
+  every layer (``llama_4_scaling_beta``, read by
+  :func:`~posenc.encodings.hf_config.query_scale_from_hf_config`).
+* Refused by name: multi-head latent attention (``qk_rope_head_dim`` / ``kv_lora_rank``:
+  DeepSeek-V2/V3/V4, Mistral 4, dots3, ...), which posenc's attention has no latent
+  projections for, and configs that size layers differently (``per_layer_config``: the Gemma 4
+  family's wider full-attention heads), since posenc's encoder has one head size.
 * RoPE parameters nested by layer type (Gemma 3, OLMo 3) give each type its own module; one
   set of parameters gives every RoPE layer the same module.
 
@@ -31,6 +37,8 @@ from typing import Any
 import torch
 
 from .encodings.base import PositionalEncoding
+from .encodings.hf_config import query_scale_from_hf_config
+from .encodings.hf_fields import per_layer_keys
 from .encodings.rotary import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
@@ -67,6 +75,8 @@ ROTATION_DECIDED_BY_THE_MODEL = frozenset(
         "zamba2",
     }
 )
+#: Fields of multi-head latent attention (refused: posenc's attention has no latent projections).
+LATENT_ATTENTION_FIELDS = ("qk_rope_head_dim", "kv_lora_rank")
 #: The layer types whose attention posenc builds.
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 #: The size overrides :func:`read_schedule` takes, by their transformers names (and aliases).
@@ -164,6 +174,22 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             f"config model_type={model_type!r}: which of its layers rotate is decided by its "
             "model's forward, which posenc does not read; refused rather than guessed"
         )
+    latent = [key for key in LATENT_ATTENTION_FIELDS if raw.get(key) is not None]
+    if latent:
+        raise PosencValueError(
+            f"config model_type={model_type!r} has {', '.join(latent)}: multi-head latent "
+            "attention, which posenc's attention (no latent projections) does not build; "
+            "RotaryEmbedding.from_hf_config reads its rotation"
+        )
+    per_layer = per_layer_keys(raw)
+    if per_layer:
+        raise PosencValueError(
+            f"config model_type={model_type!r} sets {sorted(per_layer)} per layer "
+            "(per_layer_config): "
+            "posenc's Encoder has one head size and head count for every layer; "
+            "RotaryEmbedding.from_hf_config(config, layer_type=...) reads each layer type's "
+            "rotation"
+        )
     if raw.get("use_bidirectional_attention") or raw.get("is_causal") is False:
         raise PosencValueError(
             f"config model_type={model_type!r} is bidirectional (use_bidirectional_attention "
@@ -201,6 +227,8 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
     modules: dict[str, RotaryEmbedding] = {}  # one per layer type (or one for all)
     nested = _nested_by_layer_type(raw)
     tuning = raw.get("attn_temperature_tuning")
+    every_layer = query_scale_from_hf_config(_sized(config, raw))  # Ministral 3
+    beside = None if every_layer is None else QueryScale.ministral3(*every_layer)
     layers = []
     for i, kind in enumerate(kinds):
         pe: PositionalEncoding | None = None
@@ -213,7 +241,7 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             pe = modules[key]
         window = sliding if kind == "sliding_attention" or raw.get("layer_types") is None else None
         chunk = chunk_size if kind == "chunked_attention" else None
-        scale = None
+        scale = beside
         if tuning and not rotates[i]:
             scale = QueryScale.llama4(raw.get("attn_scale", 0.1), raw.get("floor_scale", 8192))
         layers.append(LayerSchedule(kind, pe, window, chunk, scale))

@@ -6,7 +6,8 @@ whole rotated tensors are compared with posenc's. The reference is the family's 
 ``*RotaryEmbedding`` module and ``apply_rotary_pos_emb`` (partial families rotate the first
 ``cos.shape[-1]`` channels, as their attention does), GPT-J/CodeGen's sinusoidal table and
 ``rotate_every_two``, DeepSeek-V2/Llama 4's complex multiply, DeepSeek-V3's de-interleaving one,
-OpenAI's privacy filter's per-pair table. The list of model types read without a warning
+OpenAI's privacy filter's per-pair table, Gemma 4's one-tensor apply, DeepSeek-V4's apply on the
+trailing slice of whole heads. The list of model types read without a warning
 (``KNOWN_MODEL_TYPES``) is checked against the installed transformers' source.
 """
 
@@ -34,11 +35,12 @@ importlib.import_module("transformers.models.llama.modeling_llama")
 importlib.import_module("transformers.models.gptj.modeling_gptj")
 
 from posenc import RotaryEmbedding  # noqa: E402
-from posenc.encodings import hf_config  # noqa: E402
+from posenc.encodings import hf_config, hf_families  # noqa: E402
 from posenc.encodings.hf_config import (  # noqa: E402
     CHECKED_TRANSFORMERS_VERSION,
     KNOWN_MODEL_TYPES,
     MROPE_MODEL_TYPES,
+    query_scale_from_hf_config,
     rotary_arguments_from_hf_config,
 )
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
@@ -154,16 +156,65 @@ def complex_reference(module: str, rotary_class: str, *, heads_second: bool) -> 
     return build
 
 
-def deinterleaving_reference(module: str, rotary_class: str) -> Reference:
+def deinterleaving_reference(
+    module: str, rotary_class: str, *, layer_type: str | None = None
+) -> Reference:
     """DeepSeek-V3 with ``rope_interleave``: interleaved pairs rotated, written de-interleaved."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            cos, sin = rotary(q, positions, **extra)
+            return modeling.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+
+        return rotate
+
+    return build
+
+
+def one_tensor_reference(module: str, rotary_class: str, *, layer_type: str) -> Reference:
+    """The Gemma 4 family: per-layer-type tables, ``apply_rotary_pos_emb(x, cos, sin)`` on q
+    and k one at a time (its attention passes ``(b, n, h, d)`` with ``unsqueeze_dim=2``; the
+    same rotation on ``(b, h, n, d)`` with the default 1)."""
 
     def build(config: Any) -> Rotator:
         modeling = _modeling(module)
         rotary = getattr(modeling, rotary_class)(config)
 
         def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-            cos, sin = rotary(q, positions)
-            return modeling.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+            cos, sin = rotary(q, positions, layer_type)  # (b, n, d) each
+            return modeling.apply_rotary_pos_emb(q, cos, sin), modeling.apply_rotary_pos_emb(
+                k, cos, sin
+            )
+
+        return rotate
+
+    return build
+
+
+def trailing_slice_reference(module: str, rotary_class: str, *, layer_type: str) -> Reference:
+    """DeepSeek-V4: one cos/sin column per pair, and ``apply_rotary_pos_emb(x, cos, sin)`` on
+    whole heads, turning interleaved pairs of their trailing ``2 * cos.shape[-1]`` channels.
+    The reference hands it heads of 8 random channels in front of q (or k) and checks that
+    those pass through; it returns the trailing slice, what posenc rotates."""
+
+    def build(config: Any) -> Rotator:
+        modeling = _modeling(module)
+        rotary = getattr(modeling, rotary_class)(config)
+
+        def rotate(q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+            cos, sin = rotary(q, positions, layer_type=layer_type)  # (b, n, r/2) each
+
+            def one(x: Tensor) -> Tensor:
+                nope = torch.randn(*x.shape[:-1], 8, generator=torch.Generator().manual_seed(5))
+                out = modeling.apply_rotary_pos_emb(torch.cat((nope, x), dim=-1), cos, sin)
+                assert torch.equal(out[..., :8], nope)
+                return out[..., 8:]
+
+            return one(q), one(k)
 
         return rotate
 
@@ -222,6 +273,74 @@ GEMMA3 = _tiny(
     layer_types=["sliding_attention", "full_attention"],
     num_key_value_heads=2,
     head_dim=32,
+)
+# Gemma 4: 16 channels per head on the 5 sliding layers, 32 on the full-attention one
+GEMMA4 = _tiny(num_hidden_layers=6, num_key_value_heads=2, head_dim=16, global_head_dim=32)
+# HunYuan's checkpoints (Hunyuan-7B, -A13B): "dynamic" with an alpha, and keys it never reads
+HUNYUAN_ALPHA = {
+    "alpha": 1000.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "type": "dynamic",
+}
+# Ministral 3's RoPE dictionary: YaRN plus a query scale and a length no rotary code reads
+MINISTRAL3_YARN = {
+    "type": "yarn",
+    "rope_theta": 1e6,
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "max_position_embeddings": 256,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
+# Mistral 4: latent attention, heads of 16 + 16 channels, the trailing 16 rotated
+MISTRAL4 = _tiny(
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    n_routed_experts=4,
+    moe_intermediate_size=32,
+)
+# DeepSeek-V4: heads of 32, the trailing 16 rotated; YaRN on the compressed layers
+DEEPSEEK_V4 = _tiny(
+    head_dim=32,
+    qk_rope_head_dim=16,
+    num_hidden_layers=2,
+    q_lora_rank=16,
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+)
+# dots3: latent attention of 16 + 16 on indexed layers, 32 + 16 on sliding ones (per layer)
+DOTS3 = _tiny(
+    num_key_value_heads=4,
+    head_dim=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    num_hidden_layers=4,
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    shared_experts_intermediate_size=32,
+    index_head_dim=16,
+    index_n_heads=2,
+    swa_num_attention_heads=2,
+    swa_num_key_value_heads=2,
+    swa_head_dim=48,
+    swa_qk_nope_head_dim=32,
+    swa_kv_lora_rank=16,
+    swa_q_lora_rank=16,
 )
 
 
@@ -577,6 +696,156 @@ FAMILIES = [
         cos_sin_reference("phi3", "Phi3RotaryEmbedding"),
         (32, 24, 10000.0, False),
     ),
+    # Families read their own way (hf_families.py, hf_fields.py), each against its own code.
+    Family(
+        "hunyuan-dense-ntk-alpha",  # "dynamic" + alpha in the checkpoint: a fixed base
+        _config(
+            "HunYuanDenseV1Config",
+            **_tiny(num_key_value_heads=2, head_dim=16, rope_theta=1e4, rope_scaling=HUNYUAN_ALPHA),
+        ),
+        cos_sin_reference("hunyuan_v1_dense", "HunYuanDenseV1RotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "hunyuan-moe-ntk-alpha",
+        _config(
+            "HunYuanMoEV1Config",
+            **_tiny(
+                num_key_value_heads=2,
+                head_dim=16,
+                num_experts=2,
+                rope_theta=1e4,
+                rope_scaling=HUNYUAN_ALPHA,
+            ),
+        ),
+        cos_sin_reference("hunyuan_v1_moe", "HunYuanMoEV1RotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "phimoe-longrope-mscales",  # short_mscale up to 64 positions, long_mscale past them
+        _config(
+            "PhimoeConfig",
+            **_tiny(
+                num_key_value_heads=2,
+                num_local_experts=2,
+                max_position_embeddings=256,
+                rope_parameters=_longrope(8, 64, rope_theta=1e4, short_mscale=1.1, long_mscale=1.3),
+            ),
+        ),
+        cos_sin_reference("phimoe", "PhimoeRotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "ministral3-yarn-with-query-scale-keys",
+        _config(
+            "Ministral3Config",
+            **_tiny(
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=256,
+                rope_parameters=MINISTRAL3_YARN,
+            ),
+        ),
+        cos_sin_reference("ministral3", "Ministral3RotaryEmbedding"),
+        (16, 16, 1e6, False),
+    ),
+    Family(
+        "mistral4-rope-slice-deinterleaved",  # its default: YaRN, factor 128
+        _config("Mistral4Config", **MISTRAL4),
+        deinterleaving_reference("mistral4", "Mistral4RotaryEmbedding"),
+        (16, 16, 10000.0, True),
+        reorder=deinterleave,
+    ),
+    Family(
+        "mistral4-rope-slice-half",
+        _config("Mistral4Config", **MISTRAL4, rope_interleave=False),
+        cos_sin_reference("mistral4", "Mistral4RotaryEmbedding"),
+        (16, 16, 10000.0, False),
+    ),
+    Family(
+        "deepseek-v4-main-trailing-slice",  # nested by rope label: main (sliding layers)
+        _config("DeepseekV4Config", **DEEPSEEK_V4),
+        trailing_slice_reference("deepseek_v4", "DeepseekV4RotaryEmbedding", layer_type="main"),
+        (16, 16, 10000.0, True),
+        layer_type="main",
+    ),
+    Family(
+        "deepseek-v4-compress-yarn-trailing-slice",  # and compress (its attention factor 1)
+        _config("DeepseekV4Config", **DEEPSEEK_V4),
+        trailing_slice_reference("deepseek_v4", "DeepseekV4RotaryEmbedding", layer_type="compress"),
+        (16, 16, 160000.0, True),
+        layer_type="compress",
+    ),
+    Family(
+        "dots3-indexed-deinterleaved",
+        _config("Dots3NoteTextConfig", **DOTS3),
+        deinterleaving_reference(
+            "dots3_note", "Dots3NoteTextRotaryEmbedding", layer_type="indexed_attention"
+        ),
+        (16, 16, 8e7, True),
+        layer_type="indexed_attention",
+        reorder=deinterleave,
+    ),
+    Family(
+        "dots3-sliding-per-layer-head-dim",  # 16 of its per-layer 48 channels
+        _config("Dots3NoteTextConfig", **DOTS3),
+        deinterleaving_reference(
+            "dots3_note", "Dots3NoteTextRotaryEmbedding", layer_type="sliding_attention"
+        ),
+        (16, 16, 50000.0, True),
+        layer_type="sliding_attention",
+        reorder=deinterleave,
+    ),
+    Family(
+        "gemma4-sliding-layer",
+        _config("Gemma4TextConfig", **GEMMA4),
+        one_tensor_reference("gemma4", "Gemma4TextRotaryEmbedding", layer_type="sliding_attention"),
+        (16, 16, 10000.0, False),
+        layer_type="sliding_attention",
+    ),
+    Family(
+        "gemma4-full-layer-global-head-dim-proportional",
+        _config("Gemma4TextConfig", **GEMMA4),
+        one_tensor_reference("gemma4", "Gemma4TextRotaryEmbedding", layer_type="full_attention"),
+        (32, 32, 1e6, False),
+        layer_type="full_attention",
+    ),
+    Family(
+        "gemma4-unified-full-layer",
+        _config("Gemma4UnifiedTextConfig", **GEMMA4),
+        one_tensor_reference(
+            "gemma4_unified", "Gemma4UnifiedTextRotaryEmbedding", layer_type="full_attention"
+        ),
+        (32, 32, 1e6, False),
+        layer_type="full_attention",
+    ),
+    Family(
+        "diffusion-gemma-full-layer",
+        _config("DiffusionGemmaTextConfig", **GEMMA4),
+        one_tensor_reference(
+            "diffusion_gemma", "DiffusionGemmaTextRotaryEmbedding", layer_type="full_attention"
+        ),
+        (32, 32, 1e6, False),
+        layer_type="full_attention",
+    ),
+    Family(
+        "embedding-gemma2-sliding-layer",
+        _config("EmbeddingGemma2TextConfig", **GEMMA4),
+        cos_sin_reference(
+            "embedding_gemma2", "EmbeddingGemma2RotaryEmbedding", layer_type="sliding_attention"
+        ),
+        (16, 16, 10000.0, False),
+        layer_type="sliding_attention",
+    ),
+    Family(
+        "embedding-gemma2-full-layer-global-head-dim",
+        _config("EmbeddingGemma2TextConfig", **GEMMA4),
+        cos_sin_reference(
+            "embedding_gemma2", "EmbeddingGemma2RotaryEmbedding", layer_type="full_attention"
+        ),
+        (32, 32, 1e6, False),
+        layer_type="full_attention",
+    ),
     # The families transformers 5.24's census found read wrong: seven rotate interleaved pairs,
     # MiniMax-M3-VL ignores its rotary_dim, NanoChat turns by -angle.
     Family(
@@ -680,7 +949,15 @@ def test_rotated_qk_match_the_familys_own_code(family: Family) -> None:
 
 
 @pytest.mark.parametrize(
-    "family_id", ["phi3-longrope", "phi4-mini-longrope-partial", "llama-dynamic", "qwen2-yarn"]
+    "family_id",
+    [
+        "phi3-longrope",
+        "phi4-mini-longrope-partial",
+        "llama-dynamic",
+        "qwen2-yarn",
+        "phimoe-longrope-mscales",
+        "hunyuan-dense-ntk-alpha",
+    ],
 )
 def test_length_dependent_scaling_follows_transformers_over_a_generation(family_id: str) -> None:
     """LongRoPE switches to the long factors past the original context and back; dynamic NTK
@@ -712,6 +989,122 @@ def test_deepseek_v3_scores_equal_without_reordering() -> None:
     got_q, got_k = ours(q, k, POSITIONS)
     assert_close(
         got_q @ got_k.transpose(-1, -2), want_q @ want_k.transpose(-1, -2), atol=1e-4, rtol=1e-5
+    )
+
+
+# The checkpoints' own labels, read as transformers' types of those names would read them:
+# HunYuan's "dynamic" (factor 1: plain RoPE at every length) and PhiMoE's "longrope" (long
+# factors and sqrt(1 + ln f / ln L0) past the original context). Both were refused before.
+AS_LABELLED = {
+    "hunyuan-dense-ntk-alpha": {"rope_type": "dynamic", "factor": 1.0},
+    "phimoe-longrope-mscales": _longrope(8, 64),
+}
+
+
+@pytest.mark.parametrize("family_id", sorted(AS_LABELLED))
+def test_reading_these_checkpoints_as_labelled_is_far_from_their_code(family_id: str) -> None:
+    family = next(f for f in FAMILIES if f.id == family_id)
+    config = family.make_config()
+    ours = RotaryEmbedding.from_hf_config(config)
+    labelled = RotaryEmbedding(
+        ours.head_dim, base=ours.base, scaling=AS_LABELLED[family_id], max_position_embeddings=256
+    )
+    q, k = _qk(ours.head_dim)
+    want_q, _ = family.reference(config)(q, k, POSITIONS)
+    assert (labelled(q, k, POSITIONS)[0] - want_q).abs().max() > 1.0
+    assert_close(ours(q, k, POSITIONS)[0], want_q, atol=ATOL, rtol=RTOL)
+
+
+def test_hunyuan_reads_alpha_alone_and_a_zero_alpha_as_dynamic_ntk() -> None:
+    """HunYuan's NTK-alpha reads alpha and rope_theta only (the checkpoint's factor, beta_*
+    and mscale* go unread); with a zero alpha its code keeps dynamic NTK, and so does posenc."""
+    config = next(f for f in FAMILIES if f.id == "hunyuan-dense-ntk-alpha").make_config()
+    assert RotaryEmbedding.from_hf_config(config).scaling == {
+        "rope_type": "ntk_alpha",
+        "alpha": 1e3,
+    }
+    plain = {
+        **_tiny(head_dim=16, max_position_embeddings=64),
+        "model_type": "hunyuan_v1_dense",
+        "rope_theta": 1e4,
+    }
+    zero = {**plain, "rope_scaling": {"type": "dynamic", "factor": 2.0, "alpha": 0.0}}
+    reference = cos_sin_reference("hunyuan_v1_dense", "HunYuanDenseV1RotaryEmbedding")
+    hf = transformers.HunYuanDenseV1Config(**{k: v for k, v in zero.items() if k != "model_type"})
+    ours = RotaryEmbedding.from_hf_config(zero)
+    assert ours.rope_type == "dynamic"
+    theirs = reference(hf)
+    for positions in (torch.arange(16), torch.arange(100, 116)):  # past 64: the base grows
+        q, k = _qk(16)
+        want_q, want_k = theirs(q[:1], k[:1], positions[None])
+        got_q, got_k = ours(q[:1], k[:1], positions)
+        assert_close(got_q, want_q, atol=ATOL, rtol=RTOL)
+        assert_close(got_k, want_k, atol=ATOL, rtol=RTOL)
+
+
+def test_a_deepseek_v3_config_json_as_on_the_hub_reads_like_its_config_class() -> None:
+    """DeepSeek-V3's config.json names neither head_dim nor rope_interleave: its config class
+    sets head_dim to qk_rope_head_dim and defaults rope_interleave to true. posenc used to read
+    hidden_size // heads (here 32) in the half layout."""
+    config = transformers.DeepseekV3Config(
+        **{**MLA, "hidden_size": 128, "q_lora_rank": None}, n_routed_experts=4
+    )
+    hub = {k: v for k, v in config.to_dict().items() if k not in ("head_dim", "rope_interleave")}
+    from_hub = RotaryEmbedding.from_hf_config(hub)
+    assert repr(from_hub) == repr(RotaryEmbedding.from_hf_config(config))
+    assert (from_hub.head_dim, from_hub.interleaved) == (16, True)
+    q, k = _qk(16)
+    reference = deinterleaving_reference("deepseek_v3", "DeepseekV3RotaryEmbedding")
+    want_q, want_k = reference(config)(q, k, POSITIONS)
+    got_q, got_k = from_hub(q, k, POSITIONS)
+    assert_close(deinterleave(got_q), want_q, atol=ATOL, rtol=RTOL)
+    assert_close(deinterleave(got_k), want_k, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["config", "config-json"])
+def test_the_query_scale_beside_the_rotation(as_json: bool) -> None:
+    """Ministral 3 and Mistral 4: (llama_4_scaling_beta, original context) as their attention
+    reads them from the standardised RoPE dictionary; other families have none."""
+    configs = {
+        "ministral3": transformers.Ministral3Config(
+            **_tiny(head_dim=16), rope_parameters=dict(MINISTRAL3_YARN)
+        ),
+        "mistral4": transformers.Mistral4Config(**MISTRAL4),
+        "llama": transformers.LlamaConfig(**_tiny()),
+    }
+    for name, config in configs.items():
+        read = config.to_dict() if as_json else config
+        if name == "llama":
+            assert query_scale_from_hf_config(read) is None
+            continue
+        params = config.rope_parameters
+        want = (params["llama_4_scaling_beta"], params["original_max_position_embeddings"])
+        assert query_scale_from_hf_config(read) == want
+
+
+def test_a_query_scale_its_attention_cannot_compute_is_refused() -> None:
+    no_beta = {**MINISTRAL3_YARN}
+    del no_beta["llama_4_scaling_beta"]
+    config = {**_tiny(head_dim=16), "model_type": "ministral3", "rope_parameters": no_beta}
+    check(
+        Misuse(
+            "no-beta",
+            lambda: query_scale_from_hf_config(config),
+            PosencValueError,
+            "llama_4_scaling_beta",
+            "ministral3",
+        )
+    )
+    plain = {"rope_type": "default", "rope_theta": 1e4, "llama_4_scaling_beta": 0.1}
+    config = {**_tiny(head_dim=16), "model_type": "ministral3", "rope_parameters": plain}
+    check(
+        Misuse(
+            "no-original",
+            lambda: query_scale_from_hf_config(config),
+            PosencValueError,
+            "original_max_position_embeddings",
+            "ministral3",
+        )
     )
 
 
@@ -947,18 +1340,48 @@ MISUSE = [
     Misuse("gptj-ignores-rope-theta",
            _from(lambda: _namespace(model_type="gptj", rotary_dim=8, rope_theta=5e5)),
            PosencValueError, "rope_theta", 500000.0),
-    # Qwen2-VL: M-RoPE even without an mrope_section key (the code defaults it)
-    Misuse("multimodal-rope", _from(lambda: transformers.Qwen2VLConfig()), PosencValueError,
-           "model_type", "qwen2_vl_text"),
-    # DeepSeek-V4 rotates the trailing 64 channels of its 512-channel heads
-    Misuse("separate-rope-slice", _from(lambda: transformers.DeepseekV4Config()),
-           PosencValueError, "qk_rope_head_dim", 64),
-    # Gemma 4: head_dim differs per layer
-    Misuse("head-dim-per-layer", _from(lambda: transformers.Gemma4TextConfig()), PosencValueError,
-           "head_dim", MISSING),
-    # Ministral 3: an attention temperature beside YaRN that is not a rotation
-    Misuse("attention-temperature", _from(lambda: transformers.Ministral3Config()),
-           PosencValueError, "rope_parameters", "llama_4_scaling_beta"),
+    # M-RoPE (read by mrope_layouts.py, tests/encodings/test_rotary_multimodal.py): HunYuan-VL's
+    # code has no default sections
+    Misuse("multimodal-rope-without-sections", _from(lambda: transformers.HunYuanVLConfig()),
+           PosencValueError, "mrope_section", "hunyuan_vl_text"),
+    # latent attention whose rotary tables (32 channels: no fraction) miss its 16-channel slice
+    Misuse("rope-slice-wider-tables",
+           _from(lambda: _namespace(model_type="mistral4", head_dim=32, qk_rope_head_dim=16,
+                                    rope_theta=1e4)),
+           PosencValueError, "qk_rope_head_dim", 16),
+    # DeepSeek-V4: RoPE parameters nested by rope label (main, compress)
+    Misuse("rope-label-needed", _from(lambda: transformers.DeepseekV4Config(**DEEPSEEK_V4)),
+           PosencValueError, "layer_type", MISSING),
+    # Gemma 4: head_dim differs per layer type, a config object and its config.json alike
+    Misuse("head-dim-per-layer", _from(lambda: transformers.Gemma4TextConfig(**GEMMA4)),
+           PosencValueError, "layer_type", "head_dim"),
+    Misuse("head-dim-per-layer-json",
+           _from(lambda: transformers.Gemma4TextConfig(**GEMMA4).to_dict()), PosencValueError,
+           "layer_type", "head_dim"),
+    Misuse("per-layer-config-unknown-layer-type",
+           _from(lambda: transformers.Gemma4TextConfig(**GEMMA4), layer_type="chunked_attention"),
+           PosencValueError, "layer_type", "chunked_attention"),
+    # two full-attention layers, one of them without the override: no one view of that type
+    Misuse("per-layer-config-uneven",
+           _from(lambda: {**transformers.Gemma4TextConfig(**GEMMA4).to_dict(),
+                          "layer_types": ["sliding_attention"] * 4 + ["full_attention"] * 2},
+                 layer_type="full_attention"),
+           PosencValueError, "per_layer_config", "full_attention"),
+    # a NoPE layer type: BEAM's full-attention layers have no RoPE parameters
+    Misuse("nope-layer-type",
+           _from(lambda: transformers.BeamConfig(**_tiny(num_key_value_heads=2)),
+                 layer_type="full_attention"),
+           PosencValueError, "layer_type", "full_attention"),
+    # HunYuan rotates whole heads whatever partial_rotary_factor says
+    Misuse("hunyuan-partial",
+           _from(lambda: _namespace(model_type="hunyuan_v1_dense", head_dim=16, rope_parameters={
+               "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})),
+           PosencValueError, "partial_rotary_factor", 0.5),
+    # PhiMoE's rotary code reads short_mscale and long_mscale for any rope_type but default
+    Misuse("phimoe-without-mscales",
+           _from(lambda: _namespace(model_type="phimoe", max_position_embeddings=256,
+                                    rope_parameters=_longrope(8, 64, rope_theta=1e4))),
+           PosencValueError, "short_mscale", "longrope"),
     Misuse("absolute-esm",
            _from(lambda: _namespace(model_type="esm", rope_theta=1e4,
                                     position_embedding_type="absolute")),
@@ -1110,6 +1533,10 @@ def test_every_model_type_tested_here_or_named_in_hf_config_is_a_checked_one() -
         hf_config.FIXED_BASE_MODEL_TYPES,
         hf_config.PARTIAL_MODEL_TYPES,
         hf_config.ROPE_TYPE_ALIASES,
+        hf_config.ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
+        hf_config.NTK_ALPHA_MODEL_TYPES,
+        hf_config.QUERY_SCALE_MODEL_TYPES,
+        hf_families.LONGROPE_MSCALE_MODEL_TYPES,
     )
     assert named - KNOWN_MODEL_TYPES == set()
     assert not KNOWN_MODEL_TYPES & MROPE_MODEL_TYPES
@@ -1117,7 +1544,7 @@ def test_every_model_type_tested_here_or_named_in_hf_config_is_a_checked_one() -
 
 # --------------------------------------------------------------------------- the census
 # The model types of transformers' configs that carry RoPE fields, in the folders whose modeling
-# code defines a *RotaryEmbedding, are each checked (KNOWN_MODEL_TYPES), refused as multimodal
+# code defines a *RotaryEmbedding, are each checked (KNOWN_MODEL_TYPES), read as multimodal
 # RoPE (MROPE_MODEL_TYPES), or left out on purpose for one of the reasons below.
 
 #: Vision, video and audio towers (and image matching): RoPE over patch or frame coordinates
@@ -1165,20 +1592,6 @@ NOT_SEQUENCE_POSITIONS = frozenset(
     }
 )
 
-#: Rotations posenc does not represent, whose configs hf_config refuses naming the field.
-REFUSED_MODEL_TYPES = frozenset(
-    {
-        "deepseek_v4",  # rotates a qk_rope_head_dim slice of a larger head
-        "diffusion_gemma_text",  # head_dim differs per layer
-        "dots3_note_text",  # qk_rope_head_dim slice of a larger head
-        "embedding_gemma2_text",  # head_dim differs per layer
-        "gemma4_text",  # head_dim differs per layer
-        "gemma4_unified_text",  # head_dim differs per layer
-        "ministral3",  # llama_4_scaling_beta: a position-dependent query scale
-        "mistral4",  # qk_rope_head_dim slice of a larger head
-    }
-)
-
 #: Read from the generic fields (with a warning), but a field hf_config does not read changes
 #: the rotation; hf_model_types.py names each.
 FIELD_NOT_READ_MODEL_TYPES = frozenset(
@@ -1200,7 +1613,6 @@ WRAPPER_MODEL_TYPES = frozenset({"blt"})
 
 LEFT_OUT = {
     "NOT_SEQUENCE_POSITIONS": NOT_SEQUENCE_POSITIONS,
-    "REFUSED_MODEL_TYPES": REFUSED_MODEL_TYPES,
     "FIELD_NOT_READ_MODEL_TYPES": FIELD_NOT_READ_MODEL_TYPES,
     "WRAPPER_MODEL_TYPES": WRAPPER_MODEL_TYPES,
 }

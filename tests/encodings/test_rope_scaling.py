@@ -172,9 +172,55 @@ def test_inverse_frequencies_and_attention_factor_match_transformers(
 
 
 def test_every_hf_rope_type_we_claim_is_covered() -> None:
+    """Every built-in type is in CASES, but ``ntk`` (posenc's own) and ``ntk_alpha``
+    (HunYuan's rotary module's own function, checked below)."""
     covered = {params["rope_type"] for *_, params in CASES}
-    assert covered == set(ROPE_TYPES) - {"ntk"}
+    assert covered == set(ROPE_TYPES) - {"ntk", "ntk_alpha"}
     assert covered - {"default"} <= set(ROPE_INIT_FUNCTIONS)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "theta", "alpha"), [(128, 10000.0, 1000.0), (16, 10000.0, 2.0), (64, 5e5, 0.5)]
+)
+def test_ntk_alpha_matches_hunyuans_own_function(head_dim: int, theta: float, alpha: float) -> None:
+    """``ntk_alpha`` against HunYuan's ``compute_ntk_alpha_rope_parameters`` (transformers'
+    only NTK-alpha), at every length: the base is fixed."""
+    from transformers import HunYuanDenseV1Config
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import (
+        HunYuanDenseV1RotaryEmbedding,
+    )
+
+    config = HunYuanDenseV1Config(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        rope_theta=theta,
+        rope_scaling={"type": "dynamic", "alpha": alpha, "factor": 1.0},  # as checkpoints do
+    )
+    expected, expected_factor = HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters(
+        config
+    )
+    for seq_len in (None, 40, 100000):
+        inv_freq, factor = rope_parameters(
+            {"rope_type": "ntk_alpha", "alpha": alpha}, head_dim, theta, seq_len=seq_len
+        )
+        assert_close(inv_freq, expected.double(), rtol=2e-6, atol=0.0)
+        assert factor == expected_factor == 1.0
+    scaled = theta * alpha ** (head_dim / (head_dim - 2))  # the closed form, float64
+    assert_close(inv_freq, scaled ** (-torch.arange(0, head_dim, 2).double() / head_dim))
+
+
+def test_longrope_mscales_are_the_attention_factor_on_each_side_of_the_original_context() -> None:
+    """PhiMoE's LongRoPE: ``short_mscale`` up to the original context (seq_len <= 32),
+    ``long_mscale`` past it, in place of sqrt(1 + ln f / ln L0); the frequencies are
+    LongRoPE's."""
+    params = _longrope(8, factor=4.0)
+    with_mscales = {**params, "short_mscale": 1.1, "long_mscale": 1.3}
+    for seq_len, mscale in ((None, 1.1), (32, 1.1), (33, 1.3), (300, 1.3)):
+        inv_freq, factor = rope_parameters(with_mscales, 16, 1e4, seq_len=seq_len)
+        plain, plain_factor = rope_parameters(params, 16, 1e4, seq_len=seq_len)
+        assert torch.equal(inv_freq, plain) and factor == mscale
+        assert plain_factor == pytest.approx(math.sqrt(1 + math.log(4.0) / math.log(32)))
 
 
 def test_partial_rotary_frequencies_match_transformers() -> None:
@@ -332,6 +378,26 @@ MISUSE = [
            ValueError, "rope_type", "yarn"),
     Misuse("not-a-dict", lambda: _validate([("rope_type", "linear")]), TypeError, "scaling",
            "list"),
+    Misuse("ntk-alpha-missing", lambda: _validate({"rope_type": "ntk_alpha"}), ValueError,
+           "'alpha'", MISSING),
+    Misuse("ntk-alpha-zero", lambda: _validate({"rope_type": "ntk_alpha", "alpha": 0.0}),
+           ValueError, "'alpha'", 0.0),
+    Misuse("ntk-alpha-str",
+           lambda: RotaryEmbedding(8, scaling={"rope_type": "ntk_alpha", "alpha": "1000"}),
+           TypeError, "'alpha'", "1000"),
+    Misuse("ntk-alpha-two-channels",
+           lambda: validate_rope_scaling({"rope_type": "ntk_alpha", "alpha": 2.0}, rotary_dim=2),
+           ValueError, "rotary_dim", 2),
+    Misuse("longrope-one-mscale",
+           lambda: _validate({**_longrope(8, factor=4.0), "short_mscale": 1.2}), ValueError,
+           "short_mscale", 1.2),
+    Misuse("longrope-mscale-negative",
+           lambda: _validate({**_longrope(8, factor=4.0), "short_mscale": 1.2,
+                              "long_mscale": -1.0}), ValueError, "'long_mscale'", -1.0),
+    Misuse("longrope-mscales-and-attention-factor",
+           lambda: _validate({**_longrope(8, factor=4.0), "short_mscale": 1.2,
+                              "long_mscale": 1.2, "attention_factor": 1.5}), ValueError,
+           "attention_factor", 1.5),
     Misuse("parameters-dim-zero", lambda: rope_parameters(None, 0, 10000.0), ValueError, "dim",
            0),
     Misuse("parameters-dim-odd", lambda: rope_parameters(None, 7, 10000.0), ValueError, "dim",
@@ -491,10 +557,10 @@ def _halved_rotation(
 
 
 def test_the_built_in_registry() -> None:
-    """Seven types, in order, with the records the rest of posenc asks (a test that registers
+    """Nine types, in order, with the records the rest of posenc asks (a test that registers
     a type of its own leaves this registry as it found it)."""
     assert list(ROPE_TYPES) == ["default", "linear", "ntk", "dynamic", "yarn", "longrope",
-                                "llama3", "proportional"]  # fmt: skip
+                                "llama3", "proportional", "ntk_alpha"]  # fmt: skip
     assert [t for t, spec in ROPE_TYPES.items() if spec.uses_length] == ["dynamic", "longrope"]
     assert [t for t, spec in ROPE_TYPES.items() if spec.needs_original] == [
         "dynamic", "yarn", "longrope", "llama3"]  # fmt: skip

@@ -37,6 +37,15 @@ def test_linear_ntk_and_dynamic_against_their_closed_forms() -> None:
     assert_close(within, _plain(dim, base))  # inside the original context: plain RoPE
 
 
+def test_ntk_alpha_is_a_fixed_base_stretch() -> None:
+    """HunYuan's NTK-alpha: ``base * alpha^(d/(d-2))`` whatever the length (unlike dynamic)."""
+    dim, base, alpha = 16, 10000.0, 1000.0
+    for seq_len in (None, 16.0, 1e6):
+        inv_freq, scale = rope_types.init_ntk_alpha(dim, base, {"alpha": alpha}, seq_len=seq_len)
+        assert_close(inv_freq, _plain(dim, base * alpha ** (dim / (dim - 2))))
+        assert scale == 1.0
+
+
 def test_yarn_attention_factor_is_peng_et_al_eq_22() -> None:
     params = {"factor": 4.0, "original_max_position_embeddings": 64}
     _, scale = rope_types.init_yarn(16, 10000.0, params)
@@ -44,7 +53,7 @@ def test_yarn_attention_factor_is_peng_et_al_eq_22() -> None:
 
 
 def test_the_registry_holds_these_functions() -> None:
-    for name in ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3"):
+    for name in ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "ntk_alpha"):
         assert ROPE_TYPES[name].init is getattr(rope_types, f"init_{name}")
 
 

@@ -16,9 +16,15 @@ or refused with ``strict=True``; a ``config.json`` dict without one is read with
 ==================  =========================================================================
 fact                where transformers keeps it (first match wins unless stated)
 ==================  =========================================================================
-head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo; DeepSeek's configs set it to
-                    ``qk_rope_head_dim``, and one where they differ is refused); else
-                    ``hidden_size // num_attention_heads`` (GPT-J: ``n_embd // n_head``)
+head dim ``d``      ``head_dim`` (Gemma, Qwen3, Mistral-Nemo); else ``qk_rope_head_dim``
+                    (DeepSeek's ``config.json``: its config class sets ``head_dim`` to it);
+                    else ``hidden_size // num_attention_heads`` (GPT-J: ``n_embd // n_head``).
+                    Set per layer (``per_layer_config``: Gemma 4's ``global_head_dim``), it
+                    needs ``layer_type=`` and is read from that layer type's view.
+                    Latent attention with ``qk_rope_head_dim != head_dim`` (DeepSeek-V4,
+                    Mistral 4, dots3) rotates a ``qk_rope_head_dim`` slice of each head:
+                    ``d = r = qk_rope_head_dim``, which ``int(head_dim * fraction)`` (the
+                    width of the family's rotary tables) must equal
 rotated dim ``r``   ``rope_parameters["partial_rotary_factor"]``, else top-level
                     ``partial_rotary_factor`` (Phi, StableLM, Persimmon, GLM) or ``rotary_pct``
                     (GPT-NeoX), as ``int(d * factor)``; ``rotary_dim`` (GPT-J, CodeGen,
@@ -33,7 +39,8 @@ base θ              ``rope_parameters["rope_theta"]``, else top-level ``rope_th
 layout              interleaved pairs ``(2i, 2i+1)`` for the model types in
                     :data:`INTERLEAVED_MODEL_TYPES`; the same rotation written de-interleaved
                     (transformers' ``apply_rotary_pos_emb_interleave``) where
-                    ``rope_interleave`` is true (DeepSeek-V3 family) and for
+                    ``rope_interleave`` is true (DeepSeek-V3 family; unset, its config
+                    class's default, ``ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES``) and for
                     :data:`DEINTERLEAVED_MODEL_TYPES`; the half layout for the rest of
                     :data:`KNOWN_MODEL_TYPES`, and (unchecked, with a warning) for any other
                     ``model_type``
@@ -44,7 +51,11 @@ scaling             ``rope_parameters`` (transformers 5) or ``rope_scaling`` (4.
                     ``layer_type=``; a top-level ``original_max_position_embeddings`` (Phi-3)
                     takes priority for the types that need the original context
                     (``llama3``/``yarn``/``longrope``), as in transformers; ``dynamic`` takes
-                    it from ``max_position_embeddings`` only (``RopeType.hf_ignores_original``)
+                    it from ``max_position_embeddings`` only (``RopeType.hf_ignores_original``).
+                    Families that read the dictionary their own way (HunYuan's ``dynamic``
+                    with ``alpha``: ``ntk_alpha``; PhiMoE's mscales; Ministral 3's
+                    ``llama_4_scaling_beta``, a query scale: :func:`query_scale_from_hf_config`)
+                    are read as their code reads it (``hf_families.py``)
 ==================  =========================================================================
 
 A config may be a ``PretrainedConfig`` of either major version of transformers, any object with
@@ -54,13 +65,14 @@ names included).
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .checks import check_bool
+from .hf_families import family_scaling, rope_slice
+from .hf_fields import Fields, for_layer_type, number, positive_int
 from .hf_model_types import (
     CHECKED_TRANSFORMERS_VERSION,
     CLOCKWISE_MODEL_TYPES,
@@ -69,11 +81,16 @@ from .hf_model_types import (
     INTERLEAVED_MODEL_TYPES,
     KNOWN_MODEL_TYPES,
     MROPE_MODEL_TYPES,
+    NTK_ALPHA_MODEL_TYPES,
     PARTIAL_MODEL_TYPES,
+    QUERY_SCALE_MODEL_TYPES,
+    ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
     ROPE_TYPE_ALIASES,
     ROTARY_DIM_IGNORED_MODEL_TYPES,
 )
+from .mrope_layouts import read_multimodal
 from .rope_scaling import ROPE_TYPES, validate_rope_scaling
+from .rope_types import ORIGINAL
 
 __all__ = [
     "CHECKED_TRANSFORMERS_VERSION",
@@ -81,6 +98,7 @@ __all__ = [
     "DEINTERLEAVED_MODEL_TYPES",
     "INTERLEAVED_MODEL_TYPES",
     "KNOWN_MODEL_TYPES",
+    "query_scale_from_hf_config",
     "rotary_arguments_from_hf_config",
 ]
 
@@ -97,82 +115,38 @@ _ROPE_FIELDS = (
     "rotary_pct",
     "rotary_dim",
 )
-#: Names a raw ``config.json`` uses where a config object has an ``attribute_map`` alias.
-_ALIASES = {
-    "hidden_size": ("n_embd", "d_model"),
-    "num_attention_heads": ("n_head", "n_heads", "decoder_num_attention_heads"),  # Moonshine
-    "max_position_embeddings": ("n_positions",),
-}
 
 
-class _Config:
-    """Uniform read access to a config object or a ``config.json`` dict; ``None`` = absent."""
-
-    def __init__(self, config: Any) -> None:
-        self.raw = config
-
-    def get(self, name: str) -> Any:
-        for key in (name, *_ALIASES.get(name, ())):
-            if isinstance(self.raw, Mapping):
-                value = self.raw.get(key)
-            else:
-                try:
-                    value = getattr(self.raw, key, None)
-                except Exception as error:  # e.g. a per-layer attribute of a heterogeneous config
-                    raise PosencValueError(
-                        f"config {key} cannot be read as one value "
-                        f"({type(error).__name__}: {error})"
-                    ) from error
-            if value is not None:
-                return value
-        return None
-
-    def has_rope_fields(self) -> bool:
-        return any(self.get(name) not in (None, {}) for name in _ROPE_FIELDS)
+def _has_rope_fields(cfg: Fields) -> bool:
+    return any(cfg.get(name) not in (None, {}) for name in _ROPE_FIELDS)
 
 
-def _number(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PosencTypeError(f"config {field} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise PosencValueError(f"config {field} must be finite, got {value!r}")
-    return float(value)
+def _text_model(config: Any) -> Fields:
+    """The fields of ``config``, or of its ``text_config`` where it has no RoPE fields itself."""
+    cfg = Fields(config)
+    text = cfg.get("text_config")
+    return Fields(text) if text is not None and not _has_rope_fields(cfg) else cfg
 
 
-def _positive_int(field: str, value: Any) -> int:
-    if isinstance(value, float) and value.is_integer():  # 2048.0 from some JSON writers
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PosencTypeError(f"config {field} must be an int, got {value!r}")
-    if value < 1:
-        raise PosencValueError(f"config {field} must be >= 1, got {value!r}")
-    return value
-
-
-def _head_dim(cfg: _Config) -> int:
+def _head_dim(cfg: Fields) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim:  # transformers reads ``config.head_dim or hidden_size // heads``: 0 is unset
-        head_dim = _positive_int("head_dim", head_dim)
-        rope_head_dim = cfg.get("qk_rope_head_dim")
-        if rope_head_dim and rope_head_dim != head_dim:
-            raise PosencValueError(
-                f"config has qk_rope_head_dim={rope_head_dim!r} != head_dim={head_dim}: its "
-                "attention rotates a separate slice of each head, whose place and layout the "
-                f"config does not state; build RotaryEmbedding({rope_head_dim}, ...) directly"
-            )
-        return head_dim
+        return positive_int("head_dim", head_dim)
+    rope_head_dim = cfg.get("qk_rope_head_dim")
+    if rope_head_dim:  # DeepSeek's config.json: its config class sets head_dim to it
+        return positive_int("qk_rope_head_dim", rope_head_dim)
     hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
     if hidden is None or heads is None:
         raise PosencValueError(
             "config names neither head_dim nor hidden_size and num_attention_heads, got "
             f"hidden_size={hidden!r}, num_attention_heads={heads!r}"
         )
-    hidden = _positive_int("hidden_size", hidden)
-    heads = _positive_int("num_attention_heads", heads)
-    return _positive_int("hidden_size // num_attention_heads", hidden // heads)
+    hidden = positive_int("hidden_size", hidden)
+    heads = positive_int("num_attention_heads", heads)
+    return positive_int("hidden_size // num_attention_heads", hidden // heads)
 
 
-def _rope_dict(cfg: _Config, layer_type: str | None) -> tuple[str, dict[str, Any]]:
+def _rope_dict(cfg: Fields, layer_type: str | None) -> tuple[str, dict[str, Any]]:
     """The RoPE dictionary for this layer type, and the field it came from (for messages)."""
     found = {
         name: value
@@ -211,7 +185,8 @@ def _rope_dict(cfg: _Config, layer_type: str | None) -> tuple[str, dict[str, Any
         )
     if params[layer_type] is None:
         raise PosencValueError(
-            f"config {field}[{layer_type!r}] is None: that layer type uses no RoPE"
+            f"config {field}[{layer_type!r}] is None: layer_type={layer_type!r} uses no RoPE "
+            "(a NoPE layer)"
         )
     return f"{field}[{layer_type!r}]", dict(params[layer_type])
 
@@ -224,7 +199,7 @@ def _agreeing(values: dict[str, Any], what: str) -> Any:
     return next(iter(values.values()), None)
 
 
-def _base(cfg: _Config, field: str, params: dict[str, Any], model_type: str) -> float:
+def _base(cfg: Fields, field: str, params: dict[str, Any], model_type: str) -> float:
     if model_type in FIXED_BASE_MODEL_TYPES:
         stated = {
             name: value
@@ -240,13 +215,13 @@ def _base(cfg: _Config, field: str, params: dict[str, Any], model_type: str) -> 
             )
         return 10000.0
     legacy = {
-        name: _number(name, value)
+        name: number(name, value)
         for name in ("rope_theta", "rotary_emb_base")
         if (value := cfg.get(name)) is not None
     }
     top = _agreeing(legacy, "RoPE base")
     if params.get("rope_theta") is not None:
-        return _number(f"{field}['rope_theta']", params["rope_theta"])
+        return number(f"{field}['rope_theta']", params["rope_theta"])
     if top is not None:
         return top
     default = cfg.get("default_theta")  # a class attribute of transformers 5 configs
@@ -256,7 +231,7 @@ def _base(cfg: _Config, field: str, params: dict[str, Any], model_type: str) -> 
 
 
 def _factor(field: str, value: Any) -> float:
-    factor = _number(field, value)
+    factor = number(field, value)
     if not 0.0 < factor <= 1.0:
         raise PosencValueError(f"config {field} must be in (0, 1], got {value!r}")
     return factor
@@ -270,7 +245,7 @@ def _spans_head(params: Mapping[str, Any]) -> bool:
 
 
 def _rotary_dim(
-    cfg: _Config, field: str, params: dict[str, Any], head_dim: int, model_type: str
+    cfg: Fields, field: str, params: dict[str, Any], head_dim: int, model_type: str
 ) -> int:
     """``r`` from the fraction fields and ``rotary_dim``, checked even and ``<= head_dim``
     (a rope type that spans the head, proportional RoPE, reads its fraction itself)."""
@@ -290,7 +265,7 @@ def _rotary_dim(
         factor_field = next(iter(legacy), None)
     absolute = None if model_type in ROTARY_DIM_IGNORED_MODEL_TYPES else cfg.get("rotary_dim")
     if absolute is not None:
-        absolute = _positive_int("rotary_dim", absolute)
+        absolute = positive_int("rotary_dim", absolute)
         if factor is not None and int(head_dim * factor) != absolute:
             raise PosencValueError(
                 f"config fields for the rotary dimension contradict each other: "
@@ -317,11 +292,17 @@ def _rotary_dim(
             f"config rotary dimension {r} (from {source}) must be even and >= 2; transformers "
             "rounds an odd one up with frequencies posenc does not represent"
         )
+    if model_type in NTK_ALPHA_MODEL_TYPES and r != head_dim:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} rotates {r} of {head_dim} channels (from "
+            f"{source}), but its code rotates the whole head whatever the fraction says (its "
+            "default and NTK-alpha frequencies ignore it; with other types its apply fails)"
+        )
     return r
 
 
 def _scaling(
-    cfg: _Config, field: str, params: dict[str, Any], model_type: str, nested: bool
+    cfg: Fields, field: str, params: dict[str, Any], model_type: str, nested: bool
 ) -> dict[str, Any] | None:
     """The context-extension part of ``params`` as this family's config means it (its old
     ``rope_type`` names renamed, which fields win for the original context), or ``None`` for
@@ -333,6 +314,7 @@ def _scaling(
     for key in ("rope_type", "type"):  # the family's config class renames these on load
         if isinstance(scaling.get(key), str) and scaling[key] in aliases:
             scaling[key] = aliases[scaling[key]]
+    scaling = family_scaling(model_type, scaling, field)
     if scaling.get("rope_type") is None and scaling.get("type") is None:
         scaling["rope_type"] = "default"
     rope_type = scaling.get("rope_type", scaling.get("type"))
@@ -401,18 +383,15 @@ def rotary_arguments_from_hf_config(
     ``mrope_section``).
     """
     check_bool("strict", strict)
-    cfg = _Config(config)
-    text = cfg.get("text_config")
-    if text is not None and not cfg.has_rope_fields():
-        cfg = _Config(text)
+    cfg = _text_model(config)
     model_type = cfg.get("model_type") or ""
     if not isinstance(model_type, str):
         raise PosencTypeError(f"config model_type must be a str, got {model_type!r}")
     if model_type in MROPE_MODEL_TYPES:
-        raise PosencValueError(
-            f"config of model_type {model_type!r} uses multimodal RoPE (a position per axis, "
-            "frequency bands set by mrope_section); posenc's RotaryEmbedding takes 1-D positions"
-        )
+        # multimodal RoPE (mrope_layouts.py): the family's own fields are read there (or the
+        # config refused, naming why), the shared ones below, from a view without them
+        view, complete = read_multimodal(cfg.raw, model_type, layer_type)
+        return complete(rotary_arguments_from_hf_config(view, layer_type=layer_type))
     if cfg.get("alibi") is True:
         raise PosencValueError(
             f"config of model_type {model_type!r} has alibi=True: it uses ALiBi, not rotary "
@@ -423,21 +402,26 @@ def rotary_arguments_from_hf_config(
         raise PosencValueError(
             f"config has position_embedding_type={position_type!r}, not rotary embeddings"
         )
-    if not cfg.has_rope_fields() and model_type not in FIXED_BASE_MODEL_TYPES:
+    if not _has_rope_fields(cfg) and model_type not in FIXED_BASE_MODEL_TYPES:
         raise PosencValueError(
             f"config of model_type {model_type!r} describes no rotary embedding: it has none of "
             f"the fields {', '.join(_ROPE_FIELDS)}"
         )
+    if layer_type is not None:
+        cfg = Fields(for_layer_type(cfg.raw, layer_type))
     head_dim = _head_dim(cfg)
     field, params = _rope_dict(cfg, layer_type)
     base = _base(cfg, field, params, model_type)
     rotary_dim = _rotary_dim(cfg, field, params, head_dim, model_type)
+    head_dim, rotary_dim = rope_slice(cfg, head_dim, rotary_dim)
     interleave_flag = cfg.get("rope_interleave")
-    if interleave_flag is not None and not isinstance(interleave_flag, bool):
+    if interleave_flag is None:
+        interleave_flag = model_type in ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES
+    if not isinstance(interleave_flag, bool):
         raise PosencTypeError(f"config rope_interleave must be a bool, got {interleave_flag!r}")
     max_len = cfg.get("max_position_embeddings")
     if max_len is not None:
-        max_len = _positive_int("max_position_embeddings", max_len)
+        max_len = positive_int("max_position_embeddings", max_len)
     scaling = _scaling(cfg, field, params, model_type, nested=layer_type is not None)
     try:
         validate_rope_scaling(scaling, rotary_dim=rotary_dim, max_position_embeddings=max_len)
@@ -459,3 +443,32 @@ def rotary_arguments_from_hf_config(
     if model_type and model_type not in KNOWN_MODEL_TYPES:
         _unchecked_model_type(model_type, strict, arguments)
     return arguments
+
+
+def query_scale_from_hf_config(config: Any) -> tuple[float, int] | None:
+    """``(beta, original)`` of the query scale that a config's attention applies beside the
+    rotation, ``q * (1 + beta * log(1 + floor(p / original)))`` (:data:`QUERY_SCALE_MODEL_TYPES`:
+    Ministral 3, Mistral 4; ``llama_4_scaling_beta`` in the RoPE dictionary, the original
+    context as the rotation reads it: see ``posenc.QueryScale.ministral3``), or ``None`` for
+    the families without one. Raises :class:`~posenc.errors.PosencValueError` where that
+    attention could not run (no ``llama_4_scaling_beta``, no original context)."""
+    cfg = _text_model(config)
+    model_type = cfg.get("model_type")
+    if model_type not in QUERY_SCALE_MODEL_TYPES:
+        return None
+    field, params = _rope_dict(cfg, None)
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        raise PosencValueError(
+            f"config {field} of model_type {model_type!r} has no llama_4_scaling_beta, which "
+            "its attention reads"
+        )
+    beta = number(f"{field}['llama_4_scaling_beta']", beta)
+    scaling = rotary_arguments_from_hf_config(config, strict=True)["scaling"] or {}
+    original = scaling.get(ORIGINAL, params.get(ORIGINAL))
+    if original is None:
+        raise PosencValueError(
+            f"config {field} of model_type {model_type!r} has no "
+            "original_max_position_embeddings, which its attention's query scale reads"
+        )
+    return beta, positive_int(f"{field}['{ORIGINAL}']", original)

@@ -17,11 +17,15 @@ parameters are nested. posenc's rotated ``q, k`` at positions 100..115 and 0..15
 with the folder's own rotary module and ``apply_rotary_pos_emb`` (or
 ``apply_rotary_pos_emb_interleave`` / ``apply_rotary_emb``, where its attention uses those).
 Then the attention code's calls to them and the config fields each rotary module reads were
-checked by hand. A type is listed where the two agree to float32 rounding (~2e-5), or where
-posenc refuses the configs it would misread (Hunyuan's ``alpha``, PhiMoE's ``long_mscale``),
-and where the rotary module is built from that config class (a composite config is read
-through its ``text_config``). ``tests/encodings/test_hf_config.py`` checks the list against the
-installed transformers' source when its version is this one.
+checked by hand. A type is listed where the two agree to float32 rounding (~2e-5) and where
+the rotary module is built from that config class (a composite config is read through its
+``text_config``). Later additions, each with a test in ``tests/encodings/test_hf_config.py``:
+HunYuan's NTK-alpha and PhiMoE's ``short_mscale``/``long_mscale`` (read as their code reads
+them), Ministral 3 and Mistral 4 (``llama_4_scaling_beta``: a query scale beside the rotation,
+:data:`QUERY_SCALE_MODEL_TYPES`), the Gemma 4 family (``head_dim`` per layer type, read with
+``layer_type=``) and the latent-attention families that rotate a ``qk_rope_head_dim`` slice of
+a larger head (DeepSeek-V4, Mistral 4, dots3). ``tests/encodings/test_hf_config.py`` checks
+the list against the installed transformers' source when its version is this one.
 
 Left out although posenc reads their default configs, because a field it does not read
 changes the rotation: ``granite_swa``, ``granitemoe_swa``, ``muse_glimmer_text``,
@@ -29,9 +33,8 @@ changes the rotation: ``granite_swa``, ``granitemoe_swa``, ``muse_glimmer_text``
 on the layers outside ``rope_scaling_layers``); ``zamba2`` (RoPE only with
 ``use_mem_rope=True``); ``granitemoehybrid`` (no RoPE unless ``position_embedding_type`` is
 ``"rope"``); ``qwen2_5_omni_dit`` (RoPE on the first head only). Also left out: vision, video
-and audio towers with RoPE over patch or frame coordinates, the multimodal-RoPE text models
-(:data:`~posenc.encodings.hf_config.MROPE_MODEL_TYPES`, refused) and the types whose configs
-posenc always refuses.
+and audio towers with RoPE over patch or frame coordinates and the multimodal-RoPE text models
+(:data:`MROPE_MODEL_TYPES`, read with their own checks by :mod:`.mrope_layouts`).
 """
 
 from __future__ import annotations
@@ -75,13 +78,17 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "deepseek_v2",
         "deepseek_v3",
         "deepseek_v32",
+        "deepseek_v4",
         "dia_decoder",
         "dia_encoder",
         "diffllama",
+        "diffusion_gemma_text",
         "doge",
         "dory",
         "dots1",
         "dots3_note_audio_encoder",
+        "dots3_note_text",
+        "embedding_gemma2_text",
         "emu3_text_model",
         "ernie4_5",
         "ernie4_5_moe",
@@ -99,6 +106,8 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "gemma2",
         "gemma3_text",
         "gemma3n_text",
+        "gemma4_text",
+        "gemma4_unified_text",
         "glm",
         "glm4",
         "glm4_moe",
@@ -149,7 +158,9 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "minimax_m2",
         "minimax_m3_vl_text",
         "ministral",
+        "ministral3",
         "mistral",
+        "mistral4",
         "mistral_large4_text",
         "mixtral",
         "mllama_text_model",
@@ -233,6 +244,9 @@ INTERLEAVED_MODEL_TYPES = frozenset(
         # models/cohere2_moe/modeling_cohere2_moe.py: rotate_half pairs x[0::2], x[1::2]
         "cohere2_moe",
         "deepseek_v2",
+        # models/deepseek_v4/modeling_deepseek_v4.py: rotate_half pairs x[0::2], x[1::2] of
+        # the trailing qk_rope_head_dim channels and writes them back in place
+        "deepseek_v4",
         "ernie4_5",
         "ernie4_5_moe",
         "glm",
@@ -281,6 +295,7 @@ DEINTERLEAVED_MODEL_TYPES = frozenset(
         "axk2",
         "bailing_hybrid",
         "deepseek_v32",
+        "dots3_note_text",
         "glm_moe_dsa",
         "longcat_flash",
         "mistral_large4_text",
@@ -289,7 +304,10 @@ DEINTERLEAVED_MODEL_TYPES = frozenset(
 
 #: ``model_type``s whose text rotary embedding is multimodal RoPE (M-RoPE: one position per
 #: axis, frequency bands split by an ``mrope_section`` that defaults in the modeling code):
-#: posenc's 1-D positions cannot express it, so these are refused.
+#: read by :func:`~.mrope_layouts.read_multimodal` into a
+#: :class:`~posenc.MultimodalRotaryEmbedding`, with each family's layout, default sections and
+#: channel pairs from :data:`~.mrope_layouts.MROPE_LAYOUTS` (checked against transformers in
+#: ``tests/encodings/test_rotary_multimodal.py``), or refused there naming why.
 MROPE_MODEL_TYPES = frozenset(
     {
         "cohere_compass_text",
@@ -328,6 +346,32 @@ FIXED_BASE_MODEL_TYPES = frozenset({"codegen", "gptj"})
 PARTIAL_MODEL_TYPES = frozenset(
     {"glm", "glm4", "gpt_neox", "mimo_v2_flash", "persimmon", "phi", "stablelm"}
 )
+
+#: ``model_type``s whose config class defaults ``rope_interleave`` to true (a ``config.json``
+#: without the field rotates as DeepSeek-V3's checkpoints do: interleaved, written
+#: de-interleaved).
+ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES = frozenset(
+    {"axk1", "deepseek_v3", "glm4_moe_lite", "mistral4", "youtu"}
+)
+
+#: ``model_type``s whose rotary module reads ``rope_type="dynamic"`` with a (non-zero)
+#: ``alpha`` as NTK-alpha, a fixed base ``theta * alpha^(d/(d-2))`` over the whole head
+#: (models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: ``compute_ntk_alpha_rope_parameters``
+#: reads ``head_dim``, ``rope_theta`` and ``alpha`` only). Their apply rotates the whole head, and
+#: their default and NTK-alpha functions ignore ``partial_rotary_factor``.
+NTK_ALPHA_MODEL_TYPES = frozenset({"hunyuan_v1_dense", "hunyuan_v1_moe"})
+
+#: ``model_type``s whose rotary module multiplies cos and sin by ``short_mscale`` up to the
+#: original context and ``long_mscale`` past it (any ``rope_type`` but default) and recomputes
+#: its frequencies on every call without the length: LongRoPE's short factors at every length
+#: (models/phimoe/modeling_phimoe.py: ``PhimoeRotaryEmbedding.forward``, transformers 5.24).
+LONGROPE_MSCALE_MODEL_TYPES = frozenset({"phimoe"})
+
+#: ``model_type``s whose attention multiplies the queries by ``1 + beta * log(1 + floor(p /
+#: original_max_position_embeddings))`` with ``beta = rope_parameters["llama_4_scaling_beta"]``
+#: (``get_llama_4_attn_scale``): not a rotation. Their RoPE dictionary also carries a
+#: ``max_position_embeddings`` no rotary function reads (``ignore_keys_at_rope_validation``).
+QUERY_SCALE_MODEL_TYPES = frozenset({"ministral3", "mistral4"})
 
 #: Old ``rope_type`` names a family's config class renames on load.
 ROPE_TYPE_ALIASES: dict[str, dict[str, str]] = {

@@ -5,7 +5,7 @@ dictionary) is one :class:`RopeType` record, and :data:`ROPE_TYPES` is the regis
 read-only mapping from name to record, in the order the types were registered. Validation,
 :class:`~posenc.RotaryEmbedding`, ``from_hf_config``, ``Encoder.with_rope_scaling`` and
 ``posenc extrapolate`` ask the record what a type needs, never test its name.
-:func:`register_rope_type` adds a type; the eight built-in ones (pure functions in
+:func:`register_rope_type` adds a type; the nine built-in ones (pure functions in
 :mod:`.rope_types`) are registered through it too, at the end of this module. A record holds:
 
 ``init``
@@ -64,10 +64,15 @@ yarn       per-frequency blend of interpolation and extrapolation by a linear ra
            context, plus the attention factor ``0.1 ln(factor) + 1`` (Peng et al. 2023, §3.4)
 longrope   per-frequency factors: ``short_factor`` up to the original context,
            ``long_factor`` beyond it; attention factor ``sqrt(1 + ln f / ln L0)``
-           (Ding et al. 2024, LongRoPE; Phi-3)
+           (Ding et al. 2024, LongRoPE; Phi-3), or, given ``short_mscale`` and
+           ``long_mscale`` (PhiMoE), the first up to the original context, the second
+           beyond it
 llama3     keep high frequencies, divide low ones by ``factor``, smooth in between
            (Meta 2024, Llama 3.1)
 =========  ==============================================================================
+
+``ntk_alpha`` (HunYuan's NTK-alpha: its checkpoints' ``dynamic`` with an ``alpha``) is a fixed
+base ``base * alpha^(dim/(dim-2))`` at every length, as ``HunYuanDenseV1RotaryEmbedding`` has it.
 
 ``proportional`` (p-RoPE: Gemma 4's global layers, LFM3) keeps the first
 ``int(partial_rotary_factor * dim / 2)`` frequencies, sets the rest to 0 (those pairs are not
@@ -95,6 +100,7 @@ from .rope_types import (
     check_base_scaling,
     check_llama3,
     check_longrope,
+    check_ntk_alpha,
     check_number,
     check_proportional,
     check_yarn,
@@ -105,6 +111,7 @@ from .rope_types import (
     init_llama3,
     init_longrope,
     init_ntk,
+    init_ntk_alpha,
     init_proportional,
     init_yarn,
 )
@@ -352,7 +359,7 @@ register_rope_type(
     "longrope",
     init_longrope,
     keys=("short_factor", "long_factor", ORIGINAL),
-    optional=("factor", "attention_factor"),
+    optional=("factor", "attention_factor", "short_mscale", "long_mscale"),
     validate=check_longrope,
     uses_length=True,
     needs_original=True,
@@ -373,6 +380,7 @@ register_rope_type(
     validate=check_proportional,
     spans_head=True,
 )
+register_rope_type("ntk_alpha", init_ntk_alpha, keys=("alpha",), validate=check_ntk_alpha)
 
 # --------------------------------------------------------------------------- validation
 

@@ -1,4 +1,4 @@
-"""The eight built-in RoPE context extensions, as pure functions: each ``init`` computes
+"""The nine built-in RoPE context extensions, as pure functions: each ``init`` computes
 ``(inv_freq float64 (dim/2,), attention_factor)`` the way the ``rope_type`` of the same name
 in transformers' ``modeling_rope_utils`` does, and each ``validate`` checks the type's own
 parameters. :mod:`.rope_scaling` registers them (its module docstring has the table of what
@@ -93,6 +93,19 @@ def init_ntk(
     return default_inv_freq(dim, scaled_base), 1.0
 
 
+def init_ntk_alpha(
+    dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    max_position_embeddings: int | None = None,
+    seq_len: float | None = None,
+) -> tuple[Tensor, float]:
+    # HunYuan's NTK-alpha: the base stretched once, base * alpha^(dim/(dim-2)), at any length
+    scaled_base = base * float(params["alpha"]) ** (dim / (dim - 2))
+    return default_inv_freq(dim, scaled_base), 1.0
+
+
 def init_dynamic(
     dim: int,
     base: float,
@@ -178,12 +191,15 @@ def init_longrope(
     if factor is None:  # Phi-3 style: the ratio of the two context lengths
         factor = max_position_embeddings / original  # type: ignore[operator]
     factor = float(factor)
+    long = bool(seq_len and seq_len > original)
     attention_factor = params.get("attention_factor")
-    if attention_factor is None:
+    if params.get("short_mscale") is not None:  # PhiMoE: one factor on each side of original
+        attention_factor = params["long_mscale" if long else "short_mscale"]
+    elif attention_factor is None:
         attention_factor = (
             1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
         )
-    key = "long_factor" if seq_len and seq_len > original else "short_factor"
+    key = "long_factor" if long else "short_factor"
     ext = torch.tensor([float(f) for f in params[key]], dtype=torch.float64)
     return default_inv_freq(dim, base) / ext, float(attention_factor)
 
@@ -236,6 +252,13 @@ def check_base_scaling(
         )
 
 
+def check_ntk_alpha(
+    params: Mapping[str, Any], *, rotary_dim: int, max_position_embeddings: int | None
+) -> None:
+    check_number("alpha", params["alpha"])
+    check_base_scaling(params, rotary_dim=rotary_dim, max_position_embeddings=None)
+
+
 def _check_factor_or_lengths(
     params: Mapping[str, Any], max_position_embeddings: int | None
 ) -> None:
@@ -281,6 +304,19 @@ def check_longrope(
             )
         for i, value in enumerate(factors):
             check_number(f"{key}[{i}]", value)
+    mscales = [key for key in ("short_mscale", "long_mscale") if params.get(key) is not None]
+    if len(mscales) == 1:
+        raise PosencValueError(
+            f"rope scaling has {mscales[0]}={params[mscales[0]]!r} but not its pair: "
+            "short_mscale and long_mscale go together"
+        )
+    for key in mscales:
+        check_number(key, params[key])
+    if mscales and params.get("attention_factor") is not None:
+        raise PosencValueError(
+            f"rope scaling has attention_factor={params['attention_factor']!r} and "
+            "short_mscale/long_mscale, which replace it: give one or the other"
+        )
 
 
 def check_llama3(

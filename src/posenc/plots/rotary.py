@@ -24,6 +24,7 @@ def _example_value(key: str, factor: float, original: int, pairs: int) -> object
     """An example value of a scaling parameter, by its name (``None``: no example)."""
     examples: dict[str, object] = {
         "factor": factor,
+        "alpha": factor,  # NTK-alpha (HunYuan): the base stretched as NTK-aware's by factor
         "original_max_position_embeddings": original,
         "low_freq_factor": 1.0,  # Llama 3.1's published values
         "high_freq_factor": 4.0,
