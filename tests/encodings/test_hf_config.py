@@ -1602,7 +1602,6 @@ FIELD_NOT_READ_MODEL_TYPES = frozenset(
         "molmo2_text",  # rope_scaling_layers
         "muse_glimmer_text",  # layer_rope_theta
         "muse_spark_text",  # layer_rope_theta
-        "qwen2_5_omni_dit",  # RoPE on the first head only
         "zamba2",  # use_mem_rope
     }
 )
@@ -1615,6 +1614,8 @@ LEFT_OUT = {
     "NOT_SEQUENCE_POSITIONS": NOT_SEQUENCE_POSITIONS,
     "FIELD_NOT_READ_MODEL_TYPES": FIELD_NOT_READ_MODEL_TYPES,
     "WRAPPER_MODEL_TYPES": WRAPPER_MODEL_TYPES,
+    # refused by name: they rotate something other than every head of a token sequence
+    "NOT_TOKEN_ROTATION_MODEL_TYPES": frozenset(hf_config.NOT_TOKEN_ROTATION_MODEL_TYPES),
 }
 
 

@@ -17,6 +17,7 @@ from .base import (
 )
 from .cope import CoPE
 from .learned import LearnedPositionalEncoding
+from .mrope_positions import continue_multimodal_positions, multimodal_positions
 from .relative import FIRE, KERPLE, DynamicPositionBias
 from .relative_qk import ShawRelativeBias, TransformerXLRelativeBias
 from .rope_scaling import (
@@ -37,6 +38,7 @@ from .rotary import (
     apply_rotary_,
     set_rotary_compile,
 )
+from .rotary_multimodal import MultimodalRotaryEmbedding
 from .sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
     Sinusoidal2DPositionalEncoding,
@@ -66,6 +68,7 @@ __all__ = [
     "Entry",
     "InterleavedRotaryEmbedding",
     "LearnedPositionalEncoding",
+    "MultimodalRotaryEmbedding",
     "NoPE",
     "PositionState",
     "PositionalEncoding",
@@ -90,7 +93,9 @@ __all__ = [
     "available",
     "build",
     "build_for_model",
+    "continue_multimodal_positions",
     "entry",
+    "multimodal_positions",
     "register",
     "register_rope_type",
     "rope_parameters",

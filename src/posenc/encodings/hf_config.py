@@ -9,7 +9,9 @@ map exactly.
 
 No field states the pair layout or the sense of rotation: they follow from the ``model_type``,
 so only the types in :data:`KNOWN_MODEL_TYPES` (``hf_model_types.py``: each checked against its
-own transformers code, version :data:`CHECKED_TRANSFORMERS_VERSION`) are read silently. Any other
+own transformers code, version :data:`CHECKED_TRANSFORMERS_VERSION`) and the multimodal-RoPE
+types (:data:`MROPE_MODEL_TYPES`, each with its layout in :mod:`.mrope_layouts`) are read
+silently. Any other
 non-empty ``model_type`` is read from the generic fields below with a one-time ``UserWarning``,
 or refused with ``strict=True``; a ``config.json`` dict without one is read without a warning.
 
@@ -81,12 +83,14 @@ from .hf_model_types import (
     INTERLEAVED_MODEL_TYPES,
     KNOWN_MODEL_TYPES,
     MROPE_MODEL_TYPES,
+    NOT_TOKEN_ROTATION_MODEL_TYPES,
     NTK_ALPHA_MODEL_TYPES,
     PARTIAL_MODEL_TYPES,
     QUERY_SCALE_MODEL_TYPES,
     ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
     ROPE_TYPE_ALIASES,
     ROTARY_DIM_IGNORED_MODEL_TYPES,
+    ROTATES_ONLY_WITH,
 )
 from .mrope_layouts import read_multimodal
 from .rope_scaling import ROPE_TYPES, validate_rope_scaling
@@ -375,12 +379,16 @@ def rotary_arguments_from_hf_config(
     :data:`KNOWN_MODEL_TYPES` (transformers :data:`CHECKED_TRANSFORMERS_VERSION`) is read from
     the generic fields with a ``UserWarning``, once per ``model_type`` and process, or, with
     ``strict=True``, refused naming it. A config without a ``model_type`` gets no warning.
+    A multimodal-RoPE config (:data:`MROPE_MODEL_TYPES`, read by :mod:`.mrope_layouts`) also
+    gives ``mrope_section`` and ``mrope_layout``, the arguments of
+    :class:`~posenc.MultimodalRotaryEmbedding`.
 
     Raises :class:`~posenc.errors.PosencValueError` naming the field and value when the config
-    describes no rotary embedding (GPT-2, BLOOM, MPT, Falcon with ``alibi=True``), when its
-    fields contradict each other, or when it asks for something posenc does not represent (an
-    odd or oversized rotary dimension, an unknown ``rope_type`` or key, e.g. multimodal
-    ``mrope_section``).
+    describes no rotary embedding (GPT-2, BLOOM, MPT, Falcon with ``alibi=True``, Zamba2
+    without ``use_mem_rope``), when its fields contradict each other, or when it asks for
+    something posenc does not represent (an odd or oversized rotary dimension, an unknown
+    ``rope_type`` or key, a rotation of one head or by head index:
+    :data:`NOT_TOKEN_ROTATION_MODEL_TYPES`).
     """
     check_bool("strict", strict)
     cfg = _text_model(config)
@@ -392,6 +400,19 @@ def rotary_arguments_from_hf_config(
         # config refused, naming why), the shared ones below, from a view without them
         view, complete = read_multimodal(cfg.raw, model_type, layer_type)
         return complete(rotary_arguments_from_hf_config(view, layer_type=layer_type))
+    if model_type in NOT_TOKEN_ROTATION_MODEL_TYPES:
+        raise PosencValueError(
+            f"config of model_type {model_type!r}: {NOT_TOKEN_ROTATION_MODEL_TYPES[model_type]}; "
+            "posenc's RotaryEmbedding turns every head of each token by its position"
+        )
+    if model_type in ROTATES_ONLY_WITH:
+        switch, on = ROTATES_ONLY_WITH[model_type]
+        if cfg.get(switch) != on:
+            raise PosencValueError(
+                f"config of model_type {model_type!r} has {switch}={cfg.get(switch)!r}: its "
+                f"attention rotates only with {switch}={on!r}, so it describes no rotary "
+                "embedding"
+            )
     if cfg.get("alibi") is True:
         raise PosencValueError(
             f"config of model_type {model_type!r} has alibi=True: it uses ALiBi, not rotary "

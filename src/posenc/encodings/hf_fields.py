@@ -99,13 +99,24 @@ def _overrides(config: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
     return overrides
 
 
+#: Per-layer fields that cannot change a rotation (NeoMME sets only ``sliding_window`` per
+#: layer and builds its rotary tables from the global config): a config whose layers differ
+#: only in these is read as one config. Any other per-layer field is read per layer type.
+NOT_ROTARY_PER_LAYER = frozenset(
+    {"sliding_window", "attention_chunk_size", "intermediate_size", "moe_intermediate_size"}
+)
+
+
 def per_layer_keys(config: Any) -> frozenset[str]:
-    """The fields ``config`` sets per layer (empty for a config without a
-    ``per_layer_config``)."""
+    """The fields ``config`` sets per layer that may change its rotation (empty for a config
+    without a ``per_layer_config``, or one whose layers differ only in
+    :data:`NOT_ROTARY_PER_LAYER`)."""
     if isinstance(config, Mapping):
-        return frozenset(key for values in _overrides(config).values() for key in values)
+        keys = frozenset(key for values in _overrides(config).values() for key in values)
+        return keys - NOT_ROTARY_PER_LAYER
     if getattr(config, "is_heterogeneous", False) is True:
-        return frozenset(getattr(config, "per_layer_attributes", None) or ())
+        keys = frozenset(getattr(config, "per_layer_attributes", None) or ())
+        return keys - NOT_ROTARY_PER_LAYER
     return frozenset()
 
 
@@ -132,14 +143,17 @@ def for_layer_type(config: Any, layer_type: str) -> Any:
             return config.per_layer_config[layer_type]
         except ValueError as error:  # transformers: the layers of that type differ
             raise PosencValueError(f"config per_layer_config: {error}") from error
-    overrides = _overrides(config)
+    overrides = {
+        i: {key: value for key, value in values.items() if key in keys}
+        for i, values in _overrides(config).items()
+    }
     indices = [i for i, kind in enumerate(layer_types) if kind == layer_type]
-    first = dict(overrides.get(indices[0], {}))
+    first = overrides.get(indices[0], {})
     for i in indices[1:]:
-        if dict(overrides.get(i, {})) != first:
+        if overrides.get(i, {}) != first:
             raise PosencValueError(
                 f"config per_layer_config sets layer {i} of type {layer_type!r} differently "
-                f"from layer {indices[0]}: {dict(overrides.get(i, {}))!r} vs {first!r}"
+                f"from layer {indices[0]}: {overrides.get(i, {})!r} vs {first!r}"
             )
     view = {key: value for key, value in config.items() if key != "per_layer_config"}
     view.update(first)

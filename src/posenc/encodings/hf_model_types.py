@@ -175,7 +175,6 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "nemotron3_5_transcribe_asr_audio",
         "nemotron3_5_transcribe_word_timestamp",
         "nemotron3_diarization_audio",
-        "neucodec",
         "nomic_bert",
         "olmo",
         "olmo2",
@@ -217,7 +216,6 @@ KNOWN_MODEL_TYPES: frozenset[str] = frozenset(
         "vaultgemma",
         "voxtral_realtime_encoder",
         "voxtral_realtime_text",
-        "xcodec2",
         "youtu",
         "zaya",
     }
@@ -377,4 +375,22 @@ QUERY_SCALE_MODEL_TYPES = frozenset({"ministral3", "mistral4"})
 ROPE_TYPE_ALIASES: dict[str, dict[str, str]] = {
     "phi3": {"su": "longrope", "yarn": "longrope"},
     "phi4_multimodal": {"su": "longrope", "yarn": "longrope"},
+}
+
+#: ``model_type``s whose attention rotates only when a field says so (field, the value that
+#: turns it on): with any other value the config describes no rotation, and is refused.
+ROTATES_ONLY_WITH = {
+    "granitemoehybrid": ("position_embedding_type", "rope"),
+    "zamba2": ("use_mem_rope", True),
+}
+
+#: ``model_type``s whose rotary module turns something other than every head of a token
+#: sequence, which :class:`~posenc.RotaryEmbedding` does not represent (-> why; refused).
+NOT_TOKEN_ROTATION_MODEL_TYPES = {
+    "qwen2_5_omni_dit": "its DiT rotates the first attention head only, after "
+    "de-interleaving its channels",
+    "xcodec2": "it rotates each head by its index (position_ids = arange(heads)), not each "
+    "token by its position",
+    "neucodec": "it rotates each head by its index (position_ids = arange(heads)), not each "
+    "token by its position",
 }

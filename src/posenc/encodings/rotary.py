@@ -93,6 +93,21 @@ __all__ = [
     "set_rotary_compile",
 ]
 
+#: The classes :meth:`RotaryEmbedding.from_hf_config` builds besides its own: ``"mrope"``, for a
+#: multimodal-RoPE config (arguments naming ``mrope_section``), registered by
+#: :mod:`.rotary_multimodal`, which derives it from :class:`RotaryEmbedding`.
+HF_CLASSES: dict[str, type[RotaryEmbedding]] = {}
+
+
+def _hf_class(cls: type[RotaryEmbedding], arguments: Mapping[str, Any]) -> type[RotaryEmbedding]:
+    """The class to build ``arguments`` read from a config with: ``cls``, or the multimodal
+    class where they name ``mrope_section`` and ``cls`` is not one already."""
+    multimodal = HF_CLASSES.get("mrope")
+    if "mrope_section" in arguments and multimodal and not issubclass(cls, multimodal):
+        return multimodal
+    return cls
+
+
 # --------------------------------------------------------------------------- RoPE
 
 
@@ -225,12 +240,13 @@ class RotaryEmbedding(RotaryEncoding):
         ``kwargs`` go to the constructor and override what the config says (e.g. ``device``).
         Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
         config it cannot map exactly (no rotary embedding, contradicting fields, an odd or
-        oversized rotary dimension, an unknown ``rope_type`` or key, multimodal RoPE).
+        oversized rotary dimension, an unknown ``rope_type`` or key). A multimodal-RoPE config
+        (Qwen2-VL, Qwen3-VL, GLM-4V, ...) gives a :class:`~posenc.MultimodalRotaryEmbedding`.
         """
         arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
         arguments.update(kwargs)
         head_dim = arguments.pop("head_dim")
-        return cls(head_dim, **arguments)
+        return _hf_class(cls, arguments)(head_dim, **arguments)
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
