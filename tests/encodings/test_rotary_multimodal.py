@@ -328,6 +328,19 @@ FAMILIES = [
         "HunYuanVLRotaryEmbedding",
         (32, 32, False, [3, 5, 2, 6], "blocked-channels"),
     ),
+    # HunYuan's checkpoints say dynamic with an alpha: its rotary module reads NTK-alpha
+    Family(
+        "hunyuan-vl-ntk-alpha",
+        "hunyuan_vl",
+        "HunYuanVLTextConfig",
+        dict(
+            TINY,
+            head_dim=32,
+            rope_parameters=_rope([4, 4, 4, 4], rope_type="dynamic", alpha=1000.0, factor=1.0),
+        ),
+        "HunYuanVLRotaryEmbedding",
+        (32, 32, False, [4, 4, 4, 4], "blocked-channels"),
+    ),
     # a scaled one: YaRN's frequencies and attention factor, with M-RoPE
     Family(
         "qwen2-vl-yarn",
@@ -721,10 +734,6 @@ CONFIG_MISUSE = [
         "rope_parameters": {"full_attention": {
             "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}}},
         layer_type="full_attention"), PosencValueError, "rotary_dim", 6),
-    Misuse("hunyuan-ntk-alpha", _read(lambda: {
-        "model_type": "hunyuan_vl_text", **TINY, "head_dim": 32, "rope_parameters": _rope(
-            [4] * 4, rope_type="dynamic", alpha=1000.0, factor=1.0)}),
-           PosencValueError, "alpha", MISSING),
     Misuse("section-not-a-list", _read(lambda: {
         "model_type": "qwen3_vl_text", **TINY, "rope_parameters": _rope(16)}),
            PosencTypeError, "mrope_section", 16),

@@ -29,10 +29,22 @@ from .hf_model_types import (
     QUERY_SCALE_MODEL_TYPES,
 )
 
-__all__ = ["NOT_ROTATION_KEYS", "family_scaling", "rope_slice"]
+__all__ = ["NOT_ROTATION_KEYS", "family_scaling", "ntk_alpha_scaling", "rope_slice"]
 
 #: Keys of a Ministral 3 / Mistral 4 RoPE dictionary that are not part of the rotation.
 NOT_ROTATION_KEYS = ("llama_4_scaling_beta", "max_position_embeddings")
+
+
+def ntk_alpha_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
+    """A HunYuan RoPE dictionary as its rotary module reads it: ``dynamic`` with a non-zero
+    ``alpha`` is NTK-alpha, which reads ``alpha`` alone (and ``rope_theta``, kept where the
+    dictionary holds it); a zero or missing ``alpha`` is plain dynamic NTK."""
+    if scaling.get("rope_type", scaling.get("type")) != "dynamic":
+        return scaling
+    if scaling.get("alpha"):
+        theta = {"rope_theta": scaling["rope_theta"]} if "rope_theta" in scaling else {}
+        return {**theta, "rope_type": "ntk_alpha", "alpha": scaling["alpha"]}
+    return {key: value for key, value in scaling.items() if key != "alpha"}
 
 
 def family_scaling(model_type: str, scaling: dict[str, Any], field: str) -> dict[str, Any]:
@@ -40,10 +52,10 @@ def family_scaling(model_type: str, scaling: dict[str, Any], field: str) -> dict
     reads it (see the module docstring); other families' dictionaries are returned as they
     are."""
     rope_type = scaling.get("rope_type", scaling.get("type"))
-    if model_type in NTK_ALPHA_MODEL_TYPES and rope_type == "dynamic":
-        if scaling.get("alpha"):  # (HunYuan's test: a zero or missing alpha is plain dynamic)
-            return {"rope_type": "ntk_alpha", "alpha": scaling["alpha"]}
-        scaling = {key: value for key, value in scaling.items() if key != "alpha"}
+    if model_type in NTK_ALPHA_MODEL_TYPES:
+        scaling = ntk_alpha_scaling(scaling)
+        if scaling.get("rope_type") == "ntk_alpha":
+            return scaling
     if model_type in LONGROPE_MSCALE_MODEL_TYPES and rope_type not in (None, "default"):
         missing = [key for key in ("short_mscale", "long_mscale") if scaling.get(key) is None]
         if missing:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
+from .hf_families import ntk_alpha_scaling
 
 __all__ = ["LAYOUTS", "MROPE_LAYOUTS", "MropeFamily", "check_mrope", "pair_rows", "read_multimodal"]
 
@@ -147,6 +148,8 @@ class MropeFamily:
         keys: the keys of its RoPE dictionary that only M-RoPE reads (or that its code
             ignores); the rest of the dictionary is read as for any model.
         source: the modeling file checked.
+        ntk_alpha: whether its rotary module reads ``dynamic`` with an ``alpha`` as NTK-alpha
+            (HunYuan-VL, as the HunYuan text models do).
     """
 
     layout: str
@@ -156,6 +159,7 @@ class MropeFamily:
     order: tuple[int, ...] | None = None
     keys: frozenset[str] = field(default=frozenset({"mrope_section", "mrope_interleaved"}))
     source: str = ""
+    ntk_alpha: bool = False
 
 
 _QWEN2_VL = MropeFamily("blocked", _fixed(16, 24, 24), source="qwen2_vl/modeling_qwen2_vl.py")
@@ -208,6 +212,7 @@ MROPE_LAYOUTS: dict[str, MropeFamily] = {
         rows=None,
         keys=frozenset({"mrope_section", "xdrope_section"}),
         source="hunyuan_vl/modeling_hunyuan_vl.py",
+        ntk_alpha=True,
     ),
     "hy_v4_vl_text": MropeFamily(
         "interleaved",
@@ -309,7 +314,7 @@ def _strip(params: Mapping[str, Any], family: MropeFamily, rename: bool) -> dict
     for key in ("rope_type", "type"):
         if rename and out.get(key) == "mrope":
             out[key] = "default"
-    return out
+    return ntk_alpha_scaling(out) if family.ntk_alpha else out
 
 
 def _get(raw: Any, name: str) -> Any:
