@@ -44,13 +44,24 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.analysis",),
     ("posenc.plots",),
     ("posenc.notebook",),
+    ("posenc.runs",),
     ("posenc",),
-    ("posenc.bench", "posenc.extrapolate", "posenc.lengthgen"),
+    (
+        "posenc.bench",
+        "posenc.conformance",
+        "posenc.conformance_cases",
+        "posenc.extrapolate",
+        "posenc.lengthgen",
+    ),
     ("posenc.tour",),
     ("posenc.report", "posenc.hf_command"),
     ("posenc.cli",),
     ("__main__",),
 )
+
+#: Packages of one layer that share only what lies below them: neither imports the other
+#: (the two experiments meet in ``posenc.runs``, their training kit).
+APART = (("posenc.lengthgen", "posenc.extrapolate"),)
 
 #: Within ``encodings``: the family protocol and its helpers (with ``state``, the per-forward
 #: position state, where present) import none of the scheme files.
@@ -280,6 +291,34 @@ def test_no_import_cycles(graph: Graph) -> None:
     assert not found, "import cycles:\n" + "\n".join(_describe(graph, c) for c in found)
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def imports_between(graph: Graph, a: str, b: str) -> list[str]:
+    """Every import from a module of package ``a`` to one of package ``b``, as lines."""
+    return [
+        f"{module} imports {target} at line {line}"
+        for module, edges in sorted(graph.items())
+        if _inside(module, a)
+        for target, line in sorted(edges.items())
+        if _inside(target, b)
+    ]
+
+
+def test_the_experiments_import_each_other_not(graph: Graph) -> None:
+    assert {"posenc.runs.trainer", "posenc.lengthgen.train", "posenc.extrapolate.train"} <= set(
+        graph
+    )
+    for a, b in APART:
+        for one, other in ((a, b), (b, a)):
+            found = imports_between(graph, one, other)
+            assert not found, f"{one} must not import {other}:\n" + "\n".join(found)
+    # what both train with comes from the kit below them
+    assert "posenc.runs.trainer" in graph["posenc.lengthgen.train"]
+    assert "posenc.runs.trainer" in graph["posenc.extrapolate.train"]
+
+
 def test_encodings_import_nothing_above_them(graph: Graph) -> None:
     allowed = {"posenc.errors"}
     for module, edges in graph.items():
@@ -351,6 +390,24 @@ def test_the_checker_finds_a_cycle_within_a_layer_and_a_string_import(tmp_path: 
     assert upward_imports(graph) == []
     (cycle,) = cycles(graph)
     assert cycle == ["posenc.bench.a", "posenc.bench.b", "posenc.bench.c", "posenc.bench.a"]
+
+
+def test_the_checker_finds_an_import_between_packages_kept_apart(tmp_path: Path) -> None:
+    modules = _fake_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "lengthgen/__init__.py": "",
+            "lengthgen/a.py": "def f():\n    from ..extrapolate import b\n",
+            "extrapolate/__init__.py": "",
+            "extrapolate/b.py": "",
+        },
+    )
+    graph = import_graph(modules)
+    assert imports_between(graph, "posenc.lengthgen", "posenc.extrapolate") == [
+        "posenc.lengthgen.a imports posenc.extrapolate.b at line 2"
+    ]
+    assert imports_between(graph, "posenc.extrapolate", "posenc.lengthgen") == []
 
 
 def test_a_module_outside_every_layer_is_named() -> None:

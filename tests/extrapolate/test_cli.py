@@ -137,3 +137,76 @@ def test_settings_layer_defaults_preset_and_flags() -> None:
     assert ex_cli.command_line(parse(["--pe", "rope", "--steps", "5"])) == (
         "posenc extrapolate --pe rope --steps 5"
     )
+
+
+class Stop(Exception):
+    """Raised where a stand-in has seen what it needed."""
+
+
+def machine(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    """This machine as one with ``gpus`` CUDA devices and no MPS, whatever it has."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "argv", "fragments"),
+    [
+        (0, ["--device", "cuda"], ["device 'cuda'", "CUDA is not available"]),
+        (1, ["--device", "cuda:7"], ["device 'cuda:7'", "only 1 CUDA device"]),
+        (0, ["--device", "mps"], ["device 'mps'", "not available"]),
+        (0, ["--device", "gpu"], ["device must be one of", "'gpu'"]),
+        (0, ["--precision", "fp16"], ["precision", "'fp16'"]),
+    ],
+)
+def test_a_device_or_precision_this_machine_lacks_is_one_line_before_any_work(
+    gpus: int,
+    argv: list[str],
+    fragments: list[str],
+    capsys: pytest.CaptureFixture[str],
+    text: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import posenc.extrapolate.corpus as corpus_module
+
+    machine(monkeypatch, gpus)
+
+    def no_corpus(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the corpus was read before the device was checked")
+
+    monkeypatch.setattr(corpus_module, "prepare_corpus", no_corpus)
+    fails([*argv, "--text", str(text), "--pe", "rope"], capsys, *fragments)
+    assert not Path(ex_cli.DEFAULT_OUT).exists() and not (tmp_path / "cache").exists()
+
+
+def test_device_and_precision_reach_the_sweep(
+    capsys: pytest.CaptureFixture[str], text: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    import posenc.extrapolate.sweep as sweep_module
+
+    seen: dict = {}
+
+    def fake_sweep(configs: list, corpus: object, settings: object, out: Path, **kw: object):  # type: ignore[no-untyped-def]
+        seen.update(configs=configs, **kw)
+        raise Stop
+
+    machine(monkeypatch, 0)
+    monkeypatch.setattr(sweep_module, "run_sweep", fake_sweep)
+    argv = ["extrapolate", "--text", str(text), "--pe", "rope,alibi", "--eval-lens", "64"]
+    with pytest.raises(Stop):
+        main([*argv, "--precision", "bf16", "--device", "cpu"])
+    assert [c.precision for c in seen["configs"]] == ["bf16", "bf16"]
+    assert seen["device"] == torch.device("cpu")
+    with pytest.raises(Stop):
+        main(argv)  # auto, and no GPU: the CPU; fp32
+    assert seen["device"] == torch.device("cpu")
+    assert [c.precision for c in seen["configs"]] == ["fp32", "fp32"]
+    assert ex_cli.command_line(parse(["--device", "cuda", "--precision", "bf16"])) == (
+        "posenc extrapolate --precision bf16 --device cuda"
+    )

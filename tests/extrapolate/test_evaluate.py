@@ -21,6 +21,8 @@ from posenc.extrapolate.evaluate import (
     scaled_variants,
     scaling_at,
     sliding_losses,
+    tail_scores,
+    token_losses,
 )
 
 V = 12
@@ -170,3 +172,22 @@ def test_position_buckets() -> None:
     assert position_buckets(64, 64) == [(0, 64)]
     assert position_buckets(1024, 64)[-2:] == [(256, 512), (512, 1024)]
     assert position_buckets(32, 64) == [(0, 32)]
+
+
+def test_tail_scores_are_the_last_targets_of_each_window(toy: tuple[Corpus, np.ndarray]) -> None:
+    corpus, _ = toy
+    model = tiny_model()
+    windows = np.asarray(corpus.eval_windows(16, 96), dtype=np.int64)  # (6, 17)
+    losses, hits = tail_scores(model, windows, 5, batch_tokens=40, vocab_size=V)
+    assert losses.shape == hits.shape == (6, 5) and hits.dtype == bool
+    for row, window in enumerate(windows):
+        want = losses_by_hand(model, window[:-1], window[1:])
+        np.testing.assert_allclose(losses[row], want[-5:], rtol=1e-5, atol=1e-6)
+        with torch.no_grad():
+            top = model(torch.as_tensor(window[None, :-1]))[0].argmax(-1).numpy()
+        np.testing.assert_array_equal(hits[row], top[-5:] == window[-5:])
+    assert 0 < hits.sum() < hits.size  # some right, some wrong: the comparison is exercised
+    full = token_losses(model, windows, batch_tokens=40, vocab_size=V)
+    np.testing.assert_array_equal(full[:, -5:], losses)
+    with pytest.raises(ValueError, match="tail"):
+        tail_scores(model, windows, 17, batch_tokens=40, vocab_size=V)

@@ -49,7 +49,9 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         mp.setenv("POSENC_CACHE_DIR", str(root / "cache"))
         argv = ["extrapolate", "--text", str(write_text(root / "text")), "--pe", "rope,learned",
                 "--steps", "3", "--eval-lens", "8,16,32", "--pe-option", "learned.max_len=16",
-                "--finetune-steps", "2", "--out", str(root / "out"), *TINY]  # fmt: skip
+                "--finetune-steps", "2", "--out", str(root / "out"), "--retrieval",
+                "--needle-len", "4", "--needle-share", "0.5", "--retrieval-trials", "2",
+                "--context-blocks", "8", *TINY]  # fmt: skip
         assert main(argv) == 0
     return root / "out"
 
@@ -64,12 +66,25 @@ def test_results_json_follows_the_schema(sweep: Path) -> None:
     assert config["eval_lens"] == [8, 16, 32] and config["train_len"] == 8
     assert config["pe"] == ["rope", "learned"] and config["seeds"] == [0]
     assert config["eval_tokens"] % 32 == 0 and config["eval_tokens"] > 0
+    assert (config["needle_share"], config["needle_len"], config["retrieval"]) == (0.5, 4, True)
+    assert (config["context_blocks"], config["retrieval_trials"]) == (8, 2)
     runs = results["runs"]
     labels = [run_label(run, 8) for run in runs]
     assert labels == ["rope", "rope+linear", "rope+dynamic", "rope+yarn",
                       "rope+linear ft2@32", "rope+yarn ft2@32", "learned"]  # fmt: skip
     for run in runs:
-        assert set(run) == {"pe", "scaling", "finetune_steps", "seed", "skipped_lengths", "eval"}
+        assert set(run) == {"pe", "scaling", "finetune_steps", "seed", "skipped_lengths", "eval",
+                            "by_context", "retrieval"}  # fmt: skip
+        # contexts 0, 2, 4, 8, 16, 32 before blocks of T = 4 (learned: windows up to 16)
+        want = ["0", "2", "4", "8"] if run["pe"] == "learned" else ["0", "2", "4", "8", "16", "32"]
+        assert list(run["by_context"]) == want
+        assert all(0 < v < 16 for v in run["by_context"].values())
+        usable = [row["length"] for row in run["eval"]]
+        assert [(r["length"], r["depth"]) for r in run["retrieval"]] == [
+            (n, d) for n in usable for d in (0.1, 0.3, 0.5, 0.7, 0.9)
+        ]
+        for row in run["retrieval"]:
+            assert 0 <= row["copy_accuracy"] <= 1 and math.isfinite(row["bits_saved"])
         for row in run["eval"]:
             assert set(row) == {"length", "factor", "bpb", "by_position"}
             assert math.isfinite(row["bpb"]) and 0 < row["bpb"] < 16
@@ -88,6 +103,10 @@ def test_results_json_follows_the_schema(sweep: Path) -> None:
     assert tuned_linear["scaling"] == {"rope_type": "linear", "factor": 4.0}
     assert [r["factor"] for r in tuned_yarn["eval"]] == [4.0] * 3
     assert rope["eval"][0]["bpb"] == linear["eval"][0]["bpb"]  # factor 1 changes nothing
+    for c in ("0", "2", "4"):  # windows c + 4 <= L: factor 1 there too
+        assert rope["by_context"][c] == linear["by_context"][c]
+    assert rope["by_context"]["32"] != linear["by_context"]["32"]
+    assert rope["retrieval"][:5] == linear["retrieval"][:5]  # length 8 = L
     # The learned table holds 16 positions: length 32 is skipped and recorded.
     assert learned["skipped_lengths"] == [32] and [r["length"] for r in learned["eval"]] == [8, 16]
     assert rope["skipped_lengths"] == []
@@ -101,8 +120,14 @@ def test_results_md_figure_and_report(sweep: Path, tmp_path: Path) -> None:
     text = (sweep / "results.md").read_text()
     assert "| encoding | 8 | 16 | 32 |" in text and "| learned |" in text
     assert "![bits per byte against evaluation length](extrapolate.png)" in text
-    assert "posenc extrapolate --pe rope,learned" in text
+    assert "posenc extrapolate --pe rope,learned --retrieval" in text
     assert (sweep / "extrapolate.png").stat().st_size > 10_000
+    assert (sweep / "retrieval.png").stat().st_size > 10_000
+    assert "![copy accuracy by needle depth and window length](retrieval.png)" in text
+    assert "| encoding | c=0 | c=2 | c=4 | c=8 | c=16 | c=32 |" in text
+    assert "| learned | " in text.split("(context gain)")[1]
+    assert "| rope+yarn | 0.9 |" in text.split("Copy accuracy:\n")[1]
+    assert "*and* the position index p" in text  # what the position buckets mix
     assert isinstance(plot_extrapolation(read_results(sweep)), Figure)
     # Run again with --resume: nothing is trained again, the numbers are the same.
     before = json.loads((sweep / "results.json").read_text())
@@ -132,6 +157,22 @@ def test_a_broken_results_file_is_named() -> None:
     extra["runs"][0]["label"] = "rope"
     with pytest.raises(ValueError, match=r"runs\[0\]"):
         check_results(extra)
+    measured = json.loads(json.dumps(good))
+    measured["runs"][0]["by_context"] = {"0": 2.5, "8": 2.25}
+    measured["runs"][0]["retrieval"] = [
+        {"length": 16, "depth": 0.5, "copy_accuracy": 0.75, "bits_saved": -0.5}
+    ]
+    check_results(measured)
+    for key, bad in (
+        ("by_context", {"c0": 2.5}),
+        ("by_context", {"0": math.nan}),
+        ("retrieval", [{"length": 16, "depth": 0.5, "copy_accuracy": 1.5, "bits_saved": 1.0}]),
+        ("retrieval", [{"length": 16, "depth": 0.5, "copy_accuracy": 0.5}]),
+    ):
+        broken = json.loads(json.dumps(measured))
+        broken["runs"][0][key] = bad
+        with pytest.raises(ValueError, match=rf"runs\[0\]\.{key}"):
+            check_results(broken)
 
 
 def synthetic(curves: dict[str, list[float]], positions: dict[str, float] | None = None) -> dict:

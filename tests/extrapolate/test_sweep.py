@@ -15,7 +15,7 @@ from posenc.errors import PosencValueError
 from posenc.extrapolate import sweep
 from posenc.extrapolate.config import EvalSettings, ExtrapolateConfig
 from posenc.extrapolate.data import Corpus, prepare_corpus
-from posenc.lengthgen.checkpoint import CHECKPOINT
+from posenc.runs.checkpoint import CHECKPOINT
 from tests.extrapolate.corpora import many_small, own_cache
 
 SMALL = {"dim": 16, "depth": 1, "heads": 2, "train_len": 8, "steps": 2}
@@ -56,7 +56,7 @@ def test_the_sweep_checks_before_any_work(corpus: Corpus, tmp_path: Path) -> Non
     configs = [ExtrapolateConfig(pe=pe, **SMALL) for pe in ("rope", "alibi")]
     dirs = sweep.check_sweep(configs, corpus, settings, tmp_path / "out")
     assert dirs == [tmp_path / "out" / "rope" / "seed0", tmp_path / "out" / "alibi" / "seed0"]
-    with pytest.raises(PosencValueError, match="two runs would share a folder"):
+    with pytest.raises(PosencValueError, match="would share the folder"):
         sweep.check_sweep(configs + configs[:1], corpus, settings, tmp_path / "out")
     too_long = EvalSettings(eval_lens=[8, len(corpus.valid)])
     with pytest.raises(PosencValueError, match="validation tokens"):

@@ -2,7 +2,8 @@
 tiny corpus: a step's loss is the cross-entropy of the model before the step on that step's
 windows, computed here independently; a finished run reopens without training; the probe
 refuses a window the encoding cannot reach; a fine-tune trains a scaled copy on the windows
-after the training run's and leaves the trained model as it was."""
+after the training run's and leaves the trained model as it was; bf16 trains close to fp32,
+and a resume may not change the precision."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from posenc.errors import PosencValueError
 from posenc.extrapolate import train
 from posenc.extrapolate.config import ExtrapolateConfig
 from posenc.extrapolate.data import Corpus, prepare_corpus
-from posenc.lengthgen.checkpoint import CHECKPOINT, RESULT
-from posenc.lengthgen.loop import optimizer_for
+from posenc.runs.checkpoint import CHECKPOINT, RESULT
+from posenc.runs.trainer import optimizer_for
 from tests.extrapolate.corpora import many_small, own_cache
 
 TINY = {"dim": 16, "depth": 1, "heads": 2, "train_len": 8, "batch_size": 4, "steps": 3,
@@ -101,3 +102,24 @@ def test_a_fine_tune_trains_a_scaled_copy(corpus: Corpus, monkeypatch: pytest.Mo
     for name, value in model.state_dict().items():
         assert torch.equal(value, weights[name]), name  # the trained model is untouched
     assert not torch.equal(tuned.head.weight, model.head.weight)
+
+
+@pytest.mark.filterwarnings("error::DeprecationWarning")  # the harness uses no old name
+def test_bf16_trains_close_to_fp32_and_a_resume_keeps_the_precision(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    """In bf16 the model trains (finite losses, slightly off fp32's), on the CPU here, and
+    says where; a run resumed in the other precision is refused by name."""
+    fp32 = ExtrapolateConfig(pe="rope", **TINY)
+    _, full = train.train_model(fp32, corpus, tmp_path / "run", device="cpu")
+    bf16 = ExtrapolateConfig(pe="rope", precision="bf16", **TINY)
+    model, half = train.train_model(bf16, corpus, device="cpu")
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert torch.isfinite(torch.tensor(half["losses"])).all()
+    assert half["losses"] != full["losses"]
+    torch.testing.assert_close(
+        torch.tensor(half["losses"]), torch.tensor(full["losses"]), rtol=5e-3, atol=0
+    )
+    assert full["trained_on"] == half["trained_on"] == ["cpu"]
+    with pytest.raises(PosencValueError, match=r"precision: 'fp32' -> 'bf16'"):
+        train.train_model(bf16, corpus, tmp_path / "run", resume=True)

@@ -21,6 +21,7 @@ from posenc.extrapolate.data import (
     prepare_corpus,
     train_batch,
 )
+from posenc.extrapolate.windows import needle_rows, token_alphabet
 from tests.extrapolate.corpora import many_small, own_cache
 
 
@@ -133,3 +134,15 @@ def test_bits_per_byte() -> None:
     )
     with pytest.raises(PosencValueError, match="num_bytes"):
         bits_per_byte(1.0, 1, 0)
+
+
+def test_the_alphabet_and_the_needle_count() -> None:
+    tokens = np.array([7, 3, 3, 250, 7, 0], dtype=np.uint8)
+    np.testing.assert_array_equal(token_alphabet(tokens, 256), [0, 3, 7, 250])
+    np.testing.assert_array_equal(token_alphabet(tokens, 256, block=4), [0, 3, 7, 250])
+    assert token_alphabet(tokens, 256).dtype == np.int64
+    # floor(P b (s + 1)) - floor(P b s), on P as written: 0.1 * 32 = 3.2 windows a step
+    counts = [needle_rows(step, 32, 0.1) for step in range(10)]
+    assert counts == [3, 3, 3, 3, 4, 3, 3, 3, 3, 4] and sum(counts) == 32  # 3.2, 6.4, ...
+    assert [needle_rows(s, 8, 0.0) for s in range(3)] == [0, 0, 0]
+    assert [needle_rows(s, 8, 1.0) for s in range(3)] == [8, 8, 8]

@@ -232,6 +232,74 @@ def test_posenc_lengthgen_bad_arguments_exit_2_with_one_line_naming_them(
     check_command(case, capsys)
 
 
+def no_gpu(monkeypatch: pytest.MonkeyPatch, count: int = 0) -> None:
+    """This machine as one with ``count`` CUDA devices and no MPS, whatever it has."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+DEVICE_COMMANDS = [
+    (0, BadCommand(["lengthgen", "--device", "cuda"], "device", "cuda")),
+    (1, BadCommand(["lengthgen", "--device", "cuda:7"], "device", "cuda:7")),
+    (0, BadCommand(["lengthgen", "--device", "mps"], "device", "mps")),
+    (0, BadCommand(["lengthgen", "--device", "gpu"], "device", "gpu")),
+    (0, BadCommand(["lengthgen", "--precision", "fp16"], "precision", "fp16")),
+]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "case"), [pytest.param(g, c, id=" ".join(c.argv)) for g, c in DEVICE_COMMANDS]
+)
+def test_a_device_or_precision_this_machine_lacks_is_one_line_before_any_work(
+    gpus: int,
+    case: BadCommand,
+    stubbed: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    no_gpu(monkeypatch, gpus)
+    check_command(case, capsys)  # status 2, one line, the sweep (stubbed) never reached
+    assert not (stubbed / lg_cli.DEFAULT_OUT).exists()
+
+
+def test_device_and_precision_reach_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the flags and from a TOML file: every config carries the precision, the sweep
+    gets the device, resolved."""
+    import torch
+
+    import posenc.lengthgen.train as train_module
+
+    seen: dict[str, Any] = {}
+
+    def fake_sweep(configs: list, out: Path, **options: Any) -> list:
+        seen.update(configs=configs, **options)
+        return []
+
+    monkeypatch.setattr(train_module, "run_sweep", fake_sweep)
+    monkeypatch.setattr(lg_cli, "write_outputs", lambda *a, **k: None)
+    no_gpu(monkeypatch)
+    argv = ["--task", "copy-v1", "--pe", "none,alibi", "--out", str(tmp_path / "o"), *TINY_CLI]
+    assert run_cli([*argv, "--precision", "bf16", "--device", "cpu"]) == 0
+    assert [c.precision for c in seen["configs"]] == ["bf16", "bf16"]
+    assert seen["device"] == torch.device("cpu")
+    toml = tmp_path / "sweep.toml"
+    toml.write_text('device = "auto"\nprecision = "bf16"\n')
+    assert run_cli([*argv, "--config", str(toml)]) == 0
+    assert seen["device"] == torch.device("cpu")  # auto without a GPU
+    assert {c.precision for c in seen["configs"]} == {"bf16"}
+    toml.write_text('device = "cuda"\n')
+    with pytest.raises(ValueError, match="device 'cuda': CUDA is not available"):
+        run_cli([*argv, "--config", str(toml)])
+    toml.write_text("device = 3\n")
+    with pytest.raises(TypeError, match="device must be a string, got 3"):
+        run_cli([*argv, "--config", str(toml)])
+
+
 @pytest.mark.slow
 def test_lengthgen_module_entry_point_one_line(tmp_path: Path) -> None:
     """``python -m posenc.lengthgen`` (the torchrun entry point) used to print argparse's
@@ -297,7 +365,8 @@ KEYS = st.sampled_from(
     ["task", "pe", "seeds", "jobs", "out", "pe_options", "steps", "batch_size", "lr", "dim",
      "heads", "depth", "dropout", "warmup", "grad_clip", "weight_decay", "decay",
      "train_min_length", "train_max_length", "test_min_length", "test_max_length",
-     "random_max", "eval_every", "valid_threshold", "seed", "random_positions", "bogus"]
+     "random_max", "eval_every", "valid_threshold", "seed", "random_positions", "device",
+     "precision", "bogus"]
 )  # fmt: skip
 
 

@@ -1,8 +1,7 @@
-"""posenc.lengthgen.config: ``TrainConfig`` and the checks every training config shares. A
-mapping with an unknown key or a value of the wrong type is refused naming it; every range
-check names the field and the value; the encoding is built alone so that bad options fail
-before any run; the memory estimate counts the model's weight matrices; the model built for
-a config has its width, depth, heads and encoding."""
+"""posenc.lengthgen.config: ``TrainConfig``. A mapping with an unknown key or a value of the
+wrong type is refused naming it; every range check names the field and the value; the
+memory estimate counts the model's weight matrices. (The checks every training config
+shares are tested in ``tests/runs/test_config.py``.)"""
 
 from __future__ import annotations
 
@@ -12,27 +11,21 @@ import pytest
 
 import posenc
 from posenc.errors import PosencTypeError, PosencValueError
-from posenc.lengthgen.config import (
-    TrainConfig,
-    check_encoding,
-    check_type,
-    config_from_dict,
-    transformer_for,
-)
+from posenc.lengthgen.config import TrainConfig
+from posenc.runs.config import transformer_for
 
 
 def test_from_dict_round_trips_and_refuses_unknown_keys_and_wrong_types() -> None:
     config = TrainConfig(task="reverse-string", pe="alibi", lr=3e-4, pe_options={"max_bias": 4})
     assert TrainConfig.from_dict(config.to_dict()) == config
-    assert config_from_dict(TrainConfig, {"lr": 1}).lr == 1  # an int where a float is expected
+    assert TrainConfig.from_dict({"lr": 1}).lr == 1  # an int where a float is expected
+    assert TrainConfig.from_dict({"precision": "bf16"}).precision == "bf16"
     with pytest.raises(PosencValueError, match=r"unknown training option\(s\) bogus, zeta; known"):
         TrainConfig.from_dict({"zeta": 1, "bogus": 2, "lr": 1e-3})
     with pytest.raises(PosencTypeError, match="dim must be int, got bool True"):
         TrainConfig.from_dict({"dim": True})
     with pytest.raises(PosencTypeError, match=r"lr must be float, got str '0\.1'"):
         TrainConfig.from_dict({"lr": "0.1"})
-    with pytest.raises(PosencTypeError, match="pe_options must be a table of options"):
-        check_type("pe_options", {1: 2}, dict)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +40,7 @@ def test_from_dict_round_trips_and_refuses_unknown_keys_and_wrong_types() -> Non
         ({"grad_clip": float("nan")}, "grad_clip must be a finite number >= 0, got nan"),
         ({"warmup": 1.0}, "warmup is a fraction"),
         ({"decay": "step"}, "decay must be one of .*got 'step'"),
+        ({"precision": "fp16"}, "precision must be one of fp32, bf16, got 'fp16'"),
         ({"valid_threshold": 0.0}, "valid_threshold must be in \\(0, 1\\]"),
         ({"train_min_length": 30}, "train_max_length \\(20\\) < train_min_length \\(30\\)"),
         ({"test_max_length": 5000}, "test_max_length must be <= 4096"),
@@ -67,17 +61,6 @@ def test_validate_returns_the_task_and_labels_name_the_additions() -> None:
         for c in (False, True)
     ]
     assert labels == ["rope", "rope+coupled", "rope+random", "rope+random+coupled"]
-
-
-def test_check_encoding_builds_the_encoding_alone() -> None:
-    assert check_encoding("learned", 16, 2, {"max_len": 50}) == 50
-    assert check_encoding("rope", 16, 2, {}) is None
-    with pytest.raises(PosencValueError, match="'rope2d' encodes 2-D coordinates; lengthgen"):
-        check_encoding("rope2d", 16, 2, {}, "lengthgen")
-    with pytest.raises(PosencTypeError, match="pe 'alibi' with options \\{'bogus': 1\\}"):
-        check_encoding("alibi", 16, 2, {"bogus": 1})
-    with pytest.raises(ValueError, match="nope"):
-        check_encoding("nope", 16, 2, {})
 
 
 def test_the_model_and_the_memory_estimate_follow_the_config() -> None:

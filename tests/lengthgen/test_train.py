@@ -164,6 +164,25 @@ def test_coupled_positions_train_and_are_recorded(tmp_path: Path) -> None:
     assert record["random_positions"] is False and np.isfinite(record["losses"]).all()
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning")  # the harness uses no old name
+def test_bf16_trains_close_to_fp32_and_says_so(tmp_path: Path) -> None:
+    """``--precision bf16`` (autocast on the CPU here) reaches the trainer: finite losses
+    that differ from fp32's, slightly; the record names the precision and the device; a
+    resume in the other precision is refused by name."""
+    argv = ["--task", "copy-v1", "--pe", "rope", "--steps", "4", "--device", "cpu",
+            "--no-plot", *tiny.TINY_CLI]  # fmt: skip
+    assert run_cli([*argv, "--out", str(tmp_path / "fp32")]) == 0
+    assert run_cli([*argv, "--out", str(tmp_path / "bf16"), "--precision", "bf16"]) == 0
+    (full,) = read_jsonl(tmp_path / "fp32" / "results.jsonl")
+    (half,) = read_jsonl(tmp_path / "bf16" / "results.jsonl")
+    assert np.isfinite(half["losses"]).all() and half["losses"] != full["losses"]
+    np.testing.assert_allclose(half["losses"], full["losses"], rtol=5e-3)
+    assert (half["precision"], half["config"]["precision"]) == ("bf16", "bf16")
+    assert (full["precision"], half["device"], half["trained_on"]) == ("fp32", "cpu", ["cpu"])
+    with pytest.raises(ValueError, match=r"configuration changed \(precision: 'fp32' -> 'bf16'"):
+        run_cli([*argv, "--out", str(tmp_path / "fp32"), "--precision", "bf16", "--resume"])
+
+
 # --------------------------------------------------------------------------- across processes
 
 

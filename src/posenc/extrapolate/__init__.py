@@ -7,7 +7,8 @@
 - :mod:`~posenc.extrapolate.config`: :class:`ExtrapolateConfig` (one model),
   :class:`EvalSettings` (every evaluation) and the ``press`` preset;
 - :mod:`~posenc.extrapolate.train`: the causal model and its training and fine-tuning with
-  lengthgen's resumable, DDP-ready :class:`~posenc.lengthgen.loop.Trainer`;
+  the resumable, DDP-ready :class:`~posenc.runs.trainer.Trainer` of :mod:`posenc.runs` (on
+  any device, in fp32 or bf16);
 - :mod:`~posenc.extrapolate.evaluate`: bits per byte at every length, by position, with
   sliding windows, and with zero-shot RoPE scalings;
 - :mod:`~posenc.extrapolate.sweep`: every (encoding, seed), in parallel processes if asked;

@@ -10,7 +10,9 @@ Settings are layered: built-in defaults, then ``--preset``, then the command-lin
 With no ``--text`` the corpus is the running Python's standard library (its ``.py`` files,
 tests and installed packages left out). Under ``torchrun`` (``python -m
 torch.distributed.run --nproc_per_node N -m posenc.extrapolate ...``) each model is trained
-over the N processes (gloo on CPU), with the same global batch.
+over the N processes (NCCL on GPUs, each process on ``cuda:LOCAL_RANK``; gloo on CPUs), with
+the same global batch. ``--device`` (default ``auto``: CUDA when available) and
+``--precision bf16`` (bfloat16 autocast) apply to training and evaluation alike.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
-from ..lengthgen.cli import (
+from ..runs.cli import (
     MODEL_FLAGS,
+    add_device_flag,
     add_field_flags,
     parse_jobs,
     parse_pe_list,
@@ -47,6 +50,10 @@ _OPTIONS = (
     ("--finetune-steps", "finetune_steps", int, "fine-tune RoPE models N steps"),
     ("--finetune-len", "finetune_len", int, "fine-tuning length, 0 = the longest eval length"),
     ("--finetune-lr", "finetune_lr", float, "fine-tuning peak learning rate"),
+    ("--needle-share", "needle_share", float, "share of training windows with a repeated needle"),
+    ("--needle-len", "needle_len", int, "tokens per needle (training and --retrieval)"),
+    ("--context-blocks", "context_blocks", int, "target blocks of the context gain, 0 = off"),
+    ("--retrieval-trials", "retrieval_trials", int, "windows per length and depth of --retrieval"),
 )
 
 
@@ -63,7 +70,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         choices=sorted(PRESETS),
         help="named settings (press: the shape of Press et al. 2022's Fig. 1, "
-        "about 30 CPU-minutes)",
+        "about 30 CPU-minutes; scale: wider, deeper, longer, with needles and retrieval, "
+        "for a GPU)",
+    )
+    p.add_argument(
+        "--retrieval",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also score copying a needle back from depths of every evaluation length",
     )
     p.add_argument("--text", help="a UTF-8 file or a folder (default: the Python stdlib)")
     p.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe:N")
@@ -77,6 +91,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", help="models trained in parallel processes (an int or 'auto')")
     p.add_argument("--valid-fraction", type=float, default=0.05, help="share of validation text")
     add_field_flags(p, _OPTIONS, {**ExtrapolateConfig().to_dict(), **EvalSettings().to_dict()})
+    add_device_flag(p)
     p.add_argument(
         "--pe-option",
         action="append",
@@ -135,6 +150,8 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["eval_lens"] = parse_lengths(args.eval_lens)
     if args.scalings is not None:
         settings["scalings"] = parse_scalings(args.scalings)
+    if args.retrieval is not None:
+        settings["retrieval"] = args.retrieval
     settings.update(read_field_flags(args, _OPTIONS))
     # a preset's options fit the preset's encodings: keep those of the encodings still named
     named = {name for name, _ in parse_pe_list(settings["pe"])}
@@ -203,6 +220,9 @@ def command_line(args: argparse.Namespace) -> str:
     defaults = {"tokenizer": "bytes", "valid_fraction": 0.05, "threads": 0}
     parts = ["posenc", "extrapolate"]
     for key, value in vars(args).items():
+        if key == "retrieval" and value is False:
+            parts.append("--no-retrieval")
+            continue
         if key in ("func", "command", "resume") or value in (None, False, []):
             continue
         if defaults.get(key) == value:
@@ -218,8 +238,9 @@ def run(args: argparse.Namespace) -> int:
     """Carry out ``posenc extrapolate``; returns the exit status."""
     from rich.console import Console
 
-    from ..lengthgen.checkpoint import check_sweep_start
-    from ..lengthgen.distributed import close_distributed, init_distributed, world
+    from ..runs.device import placement
+    from ..runs.distributed import close_distributed, init_distributed, world
+    from ..runs.sweep import check_sweep_start
     from .corpus import prepare_corpus
     from .sweep import check_sweep, eval_tokens, run_sweep
 
@@ -233,12 +254,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(str(settings["out"]))
     if not isinstance(args.valid_fraction, float):
         raise PosencTypeError(f"--valid-fraction must be a number, got {args.valid_fraction!r}")
+    device = placement(args.device or "auto", [c.precision for c in configs])  # no corpus yet
     corpus = prepare_corpus(args.text, tokenizer=args.tokenizer, valid_fraction=args.valid_fraction)
     train_len = configs[0].train_len
     lengths = evaluation.lengths(train_len)
     dirs = check_sweep(configs, corpus, evaluation, out)  # every mistake before any work
     check_sweep_start(dirs, out, resume=args.resume, jobs=jobs)
-    joined = init_distributed()
+    joined = init_distributed(device)
     try:
         rank, _ = world()
         if rank == 0:
@@ -246,14 +268,16 @@ def run(args: argparse.Namespace) -> int:
                 f"corpus {corpus.name}: {len(corpus.train):,} training and "
                 f"{len(corpus.valid):,} validation tokens ({corpus.documents} documents, "
                 f"{corpus.skipped} files skipped); {len(configs)} model(s) into {out} "
-                f"({jobs} at a time)"
+                f"({jobs} at a time) on {device}"
             )
-        results = run_sweep(configs, corpus, evaluation, out, **sweep_options(args, jobs, console))
+        options = sweep_options(args, jobs, console, device)
+        results = run_sweep(configs, corpus, evaluation, out, **options)
         if rank == 0:
             from .results import corpus_summary, markdown_report, write_results
 
             config = sweep_config(settings, configs, evaluation)
             config["eval_tokens"] = eval_tokens(corpus, lengths, evaluation)
+            config["device"] = str(device)  # where the numbers came from (precision: above)
             document = {
                 "config": config,
                 "corpus": corpus_summary(corpus),

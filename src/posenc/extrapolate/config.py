@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError, check_bytes
-from ..lengthgen.config import check_encoding, check_fields, check_type, config_from_dict
+from ..runs.config import check_encoding, check_fields, check_type, config_from_dict
 
 #: The encodings of the preset and of a bare ``posenc extrapolate``, where registered.
 DEFAULT_PES = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
@@ -40,7 +40,36 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_tokens": 32768,
         "finetune_steps": 0,
         "pe_options": {"t5": {"bidirectional": False, "max_distance": 64}},
-    }
+    },
+    # ``scale``: for a GPU. Wide and deep enough, and trained long enough on windows of which
+    # half carry a needle and its repeat, that copying within L is learned; then retrieval at
+    # L..16L asks whether each encoding still finds the needle far past L (see
+    # benchmarks/extrapolate.md for the FLOP estimate of its time). The learned table covers
+    # every evaluation window (its rows past L are never trained).
+    "scale": {
+        "pe": list(DEFAULT_PES),
+        "seeds": [0],
+        "jobs": 1,
+        "dim": 512,
+        "depth": 8,
+        "heads": 8,
+        "steps": 6000,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "weight_decay": 0.1,
+        "precision": "bf16",
+        "train_len": 256,
+        "needle_share": 0.5,
+        "eval_lens": [256, 512, 1024, 2048, 4096],
+        "scalings": list(SCALINGS),
+        "eval_tokens": 65536,
+        "finetune_steps": 0,
+        "retrieval": True,
+        "pe_options": {
+            "t5": {"bidirectional": False, "max_distance": 256},
+            "learned": {"max_len": 8192},
+        },
+    },
 }
 
 
@@ -65,6 +94,9 @@ class ExtrapolateConfig:
     decay: str = "cosine"  # after warm-up: "cosine" or "linear" to 0, or "constant"
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
     checkpoint_every: int = 100  # checkpoint every N steps (and at the end)
+    precision: str = "fp32"  # "fp32", or "bf16": forward and loss under bfloat16 autocast
+    needle_share: float = 0.0  # share of training windows with a needle and its repeat
+    needle_len: int = 16  # tokens per needle (training needles and --retrieval)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,6 +113,13 @@ class ExtrapolateConfig:
         check_fields(self, positive, ("ffn_dim", "checkpoint_every", "seed"))
         if self.train_len > MAX_LENGTH:
             raise PosencValueError(f"train_len must be <= {MAX_LENGTH}, got {self.train_len}")
+        if not 0.0 <= self.needle_share <= 1.0:  # NaN fails too
+            raise PosencValueError(f"needle_share must be in [0, 1], got {self.needle_share}")
+        if self.needle_len < 4 or (self.needle_share and 2 * self.needle_len > self.train_len):
+            raise PosencValueError(
+                f"needle_len must be >= 4 and, with needles in training, at most half of "
+                f"train_len ({self.train_len}); got {self.needle_len}"
+            )
         table = check_encoding(self.pe, self.dim, self.heads, self.pe_options, "extrapolate")
         if table is not None and table < self.train_len:
             raise PosencValueError(
@@ -119,6 +158,9 @@ class EvalSettings:
     finetune_len: int = 0  # window length of fine-tuning; 0: the longest eval length
     finetune_lr: float = 2e-4  # peak learning rate of fine-tuning (warm-up 10%, cosine)
     finetune_scalings: list[str] = field(default_factory=lambda: list(FINETUNE_SCALINGS))
+    context_blocks: int = 128  # target blocks of the context-gain measure; 0: off
+    retrieval: bool = False  # score copying a needle back at every length
+    retrieval_trials: int = 16  # windows per (length, depth) of the retrieval measure
 
     def lengths(self, train_len: int) -> list[int]:
         """The evaluation lengths, sorted (default ``L, 2L, 4L, 8L, 16L``)."""
@@ -158,7 +200,9 @@ class EvalSettings:
         for name in ("eval_tokens", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise PosencValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("sliding", "finetune_steps", "finetune_len"):
+        if self.retrieval_trials < 1:
+            raise PosencValueError(f"retrieval_trials must be >= 1, got {self.retrieval_trials}")
+        for name in ("sliding", "finetune_steps", "finetune_len", "context_blocks"):
             if getattr(self, name) < 0:
                 raise PosencValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.sliding and any(length % self.sliding for length in lengths):

@@ -42,6 +42,7 @@ from torch import nn
 
 from ..encodings.rope_scaling import ROPE_TYPES
 from ..errors import PosencValueError, check_bytes
+from ..runs.device import model_device
 from .corpus import Corpus
 from .windows import check_int
 
@@ -68,28 +69,48 @@ def bucket_name(start: int, end: int) -> str:
     return f"{start}-{end}"
 
 
-@torch.no_grad()
 def token_losses(
     model: nn.Module, windows: np.ndarray, *, batch_tokens: int, vocab_size: int
 ) -> np.ndarray:
     """The loss in nats of every target of ``windows`` ``(w, n + 1)`` (inputs ``[:, :-1]``,
     targets ``[:, 1:]``), as float64 ``(w, n)``; ``batch_tokens // n`` windows per forward."""
+    n = windows.shape[1] - 1
+    return tail_scores(model, windows, n, batch_tokens=batch_tokens, vocab_size=vocab_size)[0]
+
+
+@torch.no_grad()
+def tail_scores(
+    model: nn.Module, windows: np.ndarray, tail: int, *, batch_tokens: int, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The last ``tail`` targets of every row of ``windows`` ``(w, n + 1)`` (inputs
+    ``[:, :-1]``, targets ``[:, 1:]``), scored in one forward of the whole row: their loss
+    in nats (float64 ``(w, tail)``) and whether the greedy prediction (the argmax of the
+    logits, the lowest id on a tie) is the target (bool ``(w, tail)``). ``batch_tokens // n``
+    windows go in a forward, on the model's device
+    (:func:`~posenc.runs.device.model_device`); the model is in eval mode meanwhile."""
     w, n = windows.shape[0], windows.shape[1] - 1
+    if not 1 <= tail <= n:
+        raise PosencValueError(f"tail must be in [1, {n}] for windows of {n}, got {tail}")
     rows = max(1, batch_tokens // n)
-    losses = np.empty((w, n), dtype=np.float64)
+    device = model_device(model)
+    losses = np.empty((w, tail), dtype=np.float64)
+    hits = np.empty((w, tail), dtype=bool)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, w, rows):
             chunk = torch.from_numpy(np.asarray(windows[start : start + rows], dtype=np.int64))
-            logits = model(chunk[:, :-1])  # (b, n, V)
-            loss = F.cross_entropy(
-                logits.reshape(-1, vocab_size).float(), chunk[:, 1:].reshape(-1), reduction="none"
-            )  # (b * n,)
-            losses[start : start + len(chunk)] = loss.view(len(chunk), n).double().numpy()
+            chunk = chunk.to(device)  # (b, n + 1)
+            logits = model(chunk[:, :-1])[:, n - tail :]  # (b, tail, V)
+            flat = logits.reshape(-1, vocab_size).float()  # (b * tail, V)
+            targets = chunk[:, n + 1 - tail :].reshape(-1)  # (b * tail,)
+            loss = F.cross_entropy(flat, targets, reduction="none")
+            done = slice(start, start + len(chunk))
+            losses[done] = loss.view(len(chunk), tail).double().cpu().numpy()
+            hits[done] = (flat.argmax(-1) == targets).view(len(chunk), tail).cpu().numpy()
     finally:
         model.train(was_training)
-    return losses
+    return losses, hits
 
 
 def sliding_losses(
@@ -131,13 +152,7 @@ def evaluate_length(
     length = check_int("length", length, 1)
     check_int("train_len", train_len, 1)
     check_int("batch_tokens", batch_tokens, 1)
-    rows = max(1, batch_tokens // length)
-    heads = _heads(model)
-    check_bytes(
-        "eval length",
-        length,
-        rows * length * (corpus.vocab_size * 8 + length * heads * 12),
-    )
+    check_forward_bytes("eval length", length, model, corpus.vocab_size, batch_tokens, length)
     windows = corpus.eval_windows(length, num_tokens)  # (w, n + 1)
     losses = token_losses(model, windows, batch_tokens=batch_tokens, vocab_size=corpus.vocab_size)
     nbytes = corpus.token_bytes[np.asarray(windows[:, 1:])]  # (w, n) bytes of each target
@@ -170,9 +185,15 @@ def _bpb(losses: np.ndarray, nbytes: np.ndarray) -> float:
     return float(losses.sum() / LN2 / nbytes.sum())
 
 
-def _heads(model: nn.Module) -> int:
-    encoder = getattr(model, "encoder", None)
-    return int(getattr(encoder, "num_heads", 1))
+def check_forward_bytes(
+    name: str, value: Any, model: nn.Module, vocab_size: int, batch_tokens: int, length: int
+) -> None:
+    """Raise before a forward of ``batch_tokens // length`` windows of ``length`` whose
+    logits (float32 and their float copy) and attention scores (per head: weights, their
+    softmax and a mask) would pass the memory budget (:func:`~posenc.errors.check_bytes`)."""
+    rows = max(1, batch_tokens // length)
+    heads = int(getattr(getattr(model, "encoder", None), "num_heads", 1))
+    check_bytes(name, value, rows * length * (vocab_size * 8 + length * heads * 12))
 
 
 def evaluate_model(
@@ -198,10 +219,9 @@ def evaluate_model(
     """
     rows = []
     for length in lengths:
-        scored, used = model, factor
-        if scaling is not None:
-            params, used = scaling_at(scaling, length, train_len)
-            scored = model.with_rope_scaling(params)  # type: ignore[operator]
+        scored, used = model_at(model, scaling, length, train_len)
+        if scaling is None:
+            used = factor
         row = evaluate_length(
             scored,
             corpus,
@@ -213,6 +233,18 @@ def evaluate_model(
         )
         rows.append({"length": row.pop("length"), "factor": used, **row})
     return rows
+
+
+def model_at(
+    model: nn.Module, scaling: dict[str, Any] | None, length: int, train_len: int
+) -> tuple[nn.Module, float | None]:
+    """The model that scores windows of ``length``: ``model`` itself when ``scaling`` is
+    ``None`` (factor ``None``), else ``model`` with the zero-shot ``scaling`` at that length
+    (:func:`scaling_at`) and its factor."""
+    if scaling is None:
+        return model, None
+    params, factor = scaling_at(scaling, length, train_len)
+    return model.with_rope_scaling(params), factor  # type: ignore[operator]
 
 
 def scaling_at(

@@ -8,11 +8,19 @@ the checks of Press et al. 2022 and Peng et al. 2023 against a sweep's numbers.
      "runs": [{"pe": "rope", "scaling": null | {"rope_type": "yarn", ...},
                "finetune_steps": 0, "seed": 0, "skipped_lengths": [],
                "eval": [{"length": 256, "factor": 4.0, "bpb": 2.80,
-                         "by_position": {"0-64": 2.05, "64-128": 2.33, "128-256": 3.40}}]}]}
+                         "by_position": {"0-64": 2.05, "64-128": 2.33, "128-256": 3.40}}],
+               "by_context": {"0": 2.54, "16": 2.39, "64": 2.38, ...},
+               "retrieval": [{"length": 512, "depth": 0.1, "copy_accuracy": 0.42,
+                              "bits_saved": 1.9}, ...]}]}
 
-Every number is bits per byte. ``factor`` is the RoPE scaling factor in use at that length
-(``null`` for a model evaluated as trained); ``by_position`` keys are ``"start-end"`` in
-tokens; an ``eval`` row has ``"sliding_bpb"`` too when the sweep asked for sliding windows.
+Every ``bpb`` number is bits per byte. ``factor`` is the RoPE scaling factor in use at that
+length (``null`` for a model evaluated as trained); ``by_position`` keys are
+``"start-end"`` in tokens; an ``eval`` row has ``"sliding_bpb"`` too when the sweep asked
+for sliding windows. ``by_context`` (unless ``context_blocks`` is 0): bits per byte over
+the same target blocks given ``c`` tokens of context, keyed by ``c``
+(:mod:`~posenc.extrapolate.context_gain`). ``retrieval`` (with ``--retrieval``): per
+length and needle depth, the greedy copy accuracy on a repeated needle and the bits per
+needle token the first occurrence saves (:mod:`~posenc.extrapolate.retrieval`).
 """
 
 from __future__ import annotations
@@ -25,14 +33,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
+from .context_gain import block_len
 from .corpus import Corpus
-from .summary import curves, lengths_of, mean, position_curves
+from .retrieval import cue_len
+from .summary import context_curves, curves, lengths_of, mean, position_curves, retrieval_grid
 
 RESULTS = "results.json"
 MARKDOWN = "results.md"
 FIGURE = "extrapolate.png"
+RETRIEVAL_FIGURE = "retrieval.png"
 
 _RUN_KEYS = {"pe", "scaling", "finetune_steps", "seed", "skipped_lengths", "eval"}
+_OPTIONAL_RUN_KEYS = {"by_context", "retrieval"}
+_RETRIEVAL_KEYS = {"length", "depth", "copy_accuracy", "bits_saved"}
 _EVAL_KEYS = {"length", "factor", "bpb", "by_position"}
 _CORPUS_KEYS = {"name", "sha256", "tokenizer", "train_tokens", "valid_tokens"}
 
@@ -60,7 +73,29 @@ def check_results(results: Any) -> None:
     need(set(results["corpus"]) == _CORPUS_KEYS, "corpus", results["corpus"])
     need(isinstance(results["runs"], list), "runs", results["runs"])
     for i, run in enumerate(results["runs"]):
-        need(isinstance(run, dict) and set(run) == _RUN_KEYS, f"runs[{i}]", run)
+        need(
+            isinstance(run, dict) and set(run) - _OPTIONAL_RUN_KEYS == _RUN_KEYS, f"runs[{i}]", run
+        )
+        context = run.get("by_context", {})
+        need(
+            isinstance(context, dict)
+            and all(k.isdigit() and _finite(v) for k, v in context.items()),
+            f"runs[{i}].by_context",
+            context,
+        )
+        for j, row in enumerate(run.get("retrieval", [])):
+            need(
+                isinstance(row, dict)
+                and set(row) == _RETRIEVAL_KEYS
+                and isinstance(row["length"], int)
+                and _finite(row["depth"])
+                and 0 <= row["depth"] <= 1
+                and _finite(row["copy_accuracy"])
+                and 0 <= row["copy_accuracy"] <= 1
+                and _finite(row["bits_saved"]),
+                f"runs[{i}].retrieval[{j}]",
+                row,
+            )
         scaling = run["scaling"]
         need(scaling is None or "rope_type" in scaling, f"runs[{i}].scaling", scaling)
         for j, row in enumerate(run["eval"]):
@@ -74,6 +109,10 @@ def check_results(results: Any) -> None:
             need(max(int(b[1]) for b in buckets) == row["length"], where, row)
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def write_results(
     out: Path | str,
     results: dict[str, Any],
@@ -82,8 +121,8 @@ def write_results(
     plot: bool = True,
     command: str | None = None,
 ) -> list[Path]:
-    """Write ``results.json``, ``results.md`` and (``plot``) ``extrapolate.png`` in ``out``;
-    return their paths."""
+    """Write ``results.json``, ``results.md`` and (``plot``) ``extrapolate.png`` and, when
+    the runs carry ``retrieval``, ``retrieval.png`` in ``out``; return their paths."""
     check_results(results)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,16 +130,23 @@ def write_results(
     tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, out / RESULTS)
     written = [out / RESULTS, out / MARKDOWN]
+    retrieved = any("retrieval" in run for run in results["runs"])
     if plot:
-        from .plots import plot_extrapolation
+        from .plots import plot_extrapolation, plot_retrieval
 
-        fig = plot_extrapolation(results)
-        fig.savefig(out / FIGURE, dpi=120)
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-        written.append(out / FIGURE)
-    text = markdown_report(results, timings, figure=FIGURE if plot else None, command=command)
+        figures = [(FIGURE, plot_extrapolation(results))]
+        if retrieved:
+            figures.append((RETRIEVAL_FIGURE, plot_retrieval(results)))
+        for name, fig in figures:
+            fig.savefig(out / name, dpi=120)
+            written.append(out / name)
+    text = markdown_report(
+        results,
+        timings,
+        figure=FIGURE if plot else None,
+        retrieval_figure=RETRIEVAL_FIGURE if plot and retrieved else None,
+        command=command,
+    )
     (out / MARKDOWN).write_text(text, encoding="utf-8")
     return written
 
@@ -233,15 +279,85 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- markdown
 
 
+def _context_section(results: dict[str, Any]) -> list[str]:
+    """The context-gain table (empty when no run carries ``by_context``)."""
+    table = context_curves(results)
+    if not table:
+        return []
+    config = results["config"]
+    L = config["train_len"]
+    contexts = sorted({c for per in table.values() for c in per})
+    return [
+        "",
+        "## Bits per byte by context length (context gain)",
+        "",
+        f"The same {config.get('context_blocks', '?')} blocks of {block_len(L)} validation "
+        "tokens, each scored after c tokens of context (c = 0: the block alone; target j of "
+        "a block sees c + j + 1 tokens; the window is c + T long, so from c = L on the "
+        "targets sit past the training length). Falling past c = L: context past the "
+        "training length is used; flat: the model survives there without using it; rising: "
+        "it breaks.",
+        "",
+        "| encoding | " + " | ".join(f"c={c}" for c in contexts) + " |",
+        "| --- |" + " ---: |" * len(contexts),
+        *(
+            f"| {label} | " + " | ".join(_cell(per.get(c)) for c in contexts) + " |"
+            for label, per in table.items()
+        ),
+    ]
+
+
+def _retrieval_section(results: dict[str, Any], figure: str | None) -> list[str]:
+    """The retrieval tables, copy accuracy and bits saved (empty without ``retrieval``)."""
+    accuracy = retrieval_grid(results, "copy_accuracy")
+    if not accuracy:
+        return []
+    saved = retrieval_grid(results, "bits_saved")
+    config = results["config"]
+    needle = config.get("needle_len", "?")
+    cue = cue_len(needle) if isinstance(needle, int) else "?"
+    lengths = sorted({n for per in accuracy.values() for _, n in per})
+    lines = [
+        "",
+        "## Retrieval at length",
+        "",
+        f"A random needle of {needle} tokens written at a depth of each window "
+        f"({config.get('retrieval_trials', '?')} windows of validation text per length and "
+        "depth) and repeated over the window's last tokens. Copy accuracy: the share of the "
+        f"repeat's tokens past its cue (its first {cue}) that the greedy prediction gets "
+        "right; bits saved: bits per such token on a fresh needle minus on the repeat. "
+        "Depth 0.1 puts the needle about 0.9 n tokens back from the repeat. Share of the "
+        "training windows that held a needle and its repeat: "
+        f"{config.get('needle_share', 0.0):g}.",
+    ]
+    if figure:
+        lines += ["", f"![copy accuracy by needle depth and window length]({figure})"]
+    for title, grid in (("Copy accuracy", accuracy), ("Bits saved per needle token", saved)):
+        lines += [
+            "",
+            f"{title}:",
+            "",
+            "| encoding | depth | " + " | ".join(str(n) for n in lengths) + " |",
+            "| --- | ---: |" + " ---: |" * len(lengths),
+        ]
+        for label, per in grid.items():
+            for depth in sorted({d for d, _ in per}):
+                cells = " | ".join(_cell(per.get((depth, n))) for n in lengths)
+                lines.append(f"| {label} | {depth:g} | {cells} |")
+    return lines
+
+
 def markdown_report(
     results: dict[str, Any],
     timings: Sequence[dict[str, Any]] = (),
     *,
     figure: str | None = FIGURE,
+    retrieval_figure: str | None = None,
     command: str | None = None,
 ) -> str:
     """``results.md``: the corpus, the bits-per-byte table, the table by position at the
-    longest length, the checks, and the time each run took."""
+    longest length (and what it mixes), the context-gain table, the retrieval tables (and
+    ``retrieval_figure``), the checks, and the time each run took."""
     config, corpus = results["config"], results["corpus"]
     L = config["train_len"]
     lengths = lengths_of(results)
@@ -288,6 +404,22 @@ def markdown_report(
         ]
         for label, per in positions.items():
             lines.append(f"| {label} | " + " | ".join(_cell(per.get(b)) for b in buckets) + " |")
+        lines += [
+            "",
+            "A token at position p of a window has p tokens of context *and* the position "
+            "index p, so a bucket mixes the two: a bucket past L that is worse than 0-L may be "
+            "positions the model never saw or context it cannot use, a better one more "
+            "context used. The windows are cut at fixed offsets of the validation text, "
+            "wherever its documents start, so how much of that context is the token's own "
+            "document varies too."
+            + (
+                " The context-gain table below holds the targets fixed and varies only the context."
+                if context_curves(results)
+                else ""
+            ),
+        ]
+    lines += _context_section(results)
+    lines += _retrieval_section(results, retrieval_figure)
     lines += ["", "## Checks (Press et al. 2022; Chen et al. 2023; Peng et al. 2023)", ""]
     for check in press_checks(results):
         verdict = {True: "holds", False: "does not hold", None: "not measured"}[check["holds"]]

@@ -6,6 +6,7 @@ Folders under ``out``: ``<pe>/seed<k>/`` holds the trained model's ``checkpoint.
 ``result.json`` (the training record), ``<pe>/seed<k>/finetune-<type>-<length>/`` each
 fine-tune's. With ``jobs > 1`` the (encoding, seed) pairs run in parallel processes; under
 ``torchrun`` they run one after another, each trained over every rank, evaluated on rank 0.
+Every model trains and is evaluated on one device (``device``), in its config's precision.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import PosencValueError
-from ..lengthgen.checkpoint import check_sweep_start
-from ..lengthgen.distributed import barrier, torch_threads, world
-from ..lengthgen.pool import run_all, slug
+import torch
+
+from ..runs.device import autocast, model_device, placement
+from ..runs.distributed import barrier, torch_threads, world
+from ..runs.pool import slug
+from ..runs.sweep import check_distinct, run_each
 from .config import EvalSettings, ExtrapolateConfig
 from .corpus import Corpus, open_corpus
 from .evaluate import evaluate_model, rope_scalable, scaled_variants
+from .measures import run_measures
+from .retrieval import check_retrieval
 from .train import finetune, train_model
 from .windows import check_lengths, eval_budget
 
@@ -48,9 +53,11 @@ def run_one(
     resume: bool = False,
     progress: bool = False,
     console: Any = None,
+    device: str | torch.device = "auto",
 ) -> dict[str, Any]:
-    """Train, evaluate and fine-tune one (encoding, seed). Returns ``{"runs": [...],
-    "timing": {...}}`` on rank 0 (``runs`` as in ``results.json``), ``{}`` on other ranks."""
+    """Train, evaluate and fine-tune one (encoding, seed) on ``device``. Returns
+    ``{"runs": [...], "timing": {...}}`` on rank 0 (``runs`` as in ``results.json``), ``{}``
+    on other ranks."""
     rank, world_size = world()
     table = config.validate()
     lengths = settings.lengths(config.train_len)
@@ -65,11 +72,16 @@ def run_one(
         progress=progress,
         console=console,
         probe_length=max(usable, default=0),
+        device=device,
     )
     runs: list[dict[str, Any]] = []
     started = time.perf_counter()
 
-    def add(scaling: dict[str, Any] | None, steps: int, rows: list[dict[str, Any]]) -> None:
+    measure = run_measures(corpus, config, settings, usable, max_window=table)
+
+    def add(
+        scaling: dict[str, Any] | None, steps: int, rows: list[dict[str, Any]], more: dict[str, Any]
+    ) -> None:
         runs.append(
             {
                 "pe": config.pe,
@@ -78,6 +90,7 @@ def run_one(
                 "seed": config.seed,
                 "skipped_lengths": skipped,
                 "eval": rows,
+                **more,
             }
         )
 
@@ -87,11 +100,14 @@ def run_one(
         "sliding": settings.sliding,
     }
     scalable = rope_scalable(model)
+    place = model_device(model)
     if rank == 0:
-        add(None, 0, evaluate_model(model, corpus, usable, num_tokens, **common))
-        for scaling in scaled_variants(settings.scalings if scalable else [], config.train_len):
-            rows = evaluate_model(model, corpus, usable, num_tokens, scaling=scaling, **common)
-            add(scaling, 0, rows)
+        with autocast(place, config.precision):  # evaluation in the training's precision
+            rows = evaluate_model(model, corpus, usable, num_tokens, **common)
+            add(None, 0, rows, measure(model))
+            for scaling in scaled_variants(settings.scalings if scalable else [], config.train_len):
+                rows = evaluate_model(model, corpus, usable, num_tokens, scaling=scaling, **common)
+                add(scaling, 0, rows, measure(model, scaling))
     barrier(world_size)
     eval_seconds = time.perf_counter() - started
     finetune_seconds = 0.0
@@ -114,8 +130,9 @@ def run_one(
         started = time.perf_counter()
         if rank == 0:
             factor = scaling["factor"]
-            rows = evaluate_model(tuned, corpus, usable, num_tokens, factor=factor, **common)
-            add(scaling, settings.finetune_steps, rows)
+            with autocast(place, config.precision):
+                rows = evaluate_model(tuned, corpus, usable, num_tokens, factor=factor, **common)
+                add(scaling, settings.finetune_steps, rows, measure(tuned))
         barrier(world_size)
         eval_seconds += time.perf_counter() - started
     if rank != 0:
@@ -129,6 +146,7 @@ def run_one(
         "final_loss": record["final_loss"],
         "parameters": record["parameters"],
         "world_size": world_size,
+        "device": str(place),
     }
     return {"runs": runs, "timing": timing}
 
@@ -139,6 +157,7 @@ def _job(
     settings: dict[str, Any],
     run_dir: str,
     resume: bool,
+    device: str,
     threads: int,
 ) -> dict[str, Any]:
     """Entry point of a ``--jobs`` worker process (spawned: a fresh interpreter)."""
@@ -149,6 +168,7 @@ def _job(
             EvalSettings(**settings),
             Path(run_dir),
             resume=resume,
+            device=device,
         )
 
 
@@ -163,24 +183,25 @@ def run_sweep(
     progress: bool = False,
     threads: int = 0,
     console: Any = None,
+    device: str | torch.device = "auto",
 ) -> list[dict[str, Any]]:
-    """:func:`run_one` for every config (``jobs`` at a time in separate processes, each with
-    ``threads`` torch threads, default the cores divided by ``jobs``); returns their results
-    in the order of ``configs`` (empty dicts on ranks other than 0)."""
+    """:func:`run_one` for every config on ``device`` (``jobs`` at a time in separate
+    processes, each with ``threads`` torch threads, default the cores divided by ``jobs``);
+    returns their results in the order of ``configs`` (empty dicts on ranks other than 0)."""
     dirs = check_sweep(configs, corpus, settings, out)
-    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
+    place = placement(device, [c.precision for c in configs])
 
     def here(i: int) -> dict[str, Any]:
-        with torch_threads(threads):
-            return run_one(
-                configs[i],
-                corpus,
-                settings,
-                dirs[i],
-                resume=resume,
-                progress=progress,
-                console=console,
-            )
+        return run_one(
+            configs[i],
+            corpus,
+            settings,
+            dirs[i],
+            resume=resume,
+            progress=progress,
+            console=console,
+            device=place,
+        )
 
     def job_args(i: int, each: int) -> tuple[Any, ...]:
         return (
@@ -189,15 +210,18 @@ def run_sweep(
             settings.to_dict(),
             str(dirs[i]),
             resume,
+            str(place),
             each,
         )
 
-    return run_all(
-        len(configs),
+    return run_each(
+        dirs,
+        out,
         here,
         _job,
         job_args,
         jobs=jobs,
+        resume=resume,
         threads=threads,
         on_done=lambda i, result: log_done(console, result),
     )
@@ -208,14 +232,16 @@ def check_sweep(
 ) -> list[Path]:
     """The checks of a sweep's settings, before any work: the configs, the evaluation
     settings, the corpus's size and the folders (one per run). Returns the run folders; the
-    caller then checks how they may start (:func:`check_sweep_start`)."""
+    caller then checks how they may start
+    (:func:`~posenc.runs.sweep.check_sweep_start`)."""
     for config in configs:
         config.validate()
         settings.validate(config.train_len)
         check_lengths(corpus, config.train_len, settings.lengths(config.train_len))
+        if settings.retrieval:
+            check_retrieval(config.needle_len, settings.lengths(config.train_len))
     dirs = [run_dir_for(Path(out), c) for c in configs]
-    if len(set(dirs)) != len(dirs):
-        raise PosencValueError("two runs would share a folder: an encoding or seed repeats")
+    check_distinct(dirs)
     return dirs
 
 

@@ -1,4 +1,4 @@
-"""Training the causal language models of ``posenc extrapolate`` with lengthgen's trainer.
+"""Training the causal language models of ``posenc extrapolate`` with :mod:`posenc.runs`.
 
 - The model is :class:`posenc.TransformerModel` with ``causal=True`` over the corpus's
   vocabulary, the same for every encoding (:func:`build_model`); its
@@ -6,9 +6,13 @@
 - Step ``s`` trains on :meth:`Corpus.batch(s, batch_size, L, seed)
   <posenc.extrapolate.corpus.Corpus.batch>`: the same windows in the same order for every
   encoding with the same seed, and a resumed run draws what it would have drawn.
-- :class:`~posenc.lengthgen.loop.Trainer` does the rest: AdamW with warm-up and decay,
-  atomic checkpoints, resume after SIGKILL with nothing lost, ``torchrun`` DDP (every rank
-  draws the global batch and trains on its slice), the progress bar.
+- :class:`~posenc.runs.trainer.Trainer` does the rest: AdamW with warm-up and decay,
+  atomic checkpoints, resume after SIGKILL with nothing lost (on another device too),
+  ``torchrun`` DDP (every rank draws the global batch and trains on its slice), the
+  progress bar; :func:`~posenc.runs.step.scored_step` the loss and the optimiser step, in
+  the config's precision (``bf16``: bfloat16 autocast, float32 parameters).
+- Any device: the model is built on the CPU from the seed, then moved to ``device``; the
+  windows follow it.
 - :func:`finetune` continues a trained RoPE model at a longer length with a context
   extension (position interpolation, YaRN), as Chen et al. 2023 and Peng et al. 2023 do,
   resumable in the same way.
@@ -21,18 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..encodings.rope_scaling import ROPE_TYPES
-from ..errors import PosencValueError
-from ..lengthgen.checkpoint import RESULT, prepare_run_dir, write_json
-from ..lengthgen.config import transformer_for
-from ..lengthgen.distributed import all_reduce_sum, check_divisible, global_mean, world
-from ..lengthgen.loop import Trainer, make_optimizer, optimizer_for, optimizer_step, seed_everything
-from ..lengthgen.progress import Bar
+from ..runs.checkpoint import RESULT, prepare_run_dir, write_json
+from ..runs.config import transformer_for
+from ..runs.device import model_device, placement
+from ..runs.distributed import check_divisible, world
+from ..runs.probe import probe
+from ..runs.progress import Bar
+from ..runs.step import scored_step
+from ..runs.trainer import Trainer, make_optimizer, optimizer_for, seed_everything
 from .config import ExtrapolateConfig
 from .corpus import Corpus
+from .windows import Needles, add_needles, token_alphabet
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 RESUME_FREE = frozenset({"checkpoint_every"})
@@ -58,26 +64,36 @@ def lm_step(
     grad_clip: float,
     rank: int = 0,
     world_size: int = 1,
+    needles: Needles | None = None,
+    precision: str = "fp32",
 ) -> tuple[float, float]:
     """One optimiser step of next-token prediction on this rank's slice of the global batch
-    ``corpus.batch(step, batch_size, length, seed)``. Returns the global mean loss per token
-    (nats) and this slice's token accuracy."""
-    windows = torch.from_numpy(corpus.batch(step, batch_size, length, seed))  # (b, n + 1)
+    ``corpus.batch(step, batch_size, length, seed)`` (with ``needles``, passed through
+    :func:`~posenc.extrapolate.windows.add_needles`), on the model's device, in
+    ``precision``. Returns the global mean loss per token (nats) and this slice's token
+    accuracy."""
+    batch = corpus.batch(step, batch_size, length, seed)
+    if needles is not None:
+        batch = add_needles(batch, step, seed, needles)
+    windows = torch.from_numpy(batch)  # (b, n + 1)
     per_rank = batch_size // world_size
-    mine = windows[rank * per_rank : (rank + 1) * per_rank]
-    logits = model(mine[:, :-1])  # (b / world, n, V)
-    targets = mine[:, 1:].reshape(-1)
-    loss_sum = F.cross_entropy(logits.reshape(targets.numel(), -1), targets, reduction="sum")
-    optimizer_step(
+    mine = windows[rank * per_rank : (rank + 1) * per_rank].to(model_device(model))
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(mine[:, :-1])  # (b / world, n, V)
+        targets = mine[:, 1:].reshape(-1)  # (t,)
+        return logits.reshape(targets.numel(), -1), targets  # (t, V)
+
+    return scored_step(
         model,
         optimizer,
         scheduler,
-        global_mean(loss_sum, batch_size * length, world_size),
-        grad_clip,
+        forward,
+        total=batch_size * length,
+        grad_clip=grad_clip,
+        world_size=world_size,
+        precision=precision,
     )
-    total = all_reduce_sum(loss_sum.detach(), world_size)
-    accuracy = (logits.reshape(targets.numel(), -1).argmax(-1) == targets).float().mean()
-    return float(total) / (batch_size * length), float(accuracy)
 
 
 def train_model(
@@ -89,28 +105,31 @@ def train_model(
     progress: bool = False,
     console: Any = None,
     probe_length: int = 0,
+    device: str | torch.device = "auto",
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Train one model (or, with ``resume``, continue or reopen it); return the model and
-    the training record (``steps``, ``losses``, ``train_seconds``, ``parameters``).
-    With ``probe_length``, the untrained model first runs once on a window of that length,
-    so an encoding that cannot reach it fails before training.
+    """Train one model on ``device`` (or, with ``resume``, continue or reopen it, on this
+    device or another); return the model and the training record (``steps``, ``losses``,
+    ``train_seconds``, ``parameters``, ``trained_on``). With ``probe_length``, the untrained
+    model first runs once on a window of that length, so an encoding that cannot reach it
+    fails before training.
 
     Under ``torchrun`` every rank calls this and gets the trained model; rank 0 writes.
     """
     config.validate()
+    place = placement(device, [config.precision])
     rank, world_size = world()
     check_divisible(config.batch_size, world_size)
     path = prepare_run_dir(run_dir, resume=resume, rank=rank)
     seed_everything(config.seed)
-    model = build_model(config, corpus.vocab_size)
+    model = build_model(config, corpus.vocab_size).to(place)  # the same init on any device
     if probe_length:
-        _probe(model, config.pe, probe_length)
+        _probe(model, config, probe_length)
     optimizer, scheduler = optimizer_for(model, config)
     record = _run(
         model,
         optimizer,
         scheduler,
-        {**config.to_dict(), "corpus": corpus.key},
+        {**_recorded(config), "corpus": corpus.key},
         path,
         corpus,
         config,
@@ -143,7 +162,8 @@ def finetune(
     context extension ``rope_type`` (``"linear"``: position interpolation; ``"yarn"``) at
     ``factor = length / L``, for ``steps`` steps of AdamW at peak ``lr`` (10% warm-up, cosine
     decay). Each batch holds ``max(1, batch_size * L // length)`` windows (about as many
-    tokens as a training batch), drawn from the steps after the training run's last.
+    tokens as a training batch), drawn from the steps after the training run's last. The
+    copy trains where ``model`` is, in the config's precision.
 
     Returns the fine-tuned model (``model`` is left as it is), the scaling it uses and the
     training record.
@@ -161,7 +181,7 @@ def finetune(
         tuned, lr=lr, weight_decay=config.weight_decay, steps=steps, warmup=0.1, decay="cosine"
     )
     run_config = {
-        "base": config.to_dict(),
+        "base": _recorded(config),
         "corpus": corpus.key,
         "scaling": scaling,
         "length": length,
@@ -205,9 +225,13 @@ def _run(
     progress: bool,
     console: Any,
 ) -> dict[str, Any]:
-    """Restore or train with :class:`~posenc.lengthgen.loop.Trainer` (step ``s`` trains on
+    """Restore or train with :class:`~posenc.runs.trainer.Trainer` (step ``s`` trains on
     the corpus's batch number ``first + s``); write the record."""
     rank, world_size = world()
+    needles = None
+    if config.needle_share:
+        alphabet = token_alphabet(corpus.train, corpus.vocab_size)
+        needles = Needles(config.needle_share, config.needle_len, alphabet)
     trainer = Trainer(
         model,
         optimizer,
@@ -235,6 +259,8 @@ def _run(
             grad_clip=config.grad_clip,
             rank=rank,
             world_size=world_size,
+            needles=needles,
+            precision=config.precision,
         )
 
     trainer.fit(steps, step, checkpoint_every=config.checkpoint_every, bar=bar)
@@ -245,6 +271,7 @@ def _run(
         "train_seconds": round(trainer.elapsed, 3),
         "parameters": sum(p.numel() for p in model.parameters()),
         "world_size": world_size,
+        "trained_on": trainer.trained_on,
     }
     trainer.finish(record)
     if path is not None and rank == 0:
@@ -252,14 +279,20 @@ def _run(
     return record
 
 
-def _probe(model: nn.Module, pe: str, length: int) -> None:
+def _recorded(config: ExtrapolateConfig) -> dict[str, Any]:
+    """The config a checkpoint records; without needles, their fields change nothing and
+    are left out (so runs from before they existed resume)."""
+    recorded = config.to_dict()
+    if not config.needle_share:
+        del recorded["needle_share"], recorded["needle_len"]
+    return recorded
+
+
+def _probe(model: nn.Module, config: ExtrapolateConfig, length: int) -> None:
     """Run the untrained model once on a window of ``length`` (in eval mode: no dropout)."""
-    tokens = torch.zeros(1, length, dtype=torch.long)
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(tokens)
-    except (ValueError, IndexError, RuntimeError) as exc:
-        raise PosencValueError(f"encoding {pe!r} cannot handle windows of {length}: {exc}") from exc
-    finally:
-        model.train()
+    probe(
+        model,
+        torch.zeros(1, length, dtype=torch.long),
+        precision=config.precision,
+        failure=f"encoding {config.pe!r} cannot handle windows of {length}",
+    )

@@ -1,13 +1,16 @@
-"""Windows of ``posenc extrapolate``: training batches drawn from the step number, and
-evaluation windows that score the same validation tokens at every length.
+"""Windows of ``posenc extrapolate``: training batches drawn from the step number (with, if
+asked, a needle and its repeat in a share of them), and evaluation windows that score the
+same validation tokens at every length.
 
-Dimension legend: ``b`` batch, ``n`` window length, ``w`` windows.
+Dimension legend: ``b`` batch, ``n`` window length, ``w`` windows, ``m`` needle length.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -54,6 +57,73 @@ def train_batch(
     starts = rng.integers(0, len(tokens) - length, size=batch_size)  # (b,)
     index = starts[:, None] + np.arange(length + 1)  # (b, n + 1)
     return np.asarray(tokens[index], dtype=np.int64)
+
+
+#: The needles' own random stream (``default_rng([seed, step, NEEDLE_STREAM])``), apart from
+#: the windows' (``default_rng([seed, step])``): adding needles moves no window.
+NEEDLE_STREAM = 0x6E656564
+
+
+def token_alphabet(tokens: np.ndarray, vocab_size: int, *, block: int = 1 << 22) -> np.ndarray:
+    """The token ids that occur in ``tokens`` (int64, sorted), counted ``block`` tokens at a
+    time so that a memory-mapped split is never copied whole.
+
+    >>> token_alphabet(np.array([5, 1, 5, 3]), 8).tolist()
+    [1, 3, 5]
+    """
+    vocab_size = check_int("vocab_size", vocab_size, 1)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for start in range(0, len(tokens), block):
+        counts += np.bincount(np.asarray(tokens[start : start + block]), minlength=vocab_size)
+    return np.flatnonzero(counts)
+
+
+@dataclass(frozen=True, eq=False)
+class Needles:
+    """Training needles: in a share ``share`` of the windows, a random string of ``length``
+    tokens drawn uniformly from ``alphabet`` (the ids the training split holds), then the
+    same string again later in the same window, so that copying it lowers the loss."""
+
+    share: float  # P in [0, 1]: the share of windows that carry a needle
+    length: int  # m: tokens per needle
+    alphabet: np.ndarray  # (ids,) the token ids a needle is drawn from
+
+
+def needle_rows(step: int, batch_size: int, share: float) -> int:
+    """How many windows of step ``step`` carry a needle: ``floor(P b (s + 1)) - floor(P b s)``
+    in exact arithmetic on ``P`` as its decimal form reads (0.3 is 3/10), so that the first
+    ``S`` steps hold ``floor(P b S)`` of them: the share ``P`` up to one window.
+
+    >>> [needle_rows(step, 4, 0.3) for step in range(5)]
+    [1, 1, 1, 1, 2]
+    """
+    share_q = Fraction(repr(float(share))) * batch_size
+    return math.floor(share_q * (step + 1)) - math.floor(share_q * step)
+
+
+def add_needles(windows: np.ndarray, step: int, seed: int, needles: Needles) -> np.ndarray:
+    """A copy of the training ``windows`` ``(b, n + 1)`` of step ``step`` where
+    :func:`needle_rows` of them (chosen at random) carry a needle at a random start ``a``
+    and its repeat at a random start ``r >= a + m`` with ``r + m <= n + 1``: the repeat's
+    tokens are targets, each predictable from the first occurrence. Every draw comes from
+    ``numpy.random.default_rng([seed, step, NEEDLE_STREAM])``: the result depends on the
+    arguments only, as :func:`train_batch`'s does."""
+    b, width = windows.shape
+    m = needles.length
+    if 2 * m > width:
+        raise PosencValueError(
+            f"needle_len ({m}) twice over does not fit windows of {width - 1} tokens"
+        )
+    out = np.array(windows, dtype=np.int64)  # (b, n + 1), a copy
+    rng = np.random.default_rng([seed, step, NEEDLE_STREAM])
+    rows = np.sort(rng.choice(b, size=needle_rows(step, b, needles.share), replace=False))
+    for row in rows.tolist():
+        needle = rng.choice(needles.alphabet, size=m)  # (m,)
+        first = int(rng.integers(0, width - 2 * m + 1))
+        repeat = int(rng.integers(first + m, width - m + 1))
+        out[row, first : first + m] = needle
+        out[row, repeat : repeat + m] = needle
+    return out
 
 
 def eval_budget(lengths: Sequence[int], available: int, *, max_tokens: int | None = None) -> int:

@@ -4,11 +4,12 @@ measure accuracy on inputs longer than any seen in training (``posenc lengthgen`
 - :mod:`~posenc.lengthgen.tasks`: the :class:`Task` protocol, the registry, the eight
   shipped tasks and loading a user's task from ``path/to/file.py:ClassName``;
 - :mod:`~posenc.lengthgen.data`: special tokens, batching, randomized positions;
-- :mod:`~posenc.lengthgen.train`: training one run and a sweep of runs; its settings are
-  :class:`TrainConfig` (:mod:`~posenc.lengthgen.config`), and the resumable, DDP-ready loop
-  it runs on (:mod:`~posenc.lengthgen.loop`, with :mod:`~posenc.lengthgen.checkpoint`,
-  :mod:`~posenc.lengthgen.distributed`, :mod:`~posenc.lengthgen.progress` and
-  :mod:`~posenc.lengthgen.pool`) is shared with ``posenc extrapolate``;
+- :mod:`~posenc.lengthgen.train`: training one run and a sweep of runs, on any device, in
+  fp32 or bf16; its settings are :class:`TrainConfig` (:mod:`~posenc.lengthgen.config`).
+  The resumable, DDP-ready training kit it runs on is :mod:`posenc.runs`, shared with
+  ``posenc extrapolate`` (``lengthgen.loop``, ``checkpoint``, ``distributed``, ``progress``
+  and ``pool`` moved there; their names still import from here, with a
+  ``DeprecationWarning``, until 0.3);
 - :mod:`~posenc.lengthgen.evaluate`: exact match / per-token accuracy per length, validity,
   mean and spread over seeds, tables;
 - :mod:`~posenc.lengthgen.plots`: accuracy against length.

@@ -4,11 +4,13 @@ length.
     posenc lengthgen --task copy-v1 --pe none,alibi,rope,rope+random --seeds 3
     posenc lengthgen --preset kazemnejad --task copy-v1 --jobs 2
     posenc lengthgen --config sweep.toml --resume
+    posenc lengthgen --device cuda --precision bf16
 
 Settings are layered: built-in defaults, then ``--preset``, then ``--config FILE.toml``, then
 the command-line options. A TOML file holds the sweep keys ``task``, ``pe`` (a string with
-commas or a list), ``seeds`` (a count or a list), ``out``, ``jobs``, a ``[pe_options.NAME]``
-table of constructor arguments per encoding, and any :class:`TrainConfig` field by name::
+commas or a list), ``seeds`` (a count or a list), ``out``, ``jobs``, ``device``, a
+``[pe_options.NAME]`` table of constructor arguments per encoding, and any
+:class:`TrainConfig` field by name (``precision`` among them)::
 
     task = ["copy-v1", "reverse-v1"]
     pe = ["none", "rope", "rope+random"]
@@ -20,24 +22,45 @@ table of constructor arguments per encoding, and any :class:`TrainConfig` field 
     rotary_dim = 4
 
 Under ``torchrun`` (``python -m torch.distributed.run --nproc_per_node N -m posenc.lengthgen
-...``) each run is spread over the N processes (gloo on CPU), with the same global batch.
+...``) each run is spread over the N processes (NCCL on GPUs, each process on
+``cuda:LOCAL_RANK``; gloo on CPUs), with the same global batch.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
+from ..runs import cli as shared
+from ..runs.moved import all_of, moved
 
 #: What ``--pe`` defaults to: these, where registered (the table of Kazemnejad et al. 2023).
 DEFAULT_PES = ("none", "t5", "alibi", "rope", "sinusoidal", "learned")
-SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options")
+SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options", "device")
 DEFAULT_OUT = "lengthgen-results"
-#: More seeds than this is a typo, not a sweep (every seed is a full training run).
-MAX_SEEDS = 1000
+
+#: Moved to :mod:`posenc.runs.cli` (shared with ``posenc extrapolate``); importable from
+#: here, with a ``DeprecationWarning``, until 0.3.
+__getattr__ = moved(
+    __name__,
+    all_of(
+        shared,
+        (
+            "MAX_SEEDS",
+            "MODEL_FLAGS",
+            "POSITION_SUFFIXES",
+            "add_field_flags",
+            "parse_jobs",
+            "parse_pe_list",
+            "parse_pe_option",
+            "parse_seeds",
+            "read_field_flags",
+            "sweep_options",
+        ),
+    ),
+)
 
 #: Named settings; ``kazemnejad`` is the reproduction of Kazemnejad et al. 2023, appendix F
 #: (decoder-only, trained on lengths <= 20, tested on 21-40) at 0.1M parameters, with the
@@ -63,52 +86,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     }
 }
 
-#: The model and optimiser flags both training harnesses (lengthgen, extrapolate) take:
-#: ``(flag, config field, type, help)``; :func:`add_field_flags` appends each harness's
-#: default to the help.
-MODEL_FLAGS: tuple[tuple[str, str, type, str], ...] = (
-    ("--steps", "steps", int, "optimiser steps per run"),
-    ("--batch-size", "batch_size", int, "global batch size"),
-    ("--lr", "lr", float, "peak learning rate"),
-    ("--weight-decay", "weight_decay", float, "AdamW weight decay"),
-    ("--warmup", "warmup", float, "fraction of steps of linear warm-up"),
-    ("--grad-clip", "grad_clip", float, "gradient-norm clip, 0 = off"),
-    ("--dim", "dim", int, "model width"),
-    ("--depth", "depth", int, "layers"),
-    ("--heads", "heads", int, "attention heads"),
-    ("--ffn-dim", "ffn_dim", int, "feed-forward width, 0 = 4*dim"),
-    ("--dropout", "dropout", float, "dropout"),
-    ("--checkpoint-every", "checkpoint_every", int, "checkpoint every N steps"),
-)
-
 # lengthgen's own TrainConfig flags
 _TRAIN_OPTIONS = (
-    *MODEL_FLAGS,
+    *shared.MODEL_FLAGS,
     ("--random-max", "random_max", int, "L for +random: positions drawn from [0, L)"),
     ("--eval-every", "eval_every", int, "periodic evaluation every N steps, 0 = off"),
     ("--eval-samples", "eval_samples", int, "examples per length, periodic evaluation"),
     ("--test-samples", "test_samples", int, "examples per length, final evaluation"),
     ("--valid-threshold", "valid_threshold", float, "in-distribution exact match for a valid run"),
 )
-
-
-def add_field_flags(
-    parser: argparse.ArgumentParser,
-    flags: tuple[tuple[str, str, type, str], ...],
-    defaults: dict[str, Any],
-) -> None:
-    """Add one option per ``(flag, field, type, help)`` row; ``defaults`` (field -> value)
-    gives the default each help states."""
-    for flag, name, kind, text in flags:
-        parser.add_argument(flag, type=kind, help=f"{text} (default {defaults[name]})")
-
-
-def read_field_flags(
-    args: argparse.Namespace, flags: tuple[tuple[str, str, type, str], ...]
-) -> dict[str, Any]:
-    """The config fields the command line set, by field name."""
-    values = {name: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, name, *_ in flags}
-    return {name: value for name, value in values.items() if value is not None}
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
@@ -144,7 +130,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--decay", choices=("cosine", "linear", "constant"), help="after warm-up")
     from .config import TrainConfig
 
-    add_field_flags(p, _TRAIN_OPTIONS, TrainConfig().to_dict())
+    shared.add_field_flags(p, _TRAIN_OPTIONS, TrainConfig().to_dict())
+    shared.add_device_flag(p)
     p.add_argument(
         "--pe-option",
         action="append",
@@ -175,76 +162,6 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
 # --------------------------------------------------------------------------- parsing
 
 
-#: What may follow ``NAME+`` in a pe list: randomized (Ruoss 2023) or coupled (Cho 2024)
-#: positions.
-POSITION_SUFFIXES = ("random", "coupled", "random+coupled")
-
-
-def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
-    """``"none,rope+random"`` -> ``[("none", ""), ("rope", "random")]``; names are checked
-    against the registry, suffixes against :data:`POSITION_SUFFIXES`."""
-    from posenc import entry
-
-    items = text if isinstance(text, list) else str(text).split(",")
-    out = []
-    for raw in items:
-        if not isinstance(raw, str):
-            raise PosencTypeError(f"pe entries must be strings, got {raw!r}")
-        item = raw.strip()
-        if not item:
-            raise PosencValueError(f"pe list {text!r} has an empty entry")
-        name, plus, suffix = item.partition("+")
-        if plus and suffix not in POSITION_SUFFIXES:
-            raise PosencValueError(
-                f"pe {item!r}: the only suffixes are '+random', '+coupled' and "
-                f"'+random+coupled', got '+{suffix}'"
-            )
-        entry(name)  # unknown names list the known ones
-        out.append((name, suffix))
-    if len(set(out)) != len(out):
-        raise PosencValueError(f"pe list {text!r} names an encoding twice")
-    return out
-
-
-def parse_seeds(value: str | int | list[int]) -> list[int]:
-    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> that list."""
-    if isinstance(value, list):
-        seeds = value
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if not 1 <= value <= MAX_SEEDS:
-            raise PosencValueError(
-                f"seeds must be a count >= 1 (at most {MAX_SEEDS}) or a list, got {value}"
-            )
-        seeds = list(range(value))
-    elif isinstance(value, str):
-        text = value.strip()
-        if "," in text:
-            try:
-                seeds = [int(s) for s in text.split(",") if s.strip()]
-            except ValueError:
-                raise PosencValueError(
-                    f"seeds must be a count or a comma list of ints, got {value!r}"
-                ) from None
-        else:
-            try:
-                return parse_seeds(int(text))
-            except ValueError as exc:
-                if "seeds must" in str(exc):
-                    raise
-                raise PosencValueError(
-                    f"seeds must be a count or a comma list of ints, got {value!r}"
-                ) from None
-    else:
-        raise PosencTypeError(f"seeds must be a count or a list of ints, got {value!r}")
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
-        raise PosencValueError(f"seeds must be non-negative ints, got {value!r}")
-    if len(seeds) > MAX_SEEDS or max(seeds) >= 2**32:
-        raise PosencValueError(f"seeds must be at most {MAX_SEEDS} ints below 2**32, got {value!r}")
-    if len(set(seeds)) != len(seeds):
-        raise PosencValueError(f"seeds {value!r} repeat a seed")
-    return seeds
-
-
 def parse_range(name: str, text: str) -> tuple[int, int]:
     """``"1-20"`` -> ``(1, 20)``."""
     low, dash, high = str(text).partition("-")
@@ -255,50 +172,6 @@ def parse_range(name: str, text: str) -> tuple[int, int]:
     if not dash or lo < 1 or hi < lo:
         raise PosencValueError(f"{name} must be A-B with 1 <= A <= B, got {text!r}")
     return lo, hi
-
-
-def parse_jobs(value: str | int) -> int:
-    if value == "auto":
-        return max(1, os.cpu_count() or 1)
-    try:
-        jobs = int(value)
-    except (TypeError, ValueError):
-        raise PosencValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}") from None
-    if isinstance(value, bool) or jobs < 1:
-        raise PosencValueError(f"jobs must be an int >= 1 or 'auto', got {value!r}")
-    return jobs
-
-
-def _scalar(text: str) -> Any:
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_pe_option(text: str) -> tuple[str, str, Any]:
-    """``"rope.rotary_dim=4"`` -> ``("rope", "rotary_dim", 4)``."""
-    target, eq, value = text.partition("=")
-    name, dot, key = target.partition(".")
-    if not (eq and dot and name and key.isidentifier()):
-        raise PosencValueError(f"--pe-option must look like NAME.KEY=VALUE, got {text!r}")
-    return name, key, _scalar(value)
-
-
-def sweep_options(args: argparse.Namespace, jobs: int, console: Any) -> dict[str, Any]:
-    """The keywords of ``run_sweep`` that both harnesses take from their command line."""
-    return {
-        "jobs": jobs,
-        "resume": args.resume,
-        "progress": not args.no_progress and jobs == 1,
-        "threads": args.threads,
-        "console": console,
-    }
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -329,6 +202,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         "out": DEFAULT_OUT,
         "jobs": 1,
         "pe_options": {},
+        "device": "auto",
     }
     layers: list[dict[str, Any]] = []
     if args.preset:
@@ -336,10 +210,10 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.config:
         layers.append(load_toml(args.config))
     cli: dict[str, Any] = {}
-    for key in ("task", "pe", "seeds", "out", "jobs"):
+    for key in ("task", "pe", "seeds", "out", "jobs", "device"):
         if getattr(args, key) is not None:
             cli[key] = getattr(args, key)
-    cli.update(read_field_flags(args, _TRAIN_OPTIONS))
+    cli.update(shared.read_field_flags(args, _TRAIN_OPTIONS))
     if args.decay is not None:
         cli["decay"] = args.decay
     if args.greedy_eval is not None:
@@ -354,7 +228,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         )
     options: dict[str, dict[str, Any]] = {}
     for text in args.pe_option:
-        name, key, value = parse_pe_option(text)
+        name, key, value = shared.parse_pe_option(text)
         options.setdefault(name, {})[key] = value
     if options:
         cli["pe_options"] = options
@@ -375,7 +249,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.preset:
         # a preset's options fit the preset's encodings: drop those for encodings the pe list
         # no longer names (options the user gave are kept, and checked in build_configs)
-        named = {name for name, _ in parse_pe_list(settings["pe"])}
+        named = {name for name, _ in shared.parse_pe_list(settings["pe"])}
         given = {name for layer in layers[1:] for name in layer.get("pe_options", {})}
         settings["pe_options"] = {
             name: kw
@@ -404,10 +278,10 @@ def build_configs(settings: dict[str, Any]) -> list:
         raise PosencValueError(
             f"task must be a name, a comma list or a list of names, got {tasks!r}"
         )
-    pes = parse_pe_list(sweep["pe"])
+    pes = shared.parse_pe_list(sweep["pe"])
     if not pes:
         raise PosencValueError("no encodings to train: give --pe")
-    seeds = parse_seeds(sweep["seeds"])
+    seeds = shared.parse_seeds(sweep["seeds"])
     unknown = sorted(set(sweep["pe_options"]) - {name for name, _ in pes})
     if unknown:
         raise PosencValueError(f"pe_options for {', '.join(unknown)}, which is not in the pe list")
@@ -449,19 +323,27 @@ def run(args: argparse.Namespace) -> int:
     configs = build_configs(settings)
     for config in configs:  # every mistake surfaces before any training
         config.validate()
-    jobs = parse_jobs(settings["jobs"])
+    jobs = shared.parse_jobs(settings["jobs"])
     out = Path(str(settings["out"]))
-    from .distributed import close_distributed, init_distributed, world
+    from ..runs.device import placement
+    from ..runs.distributed import close_distributed, init_distributed, world
 
-    joined = init_distributed()
+    if not isinstance(settings["device"], str):
+        raise PosencTypeError(f"device must be a string, got {settings['device']!r}")
+    precisions = [config.precision for config in configs]
+    device = placement(settings["device"], precisions)  # before any work
+    joined = init_distributed(device)
     try:
         from .train import run_sweep
 
         rank, _ = world()
         jobs = min(jobs, len(configs))
         if rank == 0:
-            console.log(f"{len(configs)} run(s) into {out} ({jobs} at a time)")
-        records = run_sweep(configs, out, **sweep_options(args, jobs, console))
+            console.log(
+                f"{len(configs)} run(s) into {out} ({jobs} at a time) on {device}, "
+                f"{', '.join(dict.fromkeys(precisions))}"
+            )
+        records = run_sweep(configs, out, **shared.sweep_options(args, jobs, console, device))
         if rank == 0:
             write_outputs(out, records, plot=not args.no_plot)
             from .evaluate import aggregate, wide_table

@@ -30,6 +30,7 @@ Dimension legend: ``b`` batch, ``n`` sequence.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,6 +202,11 @@ class Batch:
     loss_mask: Tensor  # bool, True where the prediction is scored
     positions: Tensor | None  # int64 randomized positions, or None for arange
     key_padding_mask: Tensor | None  # bool, True = padding; None when nothing is padded
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on ``device``."""
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return Batch(*(None if v is None else v.to(device) for v in values))
 
 
 def encode(kind: str, example: Example, vocab: Vocab) -> tuple[list[int], list[int], list[bool]]:

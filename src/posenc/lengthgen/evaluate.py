@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..runs.device import autocast, model_device
 from .data import (
     Vocab,
     checked_sample,
@@ -69,13 +70,16 @@ def evaluate_length(
     coupled: bool = False,
     greedy: bool = False,
     batch_size: int = 256,
+    precision: str = "fp32",
 ) -> dict[str, float | int]:
     """Exact match and per-token accuracy of ``model`` on ``samples`` fresh examples of input
     length ``length``. Returns ``{"length", "exact", "token", "n"}``.
 
     ``greedy`` scores decoder tasks by greedy decoding rather than one teacher-forced pass
-    (same examples, same positions, the same exact match; see the module docs)."""
+    (same examples, same positions, the same exact match; see the module docs). The model
+    runs on its own device, under ``precision``'s autocast (``fp32``: none)."""
     vocab = Vocab(task.vocab_size)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     exact = correct = total = 0
@@ -96,10 +100,13 @@ def evaluate_length(
                 ]
             elif random_max is not None:
                 positions = [random_positions(longest, random_max, rng) for _ in examples]
-            if task.kind == "decoder" and greedy:
-                hits, right, count = _greedy_decoder(model, examples, vocab, positions)
-            else:
-                hits, right, count = _one_pass(model, task.kind, examples, vocab, positions)
+            with autocast(device, precision):
+                if task.kind == "decoder" and greedy:
+                    hits, right, count = _greedy_decoder(model, examples, vocab, positions, device)
+                else:
+                    hits, right, count = _one_pass(
+                        model, task.kind, examples, vocab, positions, device
+                    )
             exact, correct, total = exact + hits, correct + right, total + count
     finally:
         model.train(was_training)
@@ -117,13 +124,14 @@ def _greedy_decoder(
     examples: list[tuple[list[int], list[int]]],
     vocab: Vocab,
     positions: list[np.ndarray] | None,
+    device: torch.device,
 ) -> tuple[int, int, int]:
     """Greedy decoding of ``y EOS`` after ``BOS x SEP``, re-running the whole (short) sequence
     at every step. All examples share one input length, so no padding is needed."""
-    prompt = torch.tensor([[vocab.bos, *x, vocab.sep] for x, _ in examples])  # (b, n+2)
-    answers = [[*y, vocab.eos] for _, y in examples]
+    prompt = torch.tensor([[vocab.bos, *x, vocab.sep] for x, _ in examples], device=device)
+    answers = [[*y, vocab.eos] for _, y in examples]  # prompt: (b, n+2)
     steps = max(len(a) for a in answers)
-    pos = None if positions is None else torch.from_numpy(np.stack(positions))  # (b, N)
+    pos = None if positions is None else torch.from_numpy(np.stack(positions)).to(device)
     seq = prompt
     for _ in range(steps):
         n = seq.shape[1]
@@ -145,10 +153,11 @@ def _one_pass(
     examples: list[tuple[list[int], list[int]]],
     vocab: Vocab,
     positions: list[np.ndarray] | None,
+    device: torch.device,
 ) -> tuple[int, int, int]:
     """Score every answer position in one forward: the blanks of an encoder task, or the
     teacher-forced predictions of ``y EOS`` of a decoder task."""
-    batch = collate(kind, examples, vocab, positions=positions)
+    batch = collate(kind, examples, vocab, positions=positions).to(device)
     logits = model(batch.tokens, positions=batch.positions, key_padding_mask=batch.key_padding_mask)
     same = (logits.argmax(-1) == batch.targets) & batch.loss_mask  # (b, n)
     per_example_right = same.sum(1)
@@ -168,6 +177,7 @@ def evaluate_lengths(
     random_max: int | None = None,
     coupled: bool = False,
     greedy: bool = False,
+    precision: str = "fp32",
 ) -> list[dict[str, float | int]]:
     """:func:`evaluate_length` at every length, each with its own :func:`eval_rng`."""
     return [
@@ -180,6 +190,7 @@ def evaluate_lengths(
             random_max=random_max,
             coupled=coupled,
             greedy=greedy,
+            precision=precision,
         )
         for n in lengths
     ]

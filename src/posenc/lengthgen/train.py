@@ -9,18 +9,21 @@
   NumPy, torch). A run killed at any moment, even by SIGKILL, and restarted with
   ``resume=True`` finishes with exactly the numbers of an uninterrupted run (same thread
   count assumed: CPU kernels may sum in another order with another thread count).
-- Distributed data parallel (``torchrun``, gloo on CPU): every rank draws the same global
-  batch from the same generator and trains on its slice; the loss is the sum over the
-  slice divided by the global number of scored tokens, times the world size, so the
-  averaged gradient equals the single-process gradient of the same global batch.
+- Distributed data parallel (``torchrun``: NCCL on GPUs, gloo on CPUs): every rank draws
+  the same global batch from the same generator and trains on its slice; the loss is the
+  sum over the slice divided by the global number of scored tokens, times the world size,
+  so the averaged gradient equals the single-process gradient of the same global batch.
+- Any device (``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``): the model is
+  built on the CPU from the seed (the same weights everywhere), then moved; the batches
+  follow it. ``precision="bf16"`` runs forward and loss (training and evaluation) under
+  bfloat16 autocast, parameters and optimiser in float32. The record says where the run
+  was trained and evaluated (``device``, ``trained_on``) and in what precision.
 - Evaluation draws from generators of its own, so evaluating (or not) never changes
   training.
 
-The pieces live beside this file: the settings in :mod:`~posenc.lengthgen.config`, the loop
-in :mod:`~posenc.lengthgen.loop` (shared with ``posenc extrapolate``), checkpoints in
-:mod:`~posenc.lengthgen.checkpoint`, processes in :mod:`~posenc.lengthgen.distributed` and
-:mod:`~posenc.lengthgen.pool`, the bar in :mod:`~posenc.lengthgen.progress`. Their names
-stay importable from here.
+The settings are in :mod:`~posenc.lengthgen.config`; the training kit both experiments share
+(the trainer, the step's tail, the probe, checkpoints, processes, the sweep runner, the bar)
+in :mod:`posenc.runs`.
 """
 
 from __future__ import annotations
@@ -32,53 +35,48 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..errors import PosencValueError
-from .checkpoint import (
-    CHECKPOINT,
-    CHECKPOINT_VERSION,
-    RESULT,
-    check_sweep_start,
-    load_checkpoint,
-    prepare_run_dir,
-    save_checkpoint,
-    write_json,
-)
-from .config import MAX_INPUT_LENGTH, TrainConfig, check_encoding, transformer_for
+from ..runs import checkpoint, pool, trainer
+from ..runs import config as run_config
+from ..runs.device import model_device, placement
+from ..runs.distributed import check_divisible, torch_threads, world
+from ..runs.moved import moved
+from ..runs.probe import probe
+from ..runs.progress import Bar
+from ..runs.step import scored_step
+from ..runs.sweep import run_each
+from ..runs.trainer import Trainer, lr_multiplier, optimizer_for, seed_everything
+from .config import MAX_INPUT_LENGTH, TrainConfig
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
-from .distributed import all_reduce_sum, check_divisible, global_mean, torch_threads, world
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
-from .loop import (
-    DECAYS,
-    Trainer,
-    lr_multiplier,
-    optimizer_for,
-    optimizer_step,
-    seed_everything,
-)
-from .pool import run_all, slug
-from .progress import Bar
 from .tasks import Task
 
 __all__ = [
-    "CHECKPOINT",
-    "CHECKPOINT_VERSION",
-    "DECAYS",
     "MAX_INPUT_LENGTH",
-    "RESULT",
     "TrainConfig",
     "build_model",
-    "check_encoding",
-    "load_checkpoint",
     "lr_factor",
     "run_dir_for",
     "run_sweep",
-    "save_checkpoint",
-    "slug",
     "train",
 ]
+
+#: Names this module re-exported that moved to :mod:`posenc.runs`: importable from here,
+#: with a ``DeprecationWarning``, until 0.3.
+__getattr__ = moved(
+    __name__,
+    {
+        "CHECKPOINT": checkpoint,
+        "CHECKPOINT_VERSION": checkpoint,
+        "RESULT": checkpoint,
+        "load_checkpoint": checkpoint,
+        "save_checkpoint": checkpoint,
+        "DECAYS": trainer,
+        "check_encoding": run_config,
+        "slug": pool,
+    },
+)
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
@@ -87,7 +85,8 @@ _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The model for a run: ``posenc.TransformerModel`` over the task's tokens plus the
     harness's special tokens, causal for decoder tasks."""
-    return transformer_for(config, Vocab(task.vocab_size).size, causal=task.kind == "decoder")
+    vocab = Vocab(task.vocab_size).size
+    return run_config.transformer_for(config, vocab, causal=task.kind == "decoder")
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
@@ -107,6 +106,7 @@ def train(
     progress: bool = False,
     threads: int = 0,
     console: Any = None,
+    device: str | torch.device = "auto",
 ) -> dict[str, Any]:
     """Train and evaluate one run; return its record (see :func:`evaluate.run_record`).
 
@@ -114,22 +114,27 @@ def train(
         config: the run.
         run_dir: where ``checkpoint.pt`` and ``result.json`` go (``None``: nothing is saved).
         resume: continue from ``run_dir/checkpoint.pt`` if it exists (a finished run just
-            returns its record). Without it, an existing checkpoint is an error.
+            returns its record). Without it, an existing checkpoint is an error. The device
+            may differ from the one that wrote the checkpoint; the precision may not.
         progress: show a progress bar with loss, accuracy and ETA.
         threads: torch threads for this run (0: leave as is).
         console: a ``rich.console.Console`` for the bar and log lines.
+        device: where to train and evaluate (see :func:`posenc.runs.device.resolve_device`).
 
     Under ``torchrun`` every rank calls this; rank 0 evaluates and writes, and returns the
     record (other ranks return ``{}``).
     """
     task = config.validate()
+    place = placement(device, [config.precision])
     rank, world_size = world()
     check_divisible(config.batch_size, world_size)
-    path = prepare_run_dir(run_dir, resume=resume, rank=rank)
+    path = checkpoint.prepare_run_dir(run_dir, resume=resume, rank=rank)
     with torch_threads(threads):
-        record = _train(config, task, path, rank, world_size, progress=progress, console=console)
+        record = _train(
+            config, task, path, rank, world_size, place, progress=progress, console=console
+        )
     if path is not None and rank == 0:
-        write_json(path.with_name(RESULT), record)
+        checkpoint.write_json(path.with_name(checkpoint.RESULT), record)
     return record if rank == 0 else {}
 
 
@@ -139,12 +144,13 @@ def _train(
     path: Path | None,
     rank: int,
     world_size: int,
+    device: torch.device,
     *,
     progress: bool,
     console: Any,
 ) -> dict[str, Any]:
     seed_everything(config.seed)
-    model = build_model(config, task)
+    model = build_model(config, task).to(device)  # built on the CPU: the same init anywhere
     optimizer, scheduler = optimizer_for(model, config)
     data_rng = np.random.default_rng([config.seed, 0])
     random_max = config.random_max if config.random_positions else None
@@ -213,6 +219,9 @@ def _train(
         train_seconds=round(trainer.elapsed, 3),
         eval_seconds=round(time.perf_counter() - eval_started, 3),
         world_size=world_size,
+        device=str(device),
+        trained_on=trainer.trained_on,
+        precision=config.precision,
     )
     trainer.finish(record)
     return record
@@ -228,20 +237,15 @@ def _probe(model: nn.Module, task: Task, config: TrainConfig, random_max: int | 
         positions = torch.arange(random_max - longest, random_max).unsqueeze(0)
     else:
         positions = None
-    tokens = torch.full((1, longest), Vocab(task.vocab_size).bos, dtype=torch.long)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(tokens, positions=positions)
-    except (ValueError, IndexError, RuntimeError) as exc:
-        raise PosencValueError(
-            f"encoding {config.label!r} cannot handle the test sequences ({longest} tokens"
-            + (f", positions up to {random_max - 1}" if random_max else "")
-            + f"): {exc}"
-        ) from exc
-    finally:
-        model.train(was_training)
+    probe(
+        model,
+        torch.full((1, longest), Vocab(task.vocab_size).bos, dtype=torch.long),
+        positions=positions,
+        precision=config.precision,
+        failure=f"encoding {config.label!r} cannot handle the test sequences ({longest} tokens"
+        + (f", positions up to {random_max - 1}" if random_max else "")
+        + ")",
+    )
 
 
 def _step(
@@ -256,8 +260,9 @@ def _step(
     world_size: int,
     model: nn.Module,
 ) -> tuple[float, float]:
-    """One optimiser step on this rank's slice of the global batch. Returns the global mean
-    loss per scored token and this slice's token accuracy (teacher-forced)."""
+    """One optimiser step on this rank's slice of the global batch (on the model's device).
+    Returns the global mean loss per scored token and this slice's token accuracy
+    (teacher-forced)."""
     examples, positions = sample_batch(
         task,
         config.batch_size,
@@ -277,16 +282,24 @@ def _step(
         vocab,
         pad_to=pad_to,
         positions=None if positions is None else positions[lo:hi],
+    ).to(model_device(model))
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        logits = model(
+            batch.tokens, positions=batch.positions, key_padding_mask=batch.key_padding_mask
+        )  # (b, n, V)
+        return logits[batch.loss_mask], batch.targets[batch.loss_mask]  # (t, V), (t,)
+
+    return scored_step(
+        model,
+        optimizer,
+        scheduler,
+        forward,
+        total=scored_total,
+        grad_clip=config.grad_clip,
+        world_size=world_size,
+        precision=config.precision,
     )
-    logits = model(batch.tokens, positions=batch.positions, key_padding_mask=batch.key_padding_mask)
-    scored_logits = logits[batch.loss_mask]  # (tokens, V)
-    scored_targets = batch.targets[batch.loss_mask]
-    loss_sum = F.cross_entropy(scored_logits, scored_targets, reduction="sum")
-    loss = global_mean(loss_sum, scored_total, world_size)
-    optimizer_step(model, optimizer, scheduler, loss, config.grad_clip)
-    total = all_reduce_sum(loss_sum.detach(), world_size)
-    accuracy = (scored_logits.argmax(-1) == scored_targets).float().mean()
-    return float(total) / scored_total, float(accuracy)
 
 
 def _evaluate(
@@ -314,6 +327,7 @@ def _evaluate(
             random_max=random_max,
             coupled=config.coupled_positions,
             greedy=config.greedy_eval,
+            precision=config.precision,
         )
         for split, span in lengths.items()
     }
@@ -340,12 +354,16 @@ def _periodic_eval(
 
 def run_dir_for(out: Path, task_name: str, config: TrainConfig) -> Path:
     """``out/<task>/<encoding>/seed<k>``."""
-    return Path(out) / slug(task_name) / slug(config.label) / f"seed{config.seed}"
+    return Path(out) / pool.slug(task_name) / pool.slug(config.label) / f"seed{config.seed}"
 
 
-def _train_job(config: dict[str, Any], run_dir: str, resume: bool, threads: int) -> dict[str, Any]:
+def _train_job(
+    config: dict[str, Any], run_dir: str, resume: bool, device: str, threads: int
+) -> dict[str, Any]:
     """Entry point of a ``--jobs`` worker process (spawned: a fresh interpreter)."""
-    return train(TrainConfig.from_dict(config), run_dir, resume=resume, threads=threads)
+    return train(
+        TrainConfig.from_dict(config), run_dir, resume=resume, threads=threads, device=device
+    )
 
 
 def run_sweep(
@@ -357,37 +375,35 @@ def run_sweep(
     progress: bool = False,
     threads: int = 0,
     console: Any = None,
+    device: str | torch.device = "auto",
 ) -> list[dict[str, Any]]:
     """Train every config (``jobs`` at a time in separate processes), each in its own folder
-    under ``out``; return the records in the order of ``configs``.
+    under ``out``, on ``device``; return the records in the order of ``configs``.
 
     With ``jobs > 1`` each process gets ``threads`` torch threads (default: the cores
     divided by ``jobs``, at least 1). Under ``torchrun`` runs go one after another, each
     spread over all ranks.
     """
     tasks = [c.validate() for c in configs]  # every mistake surfaces before any training
+    place = placement(device, [c.precision for c in configs])
     dirs = [run_dir_for(Path(out), t.name, c) for t, c in zip(tasks, configs, strict=True)]
-    seen: dict[Path, int] = {}
-    for i, d in enumerate(dirs):
-        if d in seen:
-            raise PosencValueError(f"runs {seen[d]} and {i} would share the folder {d}")
-        seen[d] = i
-    check_sweep_start(dirs, out, resume=resume, jobs=jobs)
 
     def here(i: int) -> dict[str, Any]:
         return train(
-            configs[i], dirs[i], resume=resume, progress=progress, threads=threads, console=console
+            configs[i], dirs[i], resume=resume, progress=progress, console=console, device=place
         )
 
     def job_args(i: int, each: int) -> tuple[Any, ...]:
-        return (configs[i].to_dict(), str(dirs[i]), resume, each)
+        return (configs[i].to_dict(), str(dirs[i]), resume, str(place), each)
 
-    return run_all(
-        len(configs),
+    return run_each(
+        dirs,
+        out,
         here,
         _train_job,
         job_args,
         jobs=jobs,
+        resume=resume,
         threads=threads,
         on_done=lambda i, rec: _log_done(console, configs[i], rec),
     )

@@ -1,4 +1,4 @@
-"""posenc.lengthgen.progress: the progress bar shows loss and metric, no number before the first
+"""posenc.runs.progress: the progress bar shows loss and metric, no number before the first
 step, and logs lines whether it is shown or not.
 """
 
@@ -8,7 +8,7 @@ import io
 
 from rich.console import Console
 
-from posenc.lengthgen.progress import Bar
+from posenc.runs.progress import Bar
 
 
 def test_progress_bar_shows_loss_and_metric_and_logs() -> None:

@@ -1,4 +1,4 @@
-"""Runs in parallel (``posenc.lengthgen.pool``): folder-safe names, threads shared out among
+"""Runs in parallel (``posenc.runs.pool``): folder-safe names, threads shared out among
 the jobs, and ``run_all`` runs in this process one after another or hands every run to the
 worker processes with its thread count, results and ``on_done`` calls in the order given.
 (Real worker processes are started by the ``--jobs`` tests of ``test_train.py``.)"""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from posenc.lengthgen import pool
+from posenc.runs import pool
 
 
 def test_slug_keeps_only_folder_safe_characters() -> None:

@@ -1,6 +1,7 @@
-"""posenc.lengthgen.loop: the Trainer that lengthgen and extrapolate share, on a toy
-regression (resume equals uninterrupted, a changed configuration is refused, a finished run
-returns its record, the periodic callback), and the learning-rate schedule.
+"""posenc.runs.trainer: the Trainer that lengthgen and extrapolate share, on a toy
+regression (resume equals uninterrupted, also from a checkpoint written on a GPU, a changed
+configuration is refused, a finished run returns its record, the periodic callback, the
+devices a run trained on), and the learning-rate schedule.
 
 The checkpoint helpers are tested in test_checkpoint.py, the progress bar in test_progress.py.
 """
@@ -16,9 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from posenc.lengthgen.checkpoint import CHECKPOINT, load_checkpoint
-from posenc.lengthgen.loop import Trainer, lr_multiplier, make_optimizer, optimizer_step
-from posenc.lengthgen.progress import Bar
+from posenc.runs.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from posenc.runs.progress import Bar
+from posenc.runs.trainer import Trainer, lr_multiplier, make_optimizer, optimizer_step
+from tests.runs.gpu_files import as_if_written_on_a_gpu
 
 STEPS = 9
 
@@ -72,12 +74,36 @@ def test_an_interrupted_run_resumes_to_the_same_numbers(tmp_path: Path) -> None:
     assert saved["step"] == 4 and saved["record"] is None  # the last checkpoint before the stop
     resumed = run(tmp_path / "cut" / CHECKPOINT)
     assert resumed.resumed and resumed.losses == straight.losses
+    assert resumed.trained_on == ["cpu"]  # one stretch: the same device again
     for name, value in straight.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
     # A finished run returns its record and its model without training.
     again = run(tmp_path / "cut" / CHECKPOINT, stop_at=0)
     assert again.history == [{"finished": {"losses": straight.losses}}]
     assert torch.equal(again.model.weight, straight.model.weight)
+
+
+def test_a_run_written_on_a_gpu_resumes_on_the_cpu_to_the_same_numbers(tmp_path: Path) -> None:
+    """The device is not part of the configuration: a checkpoint whose tensors were saved
+    from ``cuda:0`` (with the GPU's generator) resumes here, finishes with the numbers of an
+    uninterrupted run, and records both devices."""
+    straight = run(tmp_path / "straight" / CHECKPOINT)
+    assert straight.trained_on == ["cpu"]
+    assert load_checkpoint(tmp_path / "straight" / CHECKPOINT)["trained_on"] == ["cpu"]
+    cut = tmp_path / "cut" / CHECKPOINT
+    with pytest.raises(Stop):
+        run(cut, stop_at=5)
+    saved = load_checkpoint(cut)
+    saved["trained_on"] = ["cuda:0"]
+    saved["rng"]["cuda"] = torch.zeros(16, dtype=torch.uint8)  # a GPU run saves its generator
+    save_checkpoint(cut, saved)
+    as_if_written_on_a_gpu(cut)
+    resumed = run(cut)
+    assert resumed.resumed and resumed.losses == straight.losses
+    assert resumed.trained_on == ["cuda:0", "cpu"]
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    assert resumed.optimizer.state_dict()["state"][0]["step"].device == torch.device("cpu")
 
 
 def test_a_changed_configuration_is_refused_but_free_fields_may_change(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""Processes and threads (``posenc.lengthgen.distributed``): one process outside ``torchrun``;
+"""Processes and threads (``posenc.runs.distributed``): one process outside ``torchrun``;
 a rank's ``global_mean`` of its slice makes DDP's gradient average the gradient of the whole
 batch's mean (checked by splitting a batch over pretend ranks); a batch must split evenly;
-``torch_threads`` restores the thread count, also after an error. (Two real ``torchrun``
-processes are started by ``test_train.py``.)"""
+``torch_threads`` restores the thread count, also after an error; the process group is NCCL
+with the rank's GPU made current on GPUs, gloo on CPUs. (Two real ``torchrun`` processes
+are started by the lengthgen and extrapolate tests.)"""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 import torch
 
 from posenc.errors import PosencValueError
-from posenc.lengthgen import distributed as dist_module
-from posenc.lengthgen.distributed import (
+from posenc.runs import distributed as dist_module
+from posenc.runs.distributed import (
     all_reduce_sum,
+    backend_for,
     barrier,
     check_divisible,
     close_distributed,
@@ -72,3 +74,26 @@ def test_torch_threads_restores_the_count(monkeypatch: pytest.MonkeyPatch) -> No
     with torch_threads(0):  # 0: left as it is
         pass
     assert calls == [2, 6, 3, 6, 6]
+
+
+def test_the_process_group_is_nccl_on_gpus_and_gloo_on_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.distributed as dist
+
+    joined: list[tuple[str, object]] = []
+    current: list[object] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw))
+    )
+    monkeypatch.setattr(dist_module.torch.cuda, "set_device", current.append)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert backend_for(None) == backend_for(torch.device("cpu")) == "gloo"
+    assert backend_for(torch.device("cuda", 1)) == "nccl"
+    assert init_distributed(torch.device("cpu")) is True
+    assert init_distributed() is True
+    assert joined == [("gloo", {}), ("gloo", {})] and current == []
+    gpu = torch.device("cuda", 1)
+    assert init_distributed(gpu) is True
+    assert joined[-1] == ("nccl", {"device_id": gpu}) and current == [gpu]  # its own GPU
