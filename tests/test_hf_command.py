@@ -56,6 +56,36 @@ def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize(
+    ("config", "rope", "factor", "layout"),
+    [
+        # Qwen2-VL's published config.json: flat, multimodal RoPE in rope_scaling
+        (
+            {"model_type": "qwen2_vl", "rope_theta": 1e6,
+             "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+            "default", "-", "half, M-RoPE blocked [2, 3, 3]",
+        ),
+        # HunYuan's checkpoints: dynamic with alpha is NTK-alpha, its alpha in the factor column
+        (
+            {"model_type": "hunyuan_v1_dense", "head_dim": 16, "rope_theta": 1e4,
+             "rope_scaling": {"type": "dynamic", "alpha": 1000.0, "factor": 1.0}},
+            "ntk_alpha", "α 1000", "half",
+        ),
+    ],
+)  # fmt: skip
+def test_the_table_shows_multimodal_sections_and_ntk_alpha(
+    tmp_path: Path, capsys, config: dict, rope: str, factor: str, layout: str
+) -> None:
+    sizes = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "num_key_value_heads": 2}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**sizes, **config}))
+    assert cli.main(["hf", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = [cell.strip() for cell in lines[4].strip("|").split("|")]
+    assert (row[3], row[5], row[7]) == (rope, factor, layout)
+
+
+@pytest.mark.parametrize(
     ("text", "match"),
     [
         ("{not json", "is not JSON"),

@@ -53,13 +53,19 @@ def _row(index: int, layer: Any) -> list[str]:
     head_dim = getattr(pe, "head_dim", None)
     rotated = f"{pe.rotary_dim}/{head_dim}" if head_dim else str(pe.rotary_dim)
     layout = "interleaved" if getattr(pe, "interleaved", False) else "half"
+    if getattr(pe, "mrope_section", None):  # multimodal RoPE: the pairs each position row takes
+        layout += f", M-RoPE {pe.mrope_layout} {list(pe.mrope_section)}"
+    if factor is None and scaling.get("alpha") is not None:  # NTK-alpha (HunYuan)
+        factor = f"α {scaling['alpha']:g}"
+    elif factor is not None:
+        factor = f"{factor:g}"
     return [
         str(index),
         layer.kind,
         reach,
         str(scaling.get("rope_type", "default")),
         f"{pe.base:g}",
-        "-" if factor is None else f"{factor:g}",
+        "-" if factor is None else factor,
         rotated,
         layout,
         temperature,

@@ -1329,7 +1329,7 @@ MISUSE = [
                "rope_type": "made_up", "rope_theta": 1e4, "partial_rotary_factor": 0.5})),
            PosencValueError, "rope_type", "made_up"),
     Misuse("unknown-key",
-           _from(lambda: _namespace(model_type="qwen2_vl", rope_parameters={
+           _from(lambda: _namespace(model_type="llama", rope_parameters={
                "rope_type": "default", "mrope_section": [2, 3, 3]})),
            PosencValueError, "rope_parameters", "mrope_section"),
     Misuse("nested-by-layer-type",

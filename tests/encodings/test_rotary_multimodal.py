@@ -667,6 +667,37 @@ def test_a_config_json_reads_like_the_config_object() -> None:
         assert repr(got) == repr(want), family.id
 
 
+@pytest.mark.parametrize(
+    ("module", "composite", "rotary_class"),
+    [
+        ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLRotaryEmbedding"),
+        ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLRotaryEmbedding"),
+    ],
+)
+def test_a_flat_composite_config_json_reads_as_its_text_model(
+    module: str, composite: str, rotary_class: str
+) -> None:
+    """Qwen2-VL's and Qwen2.5-VL's published config.json: model_type qwen2_vl / qwen2_5_vl with
+    the text fields at the top level and no text_config; transformers builds the text config
+    from them. Read against the rotary module transformers builds from the same dict."""
+    raw = {
+        "model_type": module,
+        **TINY,
+        "rope_theta": 1e4,
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+    }
+    ours = RotaryEmbedding.from_hf_config(raw)
+    assert isinstance(ours, MultimodalRotaryEmbedding)
+    text_config = getattr(_configuration(module), composite)(**raw).text_config
+    family = Family(module, module, "", {}, rotary_class, (32, 32, False, [4, 6, 6], "blocked"))
+    theirs = reference(family, text_config)
+    q, k, positions = _inputs(32, 3)
+    want_q, want_k = theirs(q, k, positions)
+    got_q, got_k = ours(q, k, positions)
+    assert_close(got_q, want_q, atol=ATOL, rtol=RTOL)
+    assert_close(got_k, want_k, atol=ATOL, rtol=RTOL)
+
+
 def test_legacy_spellings_are_read_as_the_config_classes_read_them() -> None:
     # Qwen2-VL's checkpoints: rope_scaling {"type": "mrope"}, renamed to default on load
     raw = {
@@ -793,6 +824,9 @@ MISUSE = [
            "positions", "torch.bool"),
     Misuse("rows-nan", _call(torch.full((3, 2, 7), float("nan"))), PosencValueError, "positions",
            "nan"),
+    # M-RoPE positions without their batch axis (3, n), for a batch of 2: named as such
+    Misuse("rows-without-batch", _call(torch.zeros(3, 7, dtype=torch.long)), PosencValueError,
+           "(rows, batch, seq)", (3, 7)),
 ]
 # fmt: on
 

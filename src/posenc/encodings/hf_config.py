@@ -395,6 +395,10 @@ def rotary_arguments_from_hf_config(
     model_type = cfg.get("model_type") or ""
     if not isinstance(model_type, str):
         raise PosencTypeError(f"config model_type must be a str, got {model_type!r}")
+    if model_type not in MROPE_MODEL_TYPES and f"{model_type}_text" in MROPE_MODEL_TYPES:
+        # a flat config.json of the composite model (Qwen2-VL's and Qwen2.5-VL's checkpoints):
+        # its text model's fields at the top level, read as that text model's
+        model_type = f"{model_type}_text"
     if model_type in MROPE_MODEL_TYPES:
         # multimodal RoPE (mrope_layouts.py): the family's own fields are read there (or the
         # config refused, naming why), the shared ones below, from a view without them

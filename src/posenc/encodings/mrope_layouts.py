@@ -383,7 +383,7 @@ def read_multimodal(
         label = f"config {field_name}['mrope_section']"
         if family.order is not None:  # in row order
             if section is not None:
-                label = f"{label}={list(chosen)!r}, in row order,"
+                label = f"{label} {list(chosen)!r} in row order"
             chosen = [chosen[i] for i in family.order]
         if family.rows is not None and len(chosen) != family.rows:
             raise PosencValueError(

@@ -118,6 +118,20 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             )
         return positions
 
+    def _check_text(self, positions: Tensor | None, batch: int) -> None:
+        """Text positions ``(b, n)`` whose first size is the rows' count but not the batch's
+        are M-RoPE positions missing their batch axis: say so, not "wrong batch size"."""
+        if (
+            isinstance(positions, Tensor)
+            and positions.dim() == 2
+            and positions.shape[0] == self.rows != batch
+        ):
+            raise PosencValueError(
+                f"positions of shape {tuple(positions.shape)} are text positions (batch, "
+                f"seq), but the input has batch size {batch}; multimodal positions have "
+                f"shape (rows, batch, seq) = ({self.rows}, {batch}, {positions.shape[1]})"
+            )
+
     def _text_rows(self, positions: Tensor, path: Path) -> Tensor | None:
         """A decode step's few checked positions whose rows are all equal (text tokens, as
         while generating), as 1-D RoPE's ``(n,)`` or ``(b, n)``: the same rotation, which the
@@ -198,6 +212,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             as :meth:`RotaryEmbedding.forward` does (with ``inplace=True``, in their storage).
         """
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
+            self._check_text(positions, q.shape[0])
             return super().forward(q, k, positions, inplace=inplace)
         q, k = check_qk(q, k, self.head_dim)
         inplace = check_bool("inplace", inplace)
@@ -218,6 +233,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache) by positions
         of any shape :meth:`forward` takes; with ``inplace=True`` in its own storage."""
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
+            self._check_text(positions, x.shape[0])
             return super().rotate(x, positions, inplace=inplace)
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
