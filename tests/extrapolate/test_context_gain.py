@@ -103,6 +103,11 @@ def test_contexts_blocks_and_what_is_left_out(toy: tuple) -> None:
     model = tiny_model(V, "learned", pe_kwargs={"max_len": 12})
     got = context_gain(model, corpus, train_len=L, longest=32, blocks=4, max_window=12)
     assert list(got) == ["0", "2", "4", "8"]  # 16 + 4 > 12
+    # a shorter window drops contexts, not targets: the same blocks as every other run's
+    rope = tiny_model(V)
+    capped = context_gain(rope, corpus, train_len=L, longest=32, blocks=4, max_window=12)
+    full = context_gain(rope, corpus, train_len=L, longest=32, blocks=4)
+    assert capped == {c: full[c] for c in capped}
     short = toy_corpus(corpus.valid[:30], corpus.token_bytes)
     assert list(context_gain(tiny_model(V), short, train_len=L, longest=32, blocks=4)) == [
         "0",

@@ -39,6 +39,19 @@ MOVED = [
     ("train", "DECAYS", "trainer"),
     ("train", "check_encoding", "config"),
     ("train", "slug", "pool"),
+    # names the old modules re-exported from the ones they imported (issue #29's trial)
+    *[("loop", name, "checkpoint") for name in (
+        "CHECKPOINT_VERSION", "check_resumable", "load_checkpoint", "rng_state",
+        "save_checkpoint", "set_rng_state")],
+    ("loop", "barrier", "distributed"),
+    ("loop", "Bar", "progress"),
+    ("checkpoint", "world", "distributed"),
+    ("config", "DECAYS", "config"),
+    *[("train", name, new) for name, new in (
+        ("transformer_for", "config"), ("run_all", "pool"), ("prepare_run_dir", "checkpoint"),
+        ("write_json", "checkpoint"), ("optimizer_step", "trainer"),
+        ("check_sweep_start", "sweep"), ("all_reduce_sum", "distributed"),
+        ("global_mean", "distributed"))],
 ]  # fmt: skip
 
 

@@ -254,7 +254,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(str(settings["out"]))
     if not isinstance(args.valid_fraction, float):
         raise PosencTypeError(f"--valid-fraction must be a number, got {args.valid_fraction!r}")
-    device = placement(args.device or "auto", [c.precision for c in configs])  # no corpus yet
+    device = placement(
+        "auto" if args.device is None else args.device, [c.precision for c in configs]
+    )  # no corpus yet
     corpus = prepare_corpus(args.text, tokenizer=args.tokenizer, valid_fraction=args.valid_fraction)
     train_len = configs[0].train_len
     lengths = evaluation.lengths(train_len)

@@ -116,14 +116,13 @@ def context_gain(
     """
     block = block_len(train_len)
     check_int("blocks", blocks, 1)
-    contexts = [
-        c
-        for c in context_lengths(train_len, longest)
-        if (max_window is None or c + block <= max_window) and c + block + 1 <= len(corpus.valid)
-    ]
+    held = [c for c in context_lengths(train_len, longest) if c + block + 1 <= len(corpus.valid)]
+    contexts = [c for c in held if max_window is None or c + block <= max_window]
     if not contexts:
         return {}
-    starts = block_starts(len(corpus.valid), max(contexts), block, blocks)  # (K,)
+    # the starts leave room for the longest context the split holds, whatever this model can
+    # take: every run of a sweep scores the same targets (a learned table only drops contexts)
+    starts = block_starts(len(corpus.valid), max(held), block, blocks)  # (K,)
     valid = corpus.valid
     targets = np.asarray(valid[starts[:, None] + np.arange(1, block + 1)])  # (K, T)
     nbytes = int(corpus.token_bytes[targets].sum(dtype=np.int64))

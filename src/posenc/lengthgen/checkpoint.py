@@ -1,7 +1,7 @@
 """Moved to :mod:`posenc.runs.checkpoint` (``check_sweep_start`` to :mod:`posenc.runs.sweep`);
 the names stay importable from here, with a ``DeprecationWarning``, until 0.3."""
 
-from ..runs import checkpoint, sweep
+from ..runs import checkpoint, distributed, sweep
 from ..runs.moved import all_of, moved
 
 __getattr__ = moved(
@@ -23,5 +23,6 @@ __getattr__ = moved(
             ),
         ),
         "check_sweep_start": sweep,
+        "world": distributed,
     },
 )

@@ -29,7 +29,14 @@ __getattr__ = moved(
     __name__,
     all_of(
         shared,
-        ("check_encoding", "check_fields", "check_type", "config_from_dict", "transformer_for"),
+        (
+            "DECAYS",
+            "check_encoding",
+            "check_fields",
+            "check_type",
+            "config_from_dict",
+            "transformer_for",
+        ),
     ),
 )
 

@@ -37,8 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..runs import checkpoint, pool, trainer
+from ..runs import checkpoint, distributed, pool, trainer
 from ..runs import config as run_config
+from ..runs import sweep as run_sweep_module
 from ..runs.device import model_device, placement
 from ..runs.distributed import check_divisible, torch_threads, world
 from ..runs.moved import moved
@@ -74,7 +75,15 @@ __getattr__ = moved(
         "save_checkpoint": checkpoint,
         "DECAYS": trainer,
         "check_encoding": run_config,
+        "transformer_for": run_config,
         "slug": pool,
+        "run_all": pool,
+        "prepare_run_dir": checkpoint,
+        "write_json": checkpoint,
+        "optimizer_step": trainer,
+        "check_sweep_start": run_sweep_module,
+        "all_reduce_sum": distributed,
+        "global_mean": distributed,
     },
 )
 
