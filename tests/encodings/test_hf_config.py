@@ -44,6 +44,7 @@ from posenc.encodings.hf_config import (  # noqa: E402
     rotary_arguments_from_hf_config,
 )
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
+from tests.encodings.test_rope_census import NOT_SEQUENCE  # noqa: E402
 from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
 from tests.peers import parameters, require_internals  # noqa: E402
 
@@ -1547,50 +1548,10 @@ def test_every_model_type_tested_here_or_named_in_hf_config_is_a_checked_one() -
 # code defines a *RotaryEmbedding, are each checked (KNOWN_MODEL_TYPES), read as multimodal
 # RoPE (MROPE_MODEL_TYPES), or left out on purpose for one of the reasons below.
 
-#: Vision, video and audio towers (and image matching): RoPE over patch or frame coordinates
-#: (axial, 2-D or 3-D), not over one sequence position; their configs are refused (``axial``
-#: rope_type, no head size) or warned about.
-NOT_SEQUENCE_POSITIONS = frozenset(
-    {
-        "cohere_compass_vision",
-        "dots3_note_vision_encoder",
-        "edgetam_video",
-        "efficientloftr",
-        "eomt_dinov3",
-        "ernie4_5_vl_moe_vision",
-        "exaone4_5_vision",
-        "gemma4_vision",
-        "glm4v_moe_vision",
-        "glm4v_vision",
-        "glm5_next_vision",
-        "glm_ocr_vision",
-        "inkling2_vision",
-        "kimi_k25_vision",
-        "lfm3_vl_vision",
-        "llama4_vision_model",
-        "minimax_m3_vl_vision",
-        "mlcd_vision_model",
-        "muse_glimmer_vision",
-        "muse_spark_vision",
-        "musicflamingo",  # axial: window index and time within the window
-        "paddleocr_vl_vision",
-        "pixtral",
-        "qwen2_5_omni_vision_encoder",
-        "qwen2_5_vl_vision",
-        "qwen2_vl_vision",
-        "qwen3_5_moe_vision",
-        "qwen3_5_vision",
-        "qwen3_omni_moe_vision_encoder",
-        "qwen3_vl_moe_vision",
-        "qwen3_vl_vision",
-        "qwen4_exp_vision",
-        "sam2_video",
-        "sam3_tracker_video",
-        "sam3_vit_model",
-        "step3p5_vision",
-        "video_llama_3_vision",
-    }
-)
+#: Vision, video and audio towers and the like: RoPE over patch or frame coordinates, not over
+#: one sequence position (the census's list, ``test_rope_census.NOT_SEQUENCE``, with a reason
+#: each; its model types, not the config classes it names by class).
+NOT_SEQUENCE_POSITIONS = frozenset(name for name in NOT_SEQUENCE if name.islower())
 
 #: Read from the generic fields (with a warning), but a field hf_config does not read changes
 #: the rotation; hf_model_types.py names each.

@@ -101,9 +101,9 @@ def init_ntk_alpha(
     max_position_embeddings: int | None = None,
     seq_len: float | None = None,
 ) -> tuple[Tensor, float]:
-    # HunYuan's NTK-alpha: the base stretched once, base * alpha^(dim/(dim-2)), at any length
-    scaled_base = base * float(params["alpha"]) ** (dim / (dim - 2))
-    return default_inv_freq(dim, scaled_base), 1.0
+    # HunYuan's NTK-alpha: static NTK's stretch of the base, base * alpha^(dim/(dim-2)), with
+    # alpha in the place of factor
+    return init_ntk(dim, base, {"factor": params["alpha"]})
 
 
 def init_dynamic(
