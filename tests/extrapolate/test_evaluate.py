@@ -4,7 +4,6 @@ scaling, each equal to a computation by hand (one window at a time, float64 log-
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,28 +23,9 @@ from posenc.extrapolate.evaluate import (
     tail_scores,
     token_losses,
 )
+from tests.extrapolate.toys import toy_corpus
 
 V = 12
-
-
-def fake_corpus(valid: np.ndarray, token_bytes: np.ndarray) -> Corpus:
-    """A corpus over a given validation stream, with ``token_bytes[t]`` bytes per token."""
-    return Corpus(
-        name="toy",
-        sha256="0" * 64,
-        tokenizer="bpe:12",
-        vocab_size=V,
-        train=valid,  # type: ignore[arg-type]
-        valid=valid,  # type: ignore[arg-type]
-        train_bytes=int(token_bytes[valid].sum()),
-        valid_bytes=int(token_bytes[valid].sum()),
-        documents=1,
-        skipped=0,
-        chunk_bytes=1024,
-        valid_fraction=0.5,
-        path=Path("/nonexistent"),
-        token_bytes=token_bytes,
-    )
 
 
 def tiny_model(pe: str = "rope", **kwargs: Any) -> TransformerModel:
@@ -71,7 +51,7 @@ def toy() -> tuple[Corpus, np.ndarray]:
     rng = np.random.default_rng(3)
     valid = rng.integers(0, V, size=200).astype(np.uint16)
     token_bytes = rng.integers(1, 5, size=V)  # tokens of 1 to 4 bytes
-    return fake_corpus(valid, token_bytes), token_bytes
+    return toy_corpus(valid, token_bytes), token_bytes
 
 
 @pytest.mark.parametrize("length", [8, 16, 32])
