@@ -64,6 +64,8 @@ BAD_COMMANDS = [
     BadCommand(["bench", "--threads", "two"], "--threads", "two"),
     BadCommand(["bench", "--max-call-seconds", "-1"], "--max-call-seconds", "-1"),
     BadCommand(["bench", "--max-call-seconds", "nan"], "--max-call-seconds", "nan"),
+    BadCommand(["bench", "rope", "--device", "tpu"], "--device", "tpu"),
+    BadCommand(["bench", "table", "--device", "cuda"], "--device", "cuda"),
 ]
 
 
@@ -72,3 +74,15 @@ def test_bad_arguments_exit_2_with_one_line_naming_them(
     case: BadCommand, stubbed: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     check_command(case, capsys)
+
+
+def test_device_cuda_without_a_gpu_exits_2(
+    stubbed: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from tests.commands import assert_one_line_exit_2, run_main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = assert_one_line_exit_2(*run_main(["bench", "rope", "--device", "cuda"], capsys))
+    assert "--device cuda" in line and "no CUDA device" in line

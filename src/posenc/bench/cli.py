@@ -5,6 +5,7 @@ print the tables, and optionally write them (with PNG plots) as markdown.
     posenc bench rope encoder                      # some suites
     posenc bench --quick                           # tiny sizes: checks that it runs (CI)
     posenc bench --output benchmarks/RESULTS.md    # also write the tables and plots
+    posenc bench rope --device cuda                # RoPE on a GPU (CUDA-event timings)
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 
 from ..errors import PosencValueError
 from .suites import SUITES, run_suites, settings_for
+
+#: The suites that run on a GPU with ``--device cuda``.
+CUDA_SUITES = ("rope",)
 
 
 def add_subcommand(subparsers: Any) -> None:
@@ -37,6 +41,11 @@ def add_subcommand(subparsers: Any) -> None:
     p.add_argument("--output", default=None, help="write the tables here as markdown (.md)")
     p.add_argument("--repeats", default=None, help="timed calls per case (default 10)")
     p.add_argument("--threads", default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help=f"where to time: cpu (default) or cuda (suites: {', '.join(CUDA_SUITES)})",
+    )
     p.add_argument(
         "--max-call-seconds",
         default=None,
@@ -61,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen suites, print them, and write ``--output`` (markdown and PNGs)."""
     import torch
 
-    names = list(args.suites) or list(SUITES)
+    names = list(args.suites) or list(CUDA_SUITES if args.device == "cuda" else SUITES)
     for name in names:
         if name not in SUITES:
             raise PosencValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
@@ -71,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
             f"--output must be a markdown file ending in .md, got {args.output!r}"
         )
     threads = _positive("--threads", args.threads, int)
+    _check_device(args.device, names)
     settings = settings_for(
         args.quick,
+        device=args.device,
         repeats=_positive("--repeats", args.repeats, int),
         threads=threads,
         max_call_s=_positive("--max-call-seconds", args.max_call_seconds, float),
@@ -114,6 +125,24 @@ def run(args: argparse.Namespace) -> int:
         _write(output, header, sections, footer)
         print(f"\nwrote {output}")
     return 0
+
+
+def _check_device(device: str, names: list[str]) -> None:
+    """Raise unless ``--device`` is cpu, or cuda with a GPU present and only suites that run
+    there."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise PosencValueError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return
+    others = [name for name in names if name not in CUDA_SUITES]
+    if others:
+        raise PosencValueError(
+            f"--device cuda runs the suites {', '.join(CUDA_SUITES)} only, got {', '.join(others)}"
+        )
+    if not torch.cuda.is_available():
+        raise PosencValueError("--device cuda: torch sees no CUDA device on this machine")
 
 
 def _command_line() -> str:

@@ -40,10 +40,13 @@ class Case:
 
 
 def round_robin(
-    cases: Sequence[Case], *, warmup: int, repeats: int, grad: bool = False
+    cases: Sequence[Case], *, warmup: int, repeats: int, grad: bool = False, cuda: bool = False
 ) -> list[Timing]:
     """Time every case ``repeats`` times, one call of each per round, after ``warmup`` untimed
-    calls of each. Without ``grad`` everything runs under ``torch.inference_mode``.
+    calls of each. Without ``grad`` everything runs under ``torch.inference_mode``. With
+    ``cuda`` a call's time is the GPU's, between two CUDA events around it, the device
+    synchronised before it (nothing earlier queued) and after it (its kernels done):
+    ``perf_counter`` alone would time the launches, not the work.
 
     Each round takes the cases in a new (seeded) order, so that no case always runs right
     after the same neighbour: a call that follows one which just freed hundreds of MB runs
@@ -59,13 +62,26 @@ def round_robin(
         for _ in range(repeats):
             shuffler.shuffle(order)
             for i in order:
-                start = time.perf_counter()
-                cases[i].fn()
-                samples[i].append(time.perf_counter() - start)
+                samples[i].append(_timed(cases[i].fn, cuda))
     return [
         Timing(case.name, statistics.median(s), min(s), max(s), repeats)
         for case, s in zip(cases, samples, strict=True)
     ]
+
+
+def _timed(fn: Callable[[], object], cuda: bool) -> float:
+    """Seconds one call of ``fn`` takes (on the GPU, with ``cuda``)."""
+    if not cuda:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3  # (milliseconds)
 
 
 def fit_exponent(sizes: Sequence[float], costs: Sequence[float]) -> float | None:

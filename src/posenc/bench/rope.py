@@ -193,7 +193,12 @@ def huge_pages() -> str:
 
 
 def suite(s: Settings) -> Section:
-    """The rope section of ``posenc bench``: one table per shape, first calls, decode."""
+    """The rope section of ``posenc bench``: one table per shape, first calls, decode (on a
+    GPU with ``--device cuda``: :func:`~.rope_cuda.cuda_suite`)."""
+    if s.device == "cuda":
+        from .rope_cuda import cuda_suite
+
+        return cuda_suite(s)
     section = Section("rope", "RoPE applied to queries and keys")
     threads = s.threads or torch.get_num_threads()
     section.intro = [

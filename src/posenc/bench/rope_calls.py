@@ -72,12 +72,13 @@ def first_calls(shape: tuple[int, ...], threads: int) -> list[dict[str, object]]
 # --------------------------------------------------------------------------- decode
 
 
-def decode_cases() -> list[Case]:
+def decode_cases(device: str = "cpu", dtype: torch.dtype = torch.float32) -> list[Case]:
     """A decode step: posenc out of place and in place, transformers, and the clone floor."""
     torch.manual_seed(0)
-    q, k = torch.randn(DECODE_Q), torch.randn(DECODE_K)
-    position = torch.tensor([DECODE_POSITION])
-    rope = RotaryEmbedding(DECODE_Q[-1])
+    q = torch.randn(DECODE_Q, device=device, dtype=dtype)
+    k = torch.randn(DECODE_K, device=device, dtype=dtype)
+    position = torch.tensor([DECODE_POSITION], device=device)
+    rope = RotaryEmbedding(DECODE_Q[-1]).to(device)
     with torch.inference_mode():
         rope(q, k, position)  # builds the table
     cases = [
@@ -99,7 +100,7 @@ def decode_cases() -> list[Case]:
         num_key_value_heads=DECODE_K[1],
         max_position_embeddings=8192,
     )
-    llama = LlamaRotaryEmbedding(config)
+    llama = LlamaRotaryEmbedding(config).to(device)
     ids = position[None]
 
     def transformers_step() -> object:
@@ -133,11 +134,11 @@ def first_call_table(rows: list[dict[str, object]], shape: tuple[int, ...]) -> T
     return table
 
 
-def decode_table(cases: list[Case], timings: list[Timing]) -> Table:
+def decode_table(cases: list[Case], timings: list[Timing], dtype: str = "float32") -> Table:
     table = Table(
         ["implementation", "median µs", "range µs", "x clone", "x posenc time"],
         caption=f"Decode step: one new token at position {DECODE_POSITION}, q {DECODE_Q} and "
-        f"k {DECODE_K}, float32, half layout (`positions=torch.tensor([{DECODE_POSITION}])`; "
+        f"k {DECODE_K}, {dtype}, half layout (`positions=torch.tensor([{DECODE_POSITION}])`; "
         "transformers: its rotary module's forward and `apply_rotary_pos_emb`):",
     )
     floor = timings[0]

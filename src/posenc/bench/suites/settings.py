@@ -18,6 +18,9 @@ class Settings:
     # RoPE: the shapes of q and k (batch, heads, n, head dim), one table each
     rope: tuple[tuple[int, int, int, int], ...] = ((4, 16, 2048, 128), (1, 32, 4096, 128))
     rope_compile: bool = True  # RoPE: also time a module the user compiles (inductor)
+    # RoPE with --device cuda: the shapes of q and k on the GPU
+    rope_cuda: tuple[tuple[int, int, int, int], ...] = ((4, 32, 4096, 128), (1, 32, 16384, 128))
+    device: str = "cpu"  # where the suites that take --device run (rope)
     attn_dim: int = 128  # bias attention: width ...
     attn_heads: int = 2  # ... and heads (head dim 64)
     bias_sizes: tuple[int, ...] = (512, 1024, 2048)
@@ -45,6 +48,7 @@ QUICK = Settings(
     add=(2, 32, 32),
     rope=((1, 2, 16, 8),),
     rope_compile=False,
+    rope_cuda=((1, 2, 16, 8),),
     attn_dim=32,
     attn_heads=2,
     bias_sizes=(32, 64),

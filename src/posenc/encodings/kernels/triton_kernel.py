@@ -55,141 +55,129 @@ __all__ = ["DTYPES", "rotate_pair_triton", "rotate_triton", "takes"]
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Leading dims (all but the channels) the kernel takes.
 MAX_LEAD = 3
-#: Elements of one tensor tile ``(BLOCK_N, r/2)`` a program turns at a time.
-TILE_ELEMENTS = 4096
+#: Pairs of one tile ``(BLOCK_N, r/2)`` a program turns at a time: compiled for sm_90, a
+#: 1024-pair tile takes 48-64 registers a thread with 4 warps (float32 and bfloat16, both
+#: layouts, no spills), leaving room for 32 warps per SM to hide memory latency; 2048 take
+#: 80-127 and 4096 up to 255.
+TILE_ELEMENTS = 1024
+#: Warps of a full tile (fewer for a smaller one, e.g. a decode step's single row).
+NUM_WARPS = 4
 #: Heads a program turns with the same table rows (the table is loaded once for them).
 HEADS_PER_PROGRAM = 4
 
 
+# fmt: off
+# (the kernel's long argument lists, one line per group of strides)
+
+
 @triton.jit
-def _rotary_kernel(
-    Q,
-    OQ,
-    K,
-    OK,
-    COS,
-    SIN,
-    POS,
-    HQ,
-    HK,
-    N,
-    HALF,
-    REST,
-    ROWS,
-    q_sb,
-    q_sh,
-    q_sn,
-    q_sd,
-    oq_sb,
-    oq_sh,
-    oq_sn,
-    oq_sd,
-    k_sb,
-    k_sh,
-    k_sn,
-    k_sd,
-    ok_sb,
-    ok_sh,
-    ok_sn,
-    ok_sd,
-    c_sb,
-    c_sh,
-    c_sn,
-    c_sd,
-    s_sb,
-    s_sh,
-    s_sn,
-    s_sd,
-    p_sb,
-    p_sh,
-    p_sn,
-    GROUPS_Q,
-    SIGN: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    HAS_POS: tl.constexpr,
-    TABLE_PER_HEAD: tl.constexpr,
-    COPY_REST: tl.constexpr,
-    HEADS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_REST: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_b = tl.program_id(1).to(tl.int64)
-    pid_h = tl.program_id(2)
-    # which tensor this program turns (q: the first GROUPS_Q groups of heads), and its heads
-    if pid_h < GROUPS_Q:
-        X, O, H, h0 = Q, OQ, HQ, pid_h * HEADS
-        x_sb, x_sh, x_sn, x_sd = q_sb, q_sh, q_sn, q_sd
-        o_sb, o_sh, o_sn, o_sd = oq_sb, oq_sh, oq_sn, oq_sd
+def _table(COS, SIN, POS, b, h, rows, row_ok, mask, jt, ROWS, c_sb, c_sh, c_sn, c_sd,
+           s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN: tl.constexpr, HAS_POS: tl.constexpr):
+    """cos and sin ``(BLOCK_N, BLOCK_HALF)`` in float32 for rows ``rows`` of batch ``b``,
+    head ``h``: read where the positions say (a row outside the table is NaN, never another
+    row), or walked as ``expand`` would view broadcast tables."""
+    if HAS_POS:
+        p = tl.load(POS + b * p_sb + h * p_sh + rows * p_sn, mask=row_ok, other=0).to(tl.int64)
+        valid = (p >= 0) & (p < ROWS)
+        c_at = p * c_sn
+        s_at = p * s_sn
     else:
-        X, O, H, h0 = K, OK, HK, (pid_h - GROUPS_Q) * HEADS
-        x_sb, x_sh, x_sn, x_sd = k_sb, k_sh, k_sn, k_sd
-        o_sb, o_sh, o_sn, o_sd = ok_sb, ok_sh, ok_sn, ok_sd
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) positions along n
-    j = tl.arange(0, BLOCK_HALF)  # (BLOCK_HALF,) pairs
-    row_ok = rows < N
-    mask = row_ok[:, None] & (j < HALF)[None, :]  # (BLOCK_N, BLOCK_HALF)
-    rows64 = rows.to(tl.int64)
-    if INTERLEAVED:  # channels of the pair (x1, x2)
-        j1 = 2 * j
-        j2 = 2 * j + 1
-    else:
-        j1 = j
-        j2 = j + HALF
-    j1 = j1.to(tl.int64)
-    j2 = j2.to(tl.int64)
-    jt = j.to(tl.int64)
-    if not TABLE_PER_HEAD:  # one table tile for every head of the program
-        if HAS_POS:  # rows of a whole table, read where the positions say
-            p = tl.load(POS + pid_b * p_sb + rows64 * p_sn, mask=row_ok, other=0).to(tl.int64)
-            valid = (p >= 0) & (p < ROWS)
-            c_at = p * c_sn
-            s_at = p * s_sn
-        else:  # tables broadcast against x: walked as expand would view them
-            valid = row_ok
-            c_at = pid_b * c_sb + rows64 * c_sn
-            s_at = pid_b * s_sb + rows64 * s_sn
-        m = mask & valid[:, None]
-        cos = tl.load(COS + c_at[:, None] + jt[None, :] * c_sd, mask=m, other=float("nan"))
-        sin = tl.load(SIN + s_at[:, None] + jt[None, :] * s_sd, mask=m, other=float("nan"))
-        cos = cos.to(tl.float32)
-        sin = sin.to(tl.float32) * SIGN
+        valid = row_ok
+        c_at = b * c_sb + h * c_sh + rows * c_sn
+        s_at = b * s_sb + h * s_sh + rows * s_sn
+    m = mask & valid[:, None]
+    cos = tl.load(COS + c_at[:, None] + jt[None, :] * c_sd, mask=m, other=float("nan"))
+    sin = tl.load(SIN + s_at[:, None] + jt[None, :] * s_sd, mask=m, other=float("nan"))
+    return cos.to(tl.float32), sin.to(tl.float32) * SIGN
+
+
+@triton.jit
+def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
+           x_sb, x_sh, x_sn, x_sd, o_sb, o_sh, o_sn, o_sd,
+           COS, SIN, POS, ROWS, c_sb, c_sh, c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn,
+           SIGN: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr,
+           TABLE_PER_HEAD: tl.constexpr, COPY_REST: tl.constexpr, HEADS: tl.constexpr,
+           BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr):
+    """Turn heads ``h0 .. h0 + HEADS - 1`` (those below ``H``) of ``X`` into ``O``, rows
+    ``rows`` of batch ``b``, by ``cos``/``sin`` (or each head's own table rows)."""
     for i in tl.static_range(HEADS):
-        h64 = (h0 + i).to(tl.int64)
+        h = (h0 + i).to(tl.int64)
         head_ok = h0 + i < H
         if TABLE_PER_HEAD:  # tables (or positions) that differ from head to head
-            if HAS_POS:
-                p = tl.load(
-                    POS + pid_b * p_sb + h64 * p_sh + rows64 * p_sn, mask=row_ok, other=0
-                ).to(tl.int64)
-                valid = (p >= 0) & (p < ROWS)
-                c_at = p * c_sn
-                s_at = p * s_sn
-            else:
-                valid = row_ok
-                c_at = pid_b * c_sb + h64 * c_sh + rows64 * c_sn
-                s_at = pid_b * s_sb + h64 * s_sh + rows64 * s_sn
-            m = mask & valid[:, None]
-            cos = tl.load(COS + c_at[:, None] + jt[None, :] * c_sd, mask=m, other=float("nan"))
-            sin = tl.load(SIN + s_at[:, None] + jt[None, :] * s_sd, mask=m, other=float("nan"))
-            cos = cos.to(tl.float32)
-            sin = sin.to(tl.float32) * SIGN
-        x_row = X + pid_b * x_sb + h64 * x_sh + rows64[:, None] * x_sn  # (BLOCK_N, 1)
-        o_row = O + pid_b * o_sb + h64 * o_sh + rows64[:, None] * o_sn
-        xm = mask & head_ok
-        x1 = tl.load(x_row + j1[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + j2[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
-        tl.store(o_row + j1[None, :] * o_sd, y1.to(O.dtype.element_ty), mask=xm)
-        tl.store(o_row + j2[None, :] * o_sd, y2.to(O.dtype.element_ty), mask=xm)
+            cos, sin = _table(COS, SIN, POS, b, h, rows, row_ok, mask, jt, ROWS, c_sb, c_sh,
+                              c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN, HAS_POS)
+        x_row = X + b * x_sb + h * x_sh + rows[:, None] * x_sn  # (BLOCK_N, 1)
+        o_row = O + b * o_sb + h * o_sh + rows[:, None] * o_sn
+        if INTERLEAVED:  # whole rows read and written in order, the pairs split in registers
+            c = tl.arange(0, 2 * BLOCK_HALF).to(tl.int64)
+            xm = (row_ok & head_ok)[:, None] & (c < 2 * HALF)[None, :]  # (BLOCK_N, 2 BLOCK_HALF)
+            x = tl.load(x_row + c[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
+            x1, x2 = tl.split(tl.reshape(x, (BLOCK_N, BLOCK_HALF, 2)))
+            y1 = x1 * cos - x2 * sin  # eq. 34, in float32; one rounding on the store
+            y2 = x2 * cos + x1 * sin
+            y = tl.reshape(tl.join(y1, y2), (BLOCK_N, 2 * BLOCK_HALF))
+            tl.store(o_row + c[None, :] * o_sd, y.to(O.dtype.element_ty), mask=xm)
+        else:  # the halves x[:r/2] and x[r/2:r]
+            xm = mask & head_ok
+            x1 = tl.load(x_row + jt[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
+            x2 = tl.load(x_row + (jt + HALF)[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
+            y1 = x1 * cos - x2 * sin
+            y2 = x2 * cos + x1 * sin
+            tl.store(o_row + jt[None, :] * o_sd, y1.to(O.dtype.element_ty), mask=xm)
+            tl.store(o_row + (jt + HALF)[None, :] * o_sd, y2.to(O.dtype.element_ty), mask=xm)
         if COPY_REST:  # out of place: channels r .. d - 1 pass through
             c = tl.arange(0, BLOCK_REST)
             rest = (row_ok & head_ok)[:, None] & (c < REST)[None, :]
             c64 = (c + 2 * HALF).to(tl.int64)
             kept = tl.load(x_row + c64[None, :] * x_sd, mask=rest)
             tl.store(o_row + c64[None, :] * o_sd, kept, mask=rest)
+
+
+@triton.jit
+def _rotary_kernel(
+    Q, OQ, K, OK, COS, SIN, POS,
+    HQ, HK, N, HALF, REST, ROWS,
+    q_sb, q_sh, q_sn, q_sd, oq_sb, oq_sh, oq_sn, oq_sd,
+    k_sb, k_sh, k_sn, k_sd, ok_sb, ok_sh, ok_sn, ok_sd,
+    c_sb, c_sh, c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn,
+    GROUPS_Q,
+    SIGN: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr,
+    TABLE_PER_HEAD: tl.constexpr, COPY_REST: tl.constexpr, HEADS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
+):
+    """Program ``(i, b, g)``: rows ``i * BLOCK_N ...`` of batch ``b``, heads ``g * HEADS ...``
+    of q (the first ``GROUPS_Q`` groups) or of k (the rest)."""
+    b = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) along n
+    j = tl.arange(0, BLOCK_HALF)  # (BLOCK_HALF,) pairs
+    row_ok = rows < N
+    mask = row_ok[:, None] & (j < HALF)[None, :]  # (BLOCK_N, BLOCK_HALF)
+    rows = rows.to(tl.int64)
+    jt = j.to(tl.int64)
+    if TABLE_PER_HEAD:  # each head reads its own rows (in _heads)
+        cos = tl.zeros((BLOCK_N, BLOCK_HALF), tl.float32)
+        sin = cos
+    else:  # one table tile for every head of the program, q's and k's alike
+        cos, sin = _table(COS, SIN, POS, b, 0, rows, row_ok, mask, jt, ROWS, c_sb, c_sh, c_sn,
+                          c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN, HAS_POS)
+    # q and k in separate calls, so that no variable holds a value of both (Triton may
+    # specialise one's stride to a constant and not the other's)
+    if g < GROUPS_Q:
+        _heads(Q, OQ, g * HEADS, HQ, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
+               q_sb, q_sh, q_sn, q_sd, oq_sb, oq_sh, oq_sn, oq_sd,
+               COS, SIN, POS, ROWS, c_sb, c_sh, c_sn, c_sd, s_sb, s_sh, s_sn, s_sd,
+               p_sb, p_sh, p_sn, SIGN, INTERLEAVED, HAS_POS, TABLE_PER_HEAD, COPY_REST, HEADS,
+               BLOCK_N, BLOCK_HALF, BLOCK_REST)
+    else:
+        _heads(K, OK, (g - GROUPS_Q) * HEADS, HK, b, rows, row_ok, mask, jt, cos, sin,
+               HALF, REST, k_sb, k_sh, k_sn, k_sd, ok_sb, ok_sh, ok_sn, ok_sd,
+               COS, SIN, POS, ROWS, c_sb, c_sh, c_sn, c_sd, s_sb, s_sh, s_sn, s_sd,
+               p_sb, p_sh, p_sn, SIGN, INTERLEAVED, HAS_POS, TABLE_PER_HEAD, COPY_REST, HEADS,
+               BLOCK_N, BLOCK_HALF, BLOCK_REST)
+
+
+# fmt: on
 
 
 def takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
@@ -334,6 +322,7 @@ def _launch(
     # (where one of q, k turns in place, it copies its own channels onto themselves)
     copy_rest = r < d and not (out_q is q and out_k is k)
     grid = (triton.cdiv(n, block_n), bq, groups)
+    warps = max(1, min(NUM_WARPS, block_n * block_half // 256))
     _rotary_kernel[grid](
         q,
         out_q,
@@ -365,6 +354,7 @@ def _launch(
         BLOCK_N=block_n,
         BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(max(d - r, 1)),
+        num_warps=warps,
     )
 
 
