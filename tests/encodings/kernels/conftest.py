@@ -1,6 +1,7 @@
-"""``interpreted_triton.py`` runs where its kernel can: in the subprocess that
-``test_triton_kernel.py`` starts with ``TRITON_INTERPRET=1``, or on a CUDA machine. Elsewhere
-the suite's own run (``--doctest-modules`` imports every file) leaves it out."""
+"""``interpreted_triton.py`` and ``interpreted_modules.py`` run where the Triton kernel can: in
+the subprocess that ``test_triton_kernel.py`` starts with ``TRITON_INTERPRET=1``, or on a CUDA
+machine. Elsewhere the suite's own run (``--doctest-modules`` imports every file) leaves them
+out."""
 
 from __future__ import annotations
 
@@ -11,5 +12,5 @@ import torch
 collect_ignore = (
     []
     if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-    else ["interpreted_triton.py"]
+    else ["interpreted_triton.py", "interpreted_modules.py"]
 )
