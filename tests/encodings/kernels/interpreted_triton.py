@@ -213,5 +213,7 @@ def test_bad_arguments_are_named() -> None:
         rotate_triton(q, cos, torch.ones(3, 1, device=DEVICE))
     with pytest.raises(PosencTypeError, match="int64 or int32"):
         rotate_triton(q, cos, cos, positions=torch.zeros(3, device=DEVICE))
+    with pytest.raises(PosencValueError, match="1 to 4 dims"):
+        rotate_triton(q[None], cos, cos)
     with pytest.raises(PosencValueError, match="out must match"):
         rotate_triton(q, cos, cos, out=q[0])

@@ -26,8 +26,8 @@ Peers read (not copied): flash-attention's ``flash_attn/ops/triton/rotary.py`` (
 float32 in registers, the backward conjugated), Liger Kernel's RoPE (all heads of a row per
 program), vLLM's in-place kernel over a cos/sin cache indexed by positions.
 
-Triton is imported with this module, which nothing imports until a kernel is asked for it:
-``import posenc`` and the CLI never import triton. Under ``TRITON_INTERPRET=1`` (set before
+Triton is imported with this module, which only :mod:`.triton_entry` imports, on the first
+rotation it runs: ``import posenc`` and the CLI never import triton. Under ``TRITON_INTERPRET=1`` (set before
 this module is imported) the kernel runs in Triton's interpreter on CPU tensors, which is how
 the tests check it without a GPU.
 
@@ -49,12 +49,8 @@ from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
 
-__all__ = ["DTYPES", "rotate_pair_triton", "rotate_triton", "takes"]
+__all__ = ["rotate_pair_triton", "rotate_triton"]
 
-#: The dtypes the kernel rotates (float32 arithmetic, one rounding to the output dtype).
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: Leading dims (all but the channels) the kernel takes.
-MAX_LEAD = 3
 #: Pairs of one tile ``(BLOCK_N, r/2)`` a program turns at a time: compiled for sm_90, a
 #: 1024-pair tile takes 48-64 registers a thread with 4 warps (float32 and bfloat16, both
 #: layouts, no spills), leaving room for 32 warps per SM to hide memory latency; 2048 take
@@ -180,27 +176,6 @@ def _rotary_kernel(
 # fmt: on
 
 
-def takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    """Whether the kernel can turn ``x`` with these tables: a bfloat16, float16 or float32
-    tensor with at most :data:`MAX_LEAD` leading dims, on CUDA (or on the CPU under Triton's
-    interpreter), and float32 tables on its device."""
-    return (
-        x.dtype in DTYPES
-        and 1 <= x.dim() <= MAX_LEAD + 1
-        and (x.is_cuda or (x.is_cpu and _interpreting()))
-        and cos.dtype is torch.float32
-        and sin.dtype is torch.float32
-        and cos.device == x.device
-        and sin.device == x.device
-    )
-
-
-def _interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1`` when this module
-    was imported): it takes CPU tensors."""
-    return bool(triton.knobs.runtime.interpret)
-
-
 def _lead4(t: Tensor) -> tuple[int, int, int, int]:
     """Strides of ``t``'s dims as the kernel's ``(B, H, N, channels)``: leading dims padded
     on the left with stride 0 (size 1), a size-1 dim given stride 0 (broadcast)."""
@@ -286,6 +261,9 @@ def _launch(
     clockwise: bool,
     checked: bool,
 ) -> None:
+    for name, t in (("q", q), ("k", k)):
+        if t is not None and not 1 <= t.dim() <= 4:
+            raise PosencValueError(f"{name} must have 1 to 4 dims, got shape {tuple(t.shape)}")
     half = cos.shape[-1]
     r, d = 2 * half, q.shape[-1]
     bq, hq, n, _ = _shape4(q)
@@ -383,8 +361,8 @@ def rotate_triton(
     """Turn ``x`` by eq. 34 with one launch and return the result (``out``).
 
     Args:
-        x: ``(..., n, d)``, at most :data:`MAX_LEAD` leading dims, bfloat16/float16/float32,
-            any strides.
+        x: ``(..., n, d)``, at most three leading dims, bfloat16/float16/float32, any
+            strides (what :func:`~.triton_entry.takes` checks).
         cos, sin: float32. Without ``positions``: ``(..., n, r/2)`` broadcasting against
             ``x.shape[:-1]`` (e.g. ``(n, r/2)``, ``(b, 1, n, r/2)``, ``(n, 1, r/2)`` for a
             heads-last ``(b, n, h, d)``). With ``positions``: whole ``(rows, r/2)`` tables.

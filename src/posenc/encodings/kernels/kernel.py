@@ -1,0 +1,64 @@
+"""What every rotation kernel offers (RoFormer eq. 34 on plain tensors), so that the selector
+can hand any of them to the code that rotates:
+
+* ``takes(x, pair, tables)``: whether it can rotate ``x`` (and ``pair``) with these tables
+  (dtype, device, layout; ``tables`` ``None`` for a rotary module's own float32 tables);
+* ``rotate(x, out, cos, sin, interleaved)``: one tensor, into ``out`` (``x`` itself for in
+  place, or a fresh contiguous tensor of its shape), ``cos``/``sin`` broadcasting against
+  ``x.shape[:-1]``; channels past ``r = 2 * cos.shape[-1]`` pass through;
+* ``rotate_pair(q, k, cos, sin, interleaved, inplace, first_row)``: ``q`` and ``k`` by the
+  same table rows in one go, or ``None`` where the data rule it out (the caller then rotates
+  each with ``rotate``, whose checks explain what is wrong). With ``first_row``, ``cos`` and
+  ``sin`` are whole ``(positions, r/2)`` tables and the rows ``first_row, first_row + 1, ...``
+  turn ``q``'s and ``k``'s rows ``0, 1, ...``.
+
+Three implement it: the C kernel (``native``, CPU), the blocked pure-torch path (``torch``,
+anything) and Triton (``triton``, CUDA). :mod:`.select` holds them and chooses; nothing else
+names one.
+
+Dimension legend: ``n`` sequence, ``r`` rotary channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+Tables = tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of the rotation; see this module's docstring."""
+
+    name: str
+    takes: Callable[[Tensor, Tensor | None, Tables | None], bool]
+    rotate: Callable[[Tensor, Tensor, Tensor, Tensor, bool], None]
+    rotate_pair: Callable[
+        [Tensor, Tensor, Tensor, Tensor, bool, bool, int | None], tuple[Tensor, Tensor] | None
+    ]
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r})"
+
+
+def pair_refused(q: Tensor, k: Tensor, cos: Tensor, inplace: bool) -> bool:
+    """Whether a kernel's ``rotate_pair`` must leave ``q`` and ``k`` to one rotation each: a
+    different dtype, an empty tensor, a partial rotation, or an in-place rotation that
+    :func:`~.rotate.check_inplace` must explain (an inference tensor outside inference mode,
+    ``q`` and ``k`` at the same memory, elements sharing memory)."""
+    if k.dtype is not q.dtype or not q.numel() or not k.numel():
+        return True
+    if 2 * cos.shape[-1] != q.shape[-1]:
+        return True
+    if not inplace:
+        return False
+    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+        return True
+    return q.data_ptr() == k.data_ptr() or 1 in (
+        torch._debug_has_internal_overlap(q),
+        torch._debug_has_internal_overlap(k),
+    )

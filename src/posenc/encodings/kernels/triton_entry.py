@@ -1,0 +1,87 @@
+"""The Triton kernel (:mod:`.triton_kernel`) behind the kernel interface (:mod:`.kernel`):
+``takes`` answers without importing triton; ``rotate`` and ``rotate_pair`` import it on
+their first call, so ``import posenc`` and the CLI never do.
+
+It takes bfloat16, float16 and float32 tensors with at most three leading dims on CUDA (on
+the CPU too while Triton's interpreter runs, ``TRITON_INTERPRET=1``), with float32 tables on
+the same device, where triton is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+
+from .kernel import Kernel, Tables, pair_refused
+
+#: The dtypes the kernel rotates (float32 arithmetic, one rounding to the output dtype).
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The most dims (leading dims and the channels) of a tensor it takes.
+MAX_DIMS = 4
+
+
+@functools.cache
+def installed() -> bool:
+    """Whether triton can be imported (looked up once, without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels (``TRITON_INTERPRET=1``), which takes CPU
+    tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _tensor_ok(x: Tensor) -> bool:
+    return (
+        x.dtype in DTYPES
+        and 1 <= x.dim() <= MAX_DIMS
+        and (x.is_cuda or (x.is_cpu and interpreting()))
+    )
+
+
+def takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool:
+    """Whether the Triton kernel can rotate ``x`` (and ``pair``) with ``tables``."""
+    if not (_tensor_ok(x) and installed()):
+        return False
+    if pair is not None and not (_tensor_ok(pair) and pair.device == x.device):
+        return False
+    return tables is None or all(
+        t.dtype is torch.float32 and t.device == x.device and t.dim() <= MAX_DIMS for t in tables
+    )
+
+
+def rotate(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """One launch: ``x`` into ``out`` (``x`` itself, or a fresh tensor)."""
+    from .triton_kernel import rotate_triton
+
+    if x.numel():
+        rotate_triton(x, cos, sin, out=out, interleaved=interleaved)
+
+
+def rotate_pair(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+    inplace: bool,
+    first_row: int | None = None,
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` in one launch (``None`` where :func:`~.kernel.pair_refused`)."""
+    if pair_refused(q, k, cos, inplace):
+        return None
+    from .triton_kernel import rotate_pair_triton
+
+    if first_row is not None:  # rows of the whole tables, as views
+        n = q.shape[-2]
+        cos, sin = cos[first_row : first_row + n], sin[first_row : first_row + n]
+    outs = {"out_q": q, "out_k": k} if inplace else {}
+    return rotate_pair_triton(q, k, cos, sin, interleaved=interleaved, **outs)
+
+
+TRITON = Kernel("triton", takes, rotate, rotate_pair)
