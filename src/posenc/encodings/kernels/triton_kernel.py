@@ -27,9 +27,9 @@ float32 in registers, the backward conjugated), Liger Kernel's RoPE (all heads o
 program), vLLM's in-place kernel over a cos/sin cache indexed by positions.
 
 Triton is imported with this module, which only :mod:`.triton_entry` imports, on the first
-rotation it runs: ``import posenc`` and the CLI never import triton. Under ``TRITON_INTERPRET=1`` (set before
-this module is imported) the kernel runs in Triton's interpreter on CPU tensors, which is how
-the tests check it without a GPU.
+rotation it runs: ``import posenc`` and the CLI never import triton. Under
+``TRITON_INTERPRET=1`` (set before this module is imported) the kernel runs in Triton's
+interpreter on CPU tensors, which is how the tests check it without a GPU.
 
 An out-of-range position never reads a wrong row: :func:`rotate_triton` checks positions
 against the table (one read of their extent) unless the caller says it knows their bounds
