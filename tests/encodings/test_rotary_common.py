@@ -8,8 +8,22 @@ import torch
 from torch.testing import assert_close
 
 from posenc import PosencTypeError, PosencValueError, apply_rotary
+from posenc.encodings import rotate_kernel
 from posenc.encodings.rotary_common import check_qk, check_rotary_dim, rotate_qk
-from posenc.encodings.rotate_select import Path
+from posenc.encodings.rotate_select import KERNELS, Mode, Plan
+
+#: Every plan the caller may hand in: each kernel eagerly (native where it is built), under
+#: autograd, and the formula.
+PLANS = [
+    Plan(mode, KERNELS[name] if name else None, mode.eager)
+    for mode, name in (
+        (Mode.EAGER, "native"),
+        (Mode.EAGER, "torch"),
+        (Mode.FUNCTION, "torch"),
+        (Mode.TRACED, None),
+    )
+    if name != "native" or rotate_kernel._native is not None
+]
 
 
 def _tables(n: int = 5, half: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,13 +50,13 @@ def test_check_rotary_dim_names_the_argument() -> None:
         check_rotary_dim(9, None)
 
 
-@pytest.mark.parametrize("path", [None, Path.NATIVE, Path.TORCH, Path.FUNCTION, Path.TRACED])
+@pytest.mark.parametrize("plan", [None, *PLANS], ids=repr)
 @pytest.mark.parametrize("inplace", [False, True])
-def test_rotate_qk_gives_the_formula_on_every_path(path: Path | None, inplace: bool) -> None:
-    """Whichever path the caller selected (or none), q and k get apply_rotary's values."""
+def test_rotate_qk_gives_the_formula_on_every_plan(plan: Plan | None, inplace: bool) -> None:
+    """Whichever plan the caller selected (or none), q and k get apply_rotary's values."""
     q, k, tables = torch.randn(2, 3, 5, 8), torch.randn(2, 1, 5, 8), _tables()
     want = apply_rotary(q, *tables), apply_rotary(k, *tables)
-    got = rotate_qk(q.clone(), k.clone(), tables, tables, False, inplace, path)
+    got = rotate_qk(q.clone(), k.clone(), tables, tables, False, inplace, plan)
     for g, w in zip(got, want, strict=True):
         assert_close(g, w, rtol=1e-6, atol=1e-6)
 

@@ -238,7 +238,7 @@ def _lane_row(rope: RotaryEmbedding, positions: torch.Tensor | None, n: int) -> 
         return None
     if positions is None:
         extent = (0, n - 1, True)
-    return rope._tables.first_row(extent, n) if rope._decode_lane else None
+    return rope._tables.first_row(extent, n, torch.device("cpu")) if rope._decode_lane else None
 
 
 @pytest.mark.parametrize(
@@ -300,7 +300,7 @@ def test_the_decode_lane_equals_the_full_path_bit_for_bit(
     per_batch = torch.arange(q.shape[2]).expand(2, -1) if pos is None else pos.expand(2, -1)
     n = q.shape[2]
     extent = (0, n - 1, True) if pos is None else read_positions(pos, n, 1, "cpu", True)[1]
-    assert rope._tables.first_row(extent, n) is not None  # the decode lane takes it
+    assert rope._tables.first_row(extent, n, torch.device("cpu")) is not None  # the lane takes it
     want_q, want_k = rope(q, k, per_batch)
     got_q, got_k = rope(q, k, pos, inplace=inplace)
     assert (got_q is q) == inplace and (got_k is k) == inplace
@@ -356,7 +356,7 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     """Without autograd, a compiled in-place rotation calls the fast path on q's and k's own
     storage (the ``posenc::rotary_`` operator), not a fresh tensor copied back: values equal
     the eager in-place rotation and the tensors keep their memory."""
-    from posenc.encodings import rotate_kernel
+    from posenc.encodings import rotate_ops
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -365,13 +365,13 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     want = rope(q.clone(), k.clone(), positions)
     calls = []
-    fast = rotate_kernel._rotate_fast
+    fast = rotate_ops.rotate_with
 
-    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+    def counted(kernel: object, x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append((x.data_ptr(), out.data_ptr()))
-        fast(x, out, *args)
+        fast(kernel, x, out, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(rotate_kernel, "_rotate_fast", counted)
+    monkeypatch.setattr(rotate_ops, "rotate_with", counted)
     pointers = (q.data_ptr(), k.data_ptr())
     with torch.no_grad():
         got = compiled(q, k, positions)
@@ -390,7 +390,7 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     """Where the native kernel is built, a compiled out-of-place rotation is the
     ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
     eager's, and the backward is the same operator turning the gradient back."""
-    from posenc.encodings import rotate_kernel
+    from posenc.encodings import rotate_kernel, rotate_ops
 
     if rotate_kernel._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
@@ -400,13 +400,13 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     compiled = torch.compile(lambda q, k, p: rope(q, k, p), fullgraph=True)
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     calls = []
-    fast = rotate_kernel._rotate_fast
+    fast = rotate_ops.rotate_with
 
-    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+    def counted(kernel: object, x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append(x.shape)
-        fast(x, out, *args)
+        fast(kernel, x, out, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(rotate_kernel, "_rotate_fast", counted)
+    monkeypatch.setattr(rotate_ops, "rotate_with", counted)
     grads = []
     for run in (rope, compiled):
         calls.clear()

@@ -37,10 +37,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..encodings import rotate
 from ..encodings.rotary import RotaryEmbedding
+from ..encodings.rotate_select import select
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
-from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table, first_call_table, first_calls
+from .rope_calls import (
+    FORWARD,
+    IN_PLACE,
+    decode_cases,
+    decode_table,
+    first_call_table,
+    first_calls,
+    forced_kernel,
+)
 from .timing import Timing, copy_floor
 
 if TYPE_CHECKING:
@@ -126,7 +134,8 @@ def rope_cases(
             rope(q, k)  # builds the table
         cases.append((FORWARD, layout, lambda rope=rope: rope(q, k)))
         cases.append((IN_PLACE, layout, lambda rope=rope: rope(q, k, inplace=True)))
-        if rotate._native is not None:  # what the same calls cost without the native kernel
+        kernel = select(q, inplace=False, pair=k).kernel
+        if kernel is not None and kernel.name == "native":  # the same calls without it
             cases += _torch_path_rows(rope, q, k, layout)
         if compile:
             for name, inplace in ((COMPILED, False), (COMPILED_IN_PLACE, True)):
@@ -143,24 +152,17 @@ def rope_cases(
 def _torch_path_rows(
     rope: RotaryEmbedding, q: Tensor, k: Tensor, layout: str
 ) -> list[tuple[str, str, Callable[[], object]]]:
-    """The module's rotation on the pure-torch path (the fallback where the native kernel is
-    not built), out of place and in place, with the module's own tables: what the native
-    kernel is measured against."""
-    cos, sin = rope.cos_sin(None, q.shape[-2], dtype=torch.float32)
-    interleaved = layout == "interleaved"
+    """The module's forward on the pure-torch path (``POSENC_ROTARY_KERNEL=torch``, the
+    fallback where the native kernel is not built), out of place and in place: what the
+    native kernel is measured against."""
 
     def new() -> object:
-        outs = []
-        for x in (q, k):
-            out = torch.empty_like(x)
-            rotate._rotate_torch(x, out, cos, sin, interleaved)
-            outs.append(out)
-        return outs
+        with forced_kernel("torch"):
+            return rope(q, k)
 
     def in_place() -> object:
-        for x in (q, k):
-            rotate._rotate_torch(x, x, cos, sin, interleaved)
-        return q, k
+        with forced_kernel("torch"):
+            return rope(q, k, inplace=True)
 
     return [(TORCH_PATH, layout, new), (TORCH_PATH_IN_PLACE, layout, in_place)]
 

@@ -6,8 +6,11 @@ far position with grouped-query heads, posenc against transformers and the clone
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -19,6 +22,20 @@ from .timing import Timing, copy_floor
 DECODE_Q, DECODE_K, DECODE_POSITION = (8, 32, 1, 128), (8, 8, 1, 128), 4095
 #: Names of the posenc rows, as the tables show them.
 FORWARD, IN_PLACE = "posenc RotaryEmbedding", "posenc RotaryEmbedding, in place"
+
+
+@contextmanager
+def forced_kernel(name: str) -> Iterator[None]:
+    """``POSENC_ROTARY_KERNEL=name`` for the calls inside (read on every eager call)."""
+    before = os.environ.get("POSENC_ROTARY_KERNEL")
+    os.environ["POSENC_ROTARY_KERNEL"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["POSENC_ROTARY_KERNEL"]
+        else:
+            os.environ["POSENC_ROTARY_KERNEL"] = before
 
 
 _FIRST_CALL = """

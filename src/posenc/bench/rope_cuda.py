@@ -22,10 +22,8 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +31,7 @@ from torch import Tensor, nn
 
 from ..encodings.rotary import RotaryEmbedding
 from .harness import Case, Section, Table, ms, ratio, round_robin
-from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table
+from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table, forced_kernel
 from .timing import Timing, copy_floor
 
 if TYPE_CHECKING:
@@ -45,20 +43,6 @@ COMPILED, COMPILED_IN_PLACE = "posenc compiled", "posenc compiled, in place"
 PEER, PEER_COMPILED = "transformers apply_rotary_pos_emb", "transformers, compiled"
 #: The goals of issue 36 as "x floor" bounds per row (half layout).
 GOALS = {FORWARD: 1.2, IN_PLACE: 1.0}
-
-
-@contextmanager
-def _kernel(name: str) -> Iterator[None]:
-    """``POSENC_ROTARY_KERNEL=name`` for the calls inside (read per eager call)."""
-    before = os.environ.get("POSENC_ROTARY_KERNEL")
-    os.environ["POSENC_ROTARY_KERNEL"] = name
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["POSENC_ROTARY_KERNEL"]
-        else:
-            os.environ["POSENC_ROTARY_KERNEL"] = before
 
 
 class _Rotate(nn.Module):
@@ -99,7 +83,7 @@ def cuda_cases(
             continue
 
         def torch_kernel(rope: RotaryEmbedding = rope) -> object:
-            with _kernel("torch"):
+            with forced_kernel("torch"):
                 return rope(q, k)
 
         cases.append((TORCH_KERNEL, layout, torch_kernel))

@@ -75,8 +75,7 @@ from .rotary_common import (
 from .rotary_spec import RotarySpec
 from .rotary_tables import Extent, RotaryTables, read_positions
 from .rotate import apply_rotary, apply_rotary_, set_rotary_compile
-from .rotate_kernel import rotate_pair_native
-from .rotate_select import Path, select
+from .rotate_select import Mode, Plan, select
 from .state import RotaryState
 from .xpos import XPos
 
@@ -293,14 +292,22 @@ class RotaryEmbedding(RotaryEncoding):
         same code (dynamic NTK and LongRoPE first follow the length, as that forward would)."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         # (only whether the call is eager matters here: the frequencies stand in for q)
-        path = select(self.inv_freq, inplace=False, learned=self.learned_freq, positions=positions)
-        return self._cos_sin(positions, batch, seq_len, dtype, device, path)
+        plan = select(
+            self.inv_freq,
+            inplace=False,
+            learned=self.learned_freq,
+            positions=positions,
+            kernel=False,
+        )
+        return self._cos_sin(positions, batch, seq_len, dtype, device, plan)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """cos and sin computed once for every layer of a forward (see :class:`RotaryState`)."""
-        path = select(x, inplace=False, learned=self.learned_freq, positions=positions)
+        plan = select(
+            x, inplace=False, learned=self.learned_freq, positions=positions, kernel=False
+        )
         work = compute_dtype(x.dtype)
-        tables = self._cos_sin(positions, x.shape[0], x.shape[1], work, x.device, path)
+        tables = self._cos_sin(positions, x.shape[0], x.shape[1], work, x.device, plan)
         return rotary_state(self.interleaved, tables, tables)
 
     def _cos_sin(
@@ -310,12 +317,12 @@ class RotaryEmbedding(RotaryEncoding):
         n: int,
         dtype: torch.dtype,
         device: Any,
-        path: Path,
+        plan: Plan,
         read: tuple[Tensor | None, Extent | None] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Validate ``positions`` (unless ``read`` has them), follow the length, and return
-        the tables of :meth:`cos_sin`, acting on the selector's ``path``."""
-        eager = path.eager
+        the tables of :meth:`cos_sin`, acting on the selector's ``plan``."""
+        eager = plan.eager
         if read is None:
             read = read_positions(positions, n, batch, device, eager)
         positions, extent = read
@@ -330,10 +337,10 @@ class RotaryEmbedding(RotaryEncoding):
         ``inplace=True`` in its own storage, returning ``x``."""
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
-        path = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
+        plan = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
         work = compute_dtype(x.dtype)
-        tables = self._cos_sin(positions, x.shape[0], x.shape[2], work, x.device, path)
-        return rotate_one(x, tables, self.interleaved, inplace, "x", path)
+        tables = self._cos_sin(positions, x.shape[0], x.shape[2], work, x.device, plan)
+        return rotate_one(x, tables, self.interleaved, inplace, "x", plan)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -349,24 +356,24 @@ class RotaryEmbedding(RotaryEncoding):
         """
         q, k = check_qk(q, k, self.head_dim)
         inplace = check_bool("inplace", inplace)
-        path = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
+        plan = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
         b, _, n, _ = q.shape
-        read = read_positions(positions, n, b, q.device, path.eager)
+        read = read_positions(positions, n, b, q.device, plan.eager)
         if positions is None and n:
             read = None, (0, n - 1, True)  # (the default arange: one run from row 0)
-        if path is Path.NATIVE and self._decode_lane:  # a decode step: rows where they lie
-            first = self._tables.first_row(read[1], n)
+        if plan.mode is Mode.EAGER and self._decode_lane:  # a decode step: rows where they lie
+            first = self._tables.first_row(read[1], n, q.device)
             if first is not None:
                 buffers = self._buffers
                 cos, sin = buffers["cos_cached"], buffers["sin_cached"]
-                pair = rotate_pair_native(q, k, cos, sin, self.interleaved, inplace, first)
+                pair = plan.kernel.rotate_pair(q, k, cos, sin, self.interleaved, inplace, first)  # type: ignore[union-attr]
                 if pair is not None:
                     return pair
         work = compute_dtype(q.dtype)
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
-        tables = self._cos_sin(positions, b, n, work, q.device, path, read)
-        return rotate_qk(q, k, tables, tables, self.interleaved, inplace, path)
+        tables = self._cos_sin(positions, b, n, work, q.device, plan, read)
+        return rotate_qk(q, k, tables, tables, self.interleaved, inplace, plan)
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"

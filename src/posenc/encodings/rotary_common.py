@@ -12,7 +12,7 @@ from torch import Tensor
 from ..errors import PosencTypeError, PosencValueError
 from .checks import check_bool, check_positive_float, check_positive_int
 from .rotate import check_inplace, rotate, rotate_pair
-from .rotate_select import Path, select
+from .rotate_select import Mode, Plan, select
 from .state import RotaryState
 
 
@@ -81,17 +81,17 @@ def rotate_one(
     interleaved: bool,
     inplace: object,
     name: str = "x",
-    path: Path | None = None,
+    plan: Plan | None = None,
 ) -> Tensor:
     """Rotate ``x`` by ``tables`` (``(cos, sin)`` made by the module, in the work dtype): into
-    a new tensor, or in its own storage where :func:`check_inplace` allows; the way ``path``
+    a new tensor, or in its own storage where :func:`check_inplace` allows; the way ``plan``
     says (``None``: :func:`select` it)."""
     inplace = check_bool("inplace", inplace)
-    if path is None:
-        path = select(x, tables, inplace=inplace)
+    if plan is None:
+        plan = select(x, tables, inplace=inplace)
     if inplace:
-        check_inplace(x, *tables, name=name, path=path)
-    return rotate(x, *tables, interleaved, inplace, path)
+        check_inplace(x, *tables, name=name, plan=plan)
+    return rotate(x, *tables, interleaved, inplace, plan)
 
 
 def rotate_qk(
@@ -101,27 +101,27 @@ def rotate_qk(
     k_tables: tuple[Tensor, Tensor],
     interleaved: bool,
     inplace: object,
-    path: Path | None = None,
+    plan: Plan | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`rotate_one` for ``q`` and ``k``, the way ``path`` says (``None``: :func:`select`
+    """:func:`rotate_one` for ``q`` and ``k``, the way ``plan`` says (``None``: :func:`select`
     it for the pair); in place, they must not start at the same memory (the second rotation
-    would turn the first's result). With one pair of tables and the native kernel,
+    would turn the first's result). With one pair of tables and a kernel running eagerly,
     :func:`rotate_pair` first (the eager call in one go)."""
     inplace = check_bool("inplace", inplace)
-    if path is None:
-        path = select(q, q_tables, inplace=inplace, pair=k)
-    if path is Path.NATIVE and q_tables is k_tables:
-        pair = rotate_pair(q, k, *q_tables, interleaved, inplace, path)
+    if plan is None:
+        plan = select(q, q_tables, inplace=inplace, pair=k)
+    if plan.mode is Mode.EAGER and q_tables is k_tables:
+        pair = rotate_pair(q, k, *q_tables, interleaved, inplace, plan)
         if pair is not None:
             return pair
     if inplace and (
-        q is k or (path.eager and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
+        q is k or (plan.eager and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
     ):
         raise PosencValueError(
             "q and k start at the same memory: rotating both in place would turn it twice; "
             "pass separate tensors or rotate out of place"
         )
     return (
-        rotate_one(q, q_tables, interleaved, inplace, "q", path),
-        rotate_one(k, k_tables, interleaved, inplace, "k", path),
+        rotate_one(q, q_tables, interleaved, inplace, "q", plan),
+        rotate_one(k, k_tables, interleaved, inplace, "k", plan),
     )

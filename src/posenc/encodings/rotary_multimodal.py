@@ -34,7 +34,7 @@ from .mrope_layouts import check_mrope, pair_rows
 from .rotary import HF_CLASSES, RotaryEmbedding
 from .rotary_common import check_qk, rotary_state, rotate_one, rotate_qk
 from .rotary_tables import FEW_POSITIONS, read_positions
-from .rotate_select import Path, select
+from .rotate_select import Plan, select
 from .state import RotaryState
 
 __all__ = ["MultimodalRotaryEmbedding"]
@@ -132,12 +132,12 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
                 f"shape (rows, batch, seq) = ({self.rows}, {batch}, {positions.shape[1]})"
             )
 
-    def _text_rows(self, positions: Tensor, path: Path) -> Tensor | None:
+    def _text_rows(self, positions: Tensor, plan: Plan) -> Tensor | None:
         """A decode step's few checked positions whose rows are all equal (text tokens, as
         while generating), as 1-D RoPE's ``(n,)`` or ``(b, n)``: the same rotation, which the
         parent then turns on its decode lane. ``None`` otherwise (read only eagerly)."""
         if (
-            not path.eager
+            not plan.eager
             or type(positions) is not Tensor
             or positions.is_meta
             or positions.numel() > FEW_POSITIONS * self.rows
@@ -149,7 +149,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         return positions[0, 0] if positions.shape[1] == 1 else positions[0]
 
     def _row_tables(
-        self, positions: Tensor, batch: int, n: int, dtype: torch.dtype, device: Any, path: Path
+        self, positions: Tensor, batch: int, n: int, dtype: torch.dtype, device: Any, plan: Plan
     ) -> tuple[Tables, Tables]:
         """cos and sin of each pair at its row's position, for the pairs' first channels and
         for their second (the same tensors unless :attr:`split_pairs`): ``(n, p)`` for
@@ -157,12 +157,12 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         positions = self._rows_of(positions, batch, n)
         rows, pb, pairs = positions.shape[0], positions.shape[1], self.rotary_dim // 2
         flat = positions.reshape(rows * pb, n)  # one table read for every row
-        flat, extent = read_positions(flat, n, rows * pb, device, path.eager)
+        flat, extent = read_positions(flat, n, rows * pb, device, plan.eager)
         assert flat is not None
         # the largest position of any row sets a length-dependent type's frequencies
-        self._follow_length(flat, n, path.eager)
+        self._follow_length(flat, n, plan.eager)
         freq = self.freq if self.learned_freq else self._buffers["inv_freq"]
-        cos, sin = self._tables.rows(flat, n, dtype, device, extent, path.eager, freq)
+        cos, sin = self._tables.rows(flat, n, dtype, device, extent, plan.eager, freq)
         cos, sin = cos.reshape(rows, pb, n, pairs), sin.reshape(rows, pb, n, pairs)
         out_shape = (n, pairs) if pb == 1 else (pb, 1, n, pairs)
 
@@ -188,15 +188,15 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         k: Tensor,
         tables: tuple[Tables, Tables],
         inplace: bool,
-        path: Path | None,
+        plan: Plan | None,
     ) -> tuple[Tensor, Tensor]:
         """Rotate ``q``, ``k`` with the first channels' tables and the second channels'
         (``blocked-channels``): each by both, keeping the channels each was made for."""
         first, second = tables
         if not self.split_pairs:
-            return rotate_qk(q, k, first, first, self.interleaved, inplace, path)
+            return rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
         other_q, other_k = rotate_qk(q, k, second, second, self.interleaved, False)
-        q, k = rotate_qk(q, k, first, first, self.interleaved, inplace, path)
+        q, k = rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
         self._second_channels(q).copy_(self._second_channels(other_q))
         self._second_channels(k).copy_(self._second_channels(other_k))
         return q, k
@@ -216,16 +216,16 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             return super().forward(q, k, positions, inplace=inplace)
         q, k = check_qk(q, k, self.head_dim)
         inplace = check_bool("inplace", inplace)
-        path = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
+        plan = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
         b, _, n, _ = q.shape
-        text = self._text_rows(self._rows_of(positions, b, n), path)
+        text = self._text_rows(self._rows_of(positions, b, n), plan)
         if text is not None:
             return super().forward(q, k, text, inplace=inplace)
         work = compute_dtype(q.dtype)
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
-        tables = self._row_tables(positions, b, n, work, q.device, path)
-        return self._rotate_split(q, k, tables, inplace, path)
+        tables = self._row_tables(positions, b, n, work, q.device, plan)
+        return self._rotate_split(q, k, tables, inplace, plan)
 
     def rotate(
         self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -237,16 +237,16 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             return super().rotate(x, positions, inplace=inplace)
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
-        path = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
-        text = self._text_rows(self._rows_of(positions, x.shape[0], x.shape[2]), path)
+        plan = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
+        text = self._text_rows(self._rows_of(positions, x.shape[0], x.shape[2]), plan)
         if text is not None:
             return super().rotate(x, text, inplace=inplace)
         work = compute_dtype(x.dtype)
-        first, second = self._row_tables(positions, x.shape[0], x.shape[2], work, x.device, path)
+        first, second = self._row_tables(positions, x.shape[0], x.shape[2], work, x.device, plan)
         if not self.split_pairs:
-            return rotate_one(x, first, self.interleaved, inplace, "x", path)
+            return rotate_one(x, first, self.interleaved, inplace, "x", plan)
         other = rotate_one(x, second, self.interleaved, False, "x")
-        x = rotate_one(x, first, self.interleaved, inplace, "x", path)
+        x = rotate_one(x, first, self.interleaved, inplace, "x", plan)
         self._second_channels(x).copy_(self._second_channels(other))
         return x
 
@@ -265,8 +265,14 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
                 "different rows' angles, so (rows, batch, seq) positions have no single cos/sin "
                 "table; rotate with forward(), rotate() or position_state()"
             )
-        path = select(self.inv_freq, inplace=False, learned=self.learned_freq, positions=positions)
-        first, _ = self._row_tables(positions, positions.shape[1], seq_len, dtype, device, path)
+        plan = select(
+            self.inv_freq,
+            inplace=False,
+            learned=self.learned_freq,
+            positions=positions,
+            kernel=False,
+        )
+        first, _ = self._row_tables(positions, positions.shape[1], seq_len, dtype, device, plan)
         return first
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
@@ -274,9 +280,11 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         (see :class:`RotaryState`); positions of any shape :meth:`forward` takes."""
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
             return super().position_state(positions, x)
-        path = select(x, inplace=False, learned=self.learned_freq, positions=positions)
+        plan = select(
+            x, inplace=False, learned=self.learned_freq, positions=positions, kernel=False
+        )
         work = compute_dtype(x.dtype)
-        tables = self._row_tables(positions, x.shape[0], x.shape[1], work, x.device, path)
+        tables = self._row_tables(positions, x.shape[0], x.shape[1], work, x.device, plan)
         if not self.split_pairs:
             return rotary_state(self.interleaved, tables[0], tables[0])
 

@@ -10,7 +10,7 @@
   rope types whose frequencies move with the length, learned frequencies, far positions).
 
 Neither asks torch whether a graph is being captured: both take ``eager``
-(:attr:`~.rotate_select.Path.eager`) from the caller's :func:`~.rotate_select.select`.
+(:attr:`~.rotate_select.Plan.eager`) from the caller's :func:`~.rotate_select.select`.
 
 Dimension legend: ``b`` batch, ``n`` sequence, ``r`` rotary dim.
 """
@@ -179,16 +179,16 @@ class RotaryTables:
             return None
         return rows
 
-    def first_row(self, extent: Extent | None, n: int) -> int | None:
-        """Where the float32 CPU table rows of positions with this extent start, where they
-        are one run already in the table (a decode step): the native kernel then reads them
-        where they lie. ``None`` otherwise."""
+    def first_row(self, extent: Extent | None, n: int, device: torch.device) -> int | None:
+        """Where the float32 table rows (on ``device``) of positions with this extent start,
+        where they are one run already in the table (a decode step): a kernel then reads
+        them where they lie. ``None`` otherwise."""
         table = self._buffers["cos_cached"]
         if extent is None or not extent[2] or not self.caches:
             return None
-        if extent[1] >= table.shape[0] or table.dtype is not torch.float32 or not table.is_cpu:
+        if extent[1] >= table.shape[0] or table.dtype is not torch.float32:
             return None
-        return extent[0]
+        return extent[0] if table.device == device else None
 
     def rows(
         self,

@@ -1,5 +1,5 @@
-"""The rotary arithmetic (Su et al. 2021, "RoFormer", eq. 34): the formula, a native kernel
-built at install time, and a pure-torch fast path where that kernel is not built.
+"""The rotary arithmetic (Su et al. 2021, "RoFormer", eq. 34): the formula, and the entry
+points that run it on a kernel (the C kernel, Triton, or the pure-torch path).
 
 Each pair of channels ``(x1, x2)`` of a query or key turns by its angle ``θ``:
 
@@ -15,11 +15,11 @@ where a scheme scales them (an attention factor, xPos's decay).
   operations), under ``torch.jit.trace`` and ``torch.func`` transforms, and when
   ``cos``/``sin`` require grad (learned frequencies).
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) check their
-  arguments and call :func:`rotate`, which runs the path :func:`~.rotate_select.select`
-  chose: the native kernel or the blocked torch path (:mod:`.rotate_kernel`), under autograd
-  the fast path as one :class:`torch.autograd.Function` whose backward turns the incoming
-  gradient back, inside ``torch.compile`` and ``torch.export`` one custom operator
-  (:mod:`.rotate_ops`), or the formula.
+  arguments and call :func:`rotate`, which runs the plan :func:`~.rotate_select.select`
+  made: a kernel (the C kernel, Triton or the blocked torch path; :mod:`.kernels.kernel`)
+  eagerly, under autograd as one :class:`torch.autograd.Function` whose backward turns the
+  incoming gradient back with the same kernel, inside ``torch.compile`` and
+  ``torch.export`` as one custom operator (:mod:`.rotate_ops`), or the formula.
 
 Nothing here compiles anything at import or on a call, or keeps global state: no
 ``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
@@ -37,15 +37,8 @@ from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
 from .base import compute_dtype
-from .rotate_kernel import (  # noqa: F401 (the kernel's names, read here by benchmarks)
-    BLOCK_ELEMENTS,
-    _native,
-    _rotate_fast,
-    _rotate_torch,
-    rotate_pair_native,
-)
 from .rotate_ops import _rotate_in_place_op, _rotate_op
-from .rotate_select import Path, select
+from .rotate_select import Mode, Plan, rotate_with, select
 
 __all__ = ["apply_rotary", "apply_rotary_", "rotate_reference", "set_rotary_compile"]
 
@@ -80,10 +73,11 @@ def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
 
 
 class _Rotation(torch.autograd.Function):
-    """The fast rotation as one autograd node. Eq. 34 is linear in ``x`` with the matrix
+    """A kernel's rotation as one autograd node. Eq. 34 is linear in ``x`` with the matrix
     ``[[cos, -sin], [sin, cos]]`` per pair, so the gradient is the incoming one turned by the
-    transpose, which is eq. 34 with ``-sin``. ``cos``/``sin`` get no gradient (callers send
-    those that require one to :func:`rotate_reference`)."""
+    transpose, which is eq. 34 with ``-sin``: the same kernel turning the other way.
+    ``cos``/``sin`` get no gradient (callers send those that require one to
+    :func:`rotate_reference`)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -93,22 +87,29 @@ class _Rotation(torch.autograd.Function):
         sin: Tensor,
         interleaved: bool,
         inplace: bool,
+        plan: Plan,
     ) -> Tensor:
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-        _rotate_fast(x, out, cos, sin, interleaved)
+        assert plan.kernel is not None
+        plan.kernel.rotate(x, out, cos, sin, interleaved)
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved  # type: ignore[attr-defined]
+        ctx.interleaved, ctx.kernel = interleaved, plan.kernel  # type: ignore[attr-defined]
         return out
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, grad: Tensor
-    ) -> tuple[Tensor, None, None, None, None]:
+    ) -> tuple[Tensor, None, None, None, None, None]:
         cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
-        back = apply_rotary(grad, cos, -sin, interleaved=ctx.interleaved)  # type: ignore[attr-defined]
-        return back, None, None, None, None
+        interleaved = ctx.interleaved  # type: ignore[attr-defined]
+        if torch.is_grad_enabled():  # (create_graph: the backward must be differentiable too)
+            return apply_rotary(grad, cos, -sin, interleaved=interleaved), *(None,) * 5
+        back = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        if grad.numel():
+            rotate_with(ctx.kernel, grad, back, cos, -sin, interleaved)  # type: ignore[attr-defined]
+        return back, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------- entry points
@@ -157,20 +158,21 @@ def rotate_pair(
     sin: Tensor,
     interleaved: bool,
     inplace: bool,
-    path: Path,
+    plan: Plan,
     first_row: int | None = None,
 ) -> tuple[Tensor, Tensor] | None:
-    """``q`` and ``k`` turned by the same tables in one go where ``path`` (the selector's
-    answer for the pair) is the native kernel: the common eager call, a decode step above
+    """``q`` and ``k`` turned by the same tables in one go where ``plan`` (the selector's
+    answer for the pair) runs a kernel eagerly: the common eager call, a decode step above
     all, where checks and calls cost more than the arithmetic. ``first_row``: ``cos`` and
     ``sin`` are whole cached tables ``(positions, r/2)`` and ``q``/``k`` sit at positions
     ``first_row, first_row + 1, ...``, read from the tables where they lie. ``None`` where
-    this does not apply (another path, or data the kernel rules out: see
-    :func:`~.rotate_kernel.rotate_pair_native`): the caller then rotates each through
+    this does not apply (another mode, or data the kernel rules out: see
+    :func:`~.kernels.kernel.pair_refused`): the caller then rotates each through
     :func:`rotate`."""
-    if path is not Path.NATIVE:
+    if plan.mode is not Mode.EAGER:
         return None
-    return rotate_pair_native(q, k, cos, sin, interleaved, inplace, first_row)
+    assert plan.kernel is not None
+    return plan.kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, first_row)
 
 
 def rotate(
@@ -179,29 +181,30 @@ def rotate(
     sin: Tensor,
     interleaved: bool,
     inplace: bool,
-    path: Path | None = None,
+    plan: Plan | None = None,
 ) -> Tensor:
     """The rotation behind :func:`apply_rotary` and :func:`apply_rotary_` once their arguments
     are checked (``cos``/``sin`` in the work dtype and broadcasting against ``x``; for in
-    place, :func:`check_inplace` passed), run the way ``path`` says (``None``: ask
+    place, :func:`check_inplace` passed), run the way ``plan`` says (``None``: ask
     :func:`~.rotate_select.select`). The rotary modules call it with the tables they made and
-    the path they selected, so a forward pays for no check twice."""
-    if path is None:
-        path = select(x, (cos, sin), inplace=inplace)
-    if path is Path.NATIVE or path is Path.TORCH:
+    the plan they selected, so a forward pays for no check twice."""
+    if plan is None:
+        plan = select(x, (cos, sin), inplace=inplace)
+    mode, kernel = plan.mode, plan.kernel
+    if mode is Mode.EAGER:
+        assert kernel is not None
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-        if path is Path.NATIVE:
-            _rotate_fast(x, out, cos, sin, interleaved)  # (torch for an odd address)
-        elif x.numel():
-            _rotate_torch(x, out, cos, sin, interleaved)
+        kernel.rotate(x, out, cos, sin, interleaved)
         return out
-    if path is Path.FUNCTION:
-        return _Rotation.apply(x, cos, sin, interleaved, inplace)
-    if path is Path.OPERATOR_INPLACE:
-        _rotate_in_place_op(x, cos, sin, interleaved)
+    if mode is Mode.FUNCTION:
+        return _Rotation.apply(x, cos, sin, interleaved, inplace, plan)
+    if mode is Mode.OPERATOR_INPLACE:
+        assert kernel is not None
+        _rotate_in_place_op(x, cos, sin, interleaved, kernel.name)
         return x
-    if path is Path.OPERATOR:
-        return _rotate_op(x, cos, sin, interleaved)
+    if mode is Mode.OPERATOR:
+        assert kernel is not None
+        return _rotate_op(x, cos, sin, interleaved, kernel.name)
     rotated = rotate_reference(x, cos, sin, interleaved=interleaved)  # FORMULA, TRACED
     return x.copy_(rotated) if inplace else rotated
 
@@ -232,13 +235,13 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
 
 
 def check_inplace(
-    x: Tensor, cos: Tensor, sin: Tensor, *, name: str = "x", path: Path | None = None
+    x: Tensor, cos: Tensor, sin: Tensor, *, name: str = "x", plan: Plan | None = None
 ) -> None:
     """Raise a :class:`~posenc.errors.PosencValueError` naming ``name`` where ``x`` cannot be
     rotated in its own storage: under autograd with ``cos``/``sin`` requiring grad (their
     gradient needs ``x`` before the rotation) or ``x`` a leaf requiring grad, or a view that
     autograd forbids changing; an inference tensor outside ``torch.inference_mode``; ``x``
-    with elements sharing memory (``expand``). ``path``: the selector's answer (``None``: ask);
+    with elements sharing memory (``expand``). ``plan``: the selector's answer (``None``: ask);
     in a captured graph torch's own checks apply instead."""
     grad = torch.is_grad_enabled()
     if grad and (cos.requires_grad or sin.requires_grad):
@@ -247,9 +250,9 @@ def check_inplace(
             "frequencies: their gradient needs the input before the rotation); rotate "
             "out of place, or under torch.no_grad()"
         )
-    if path is None:
-        path = select(x, (cos, sin), inplace=True)
-    if not path.eager:  # compiling, tracing, torch.func, subclasses: torch's own checks
+    if plan is None:
+        plan = select(x, (cos, sin), inplace=True, kernel=False)
+    if not plan.eager:  # compiling, tracing, torch.func, subclasses: torch's own checks
         return  # apply (and reading x's autograd state under compile replays changed views)
     if grad and x.requires_grad and x.is_leaf:
         raise PosencValueError(
@@ -293,9 +296,9 @@ def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fa
     (True, tensor([[0., 1., 2., 5.]]))
     """
     cos, sin = _tables(x, cos, sin)
-    path = select(x, (cos, sin), inplace=True)
-    check_inplace(x, cos, sin, path=path)
-    return rotate(x, cos, sin, interleaved, True, path)
+    plan = select(x, (cos, sin), inplace=True)
+    check_inplace(x, cos, sin, plan=plan)
+    return rotate(x, cos, sin, interleaved, True, plan)
 
 
 def set_rotary_compile(enabled: bool) -> None:

@@ -14,7 +14,8 @@ kernel is not built or cannot take the tensors.
   Half-precision inputs are widened block by block into a float32 buffer and rounded back
   once.
 
-Which of them runs, and whether the fast rotation runs at all, is decided by
+Both stand behind the kernel interface (:mod:`.kernels.kernel`; :func:`rotate_native`,
+:func:`rotate_pair_native`). Which kernel runs, and whether one runs at all, is decided by
 :func:`~.rotate_select.select`; what is here only checks what the data allow (dtype, layout,
 address).
 
@@ -28,6 +29,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from .kernels.kernel import pair_refused
 
 #: Elements (of the work dtype) per block of :func:`_rotate_torch`: 2**19 float32 values are
 #: 2 MiB, so a block, its tables and its temporary stay in the last-level cache while the
@@ -109,20 +112,13 @@ def _turn(
     torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
 
 
-def _native_takes(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    """Whether the native kernel can rotate ``x`` with these tables: it is built, ``x`` is a
-    float32 or bfloat16 CPU tensor with contiguous channels and at most
-    :data:`NATIVE_MAX_LEAD` leading dims, and the tables are float32 with contiguous
-    channels."""
-    return _native is not None and _native_tensor(x) and _native_tables(cos, sin)
-
-
 #: The dtypes the native kernel rotates (float32 arithmetic, one rounding for bfloat16).
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _native_tensor(x: Tensor) -> bool:
-    """:func:`_native_takes`'s conditions on the rotated tensor."""
+    """Whether the native kernel takes ``x``: a float32 or bfloat16 CPU tensor with
+    contiguous channels and at most :data:`NATIVE_MAX_LEAD` leading dims."""
     return (
         x.is_cpu
         and x.dtype in _NATIVE_DTYPES
@@ -132,7 +128,7 @@ def _native_tensor(x: Tensor) -> bool:
 
 
 def _native_tables(cos: Tensor, sin: Tensor) -> bool:
-    """:func:`_native_takes`'s conditions on the tables."""
+    """Whether the native kernel takes the tables: float32 with contiguous channels."""
     return (
         cos.dtype is torch.float32
         and sin.dtype is torch.float32
@@ -197,13 +193,14 @@ def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved
     return True
 
 
-def _rotate_fast(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
-    """Write the rotation of ``x`` into ``out`` (``x`` itself, or a fresh tensor of its
-    shape): the native kernel where it takes the tensors, else the pure-torch path."""
+def rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+    """The native kernel's ``rotate`` (:mod:`.kernels.kernel`): write the rotation of ``x``
+    into ``out`` (``x`` itself, or a fresh tensor of its shape), on the pure-torch path only
+    where the kernel refuses an address (:func:`_native_buffer`)."""
     if x.numel() == 0:
         return
     # ``out`` is x or contiguous: every caller makes it so
-    if not (_native_takes(x, cos, sin) and _rotate_native(x, out, cos, sin, interleaved)):
+    if not _rotate_native(x, out, cos, sin, interleaved):
         _rotate_torch(x, out, cos, sin, interleaved)
 
 
@@ -295,25 +292,13 @@ def rotate_pair_native(
     inplace: bool,
     first_row: int | None = None,
 ) -> tuple[Tensor, Tensor] | None:
-    """``q`` and ``k`` turned by the same tables with the native kernel, what they share
-    checked once (see :func:`~.rotate.rotate_pair`, which calls it where the selector chose
-    the kernel). ``None``, with nothing written, where the data rule it out: a different
-    dtype for ``q`` and ``k``, an empty tensor, a partial rotation (the copy of the channels
-    past ``r`` is :func:`_rotate_native`'s), tables that are not float32 with contiguous
-    channels, an in-place rotation that :func:`~.rotate.check_inplace` must explain, or an
-    address the kernel refuses (:func:`_native_buffer`)."""
-    if k.dtype is not q.dtype or not _native_tables(cos, sin):
+    """The native kernel's ``rotate_pair`` (:mod:`.kernels.kernel`): ``q`` and ``k`` turned by
+    the same tables, what they share checked once. ``None``, with nothing written, where the
+    data rule it out: :func:`~.kernels.kernel.pair_refused` (a partial rotation's copy of the
+    channels past ``r`` is :func:`_rotate_native`'s), tables that are not float32 with
+    contiguous channels, or an address the kernel refuses (:func:`_native_buffer`)."""
+    if pair_refused(q, k, cos, inplace) or not _native_tables(cos, sin):
         return None
-    if not q.numel() or not k.numel() or 2 * cos.shape[-1] != q.shape[-1]:
-        return None
-    if inplace:
-        if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
-            return None
-        if q.data_ptr() == k.data_ptr() or 1 in (
-            torch._debug_has_internal_overlap(q),
-            torch._debug_has_internal_overlap(k),
-        ):
-            return None
     bf16 = q.dtype is torch.bfloat16
     item = 2 if bf16 else 4
     tables = _kernel_tables(cos, sin, bf16, interleaved, first_row)  # made once

@@ -1,8 +1,10 @@
 """The Triton rotary kernel (:mod:`posenc.encodings.kernels.triton_kernel`) in the suite's
-run: its cases against the float64 formula under Triton's interpreter, in a subprocess
-(``interpreted_triton.py``: the interpreter is chosen when the kernel is decorated, so
-``TRITON_INTERPRET=1`` must be set before the module is imported, and only there), and that
-posenc's import and command never import triton."""
+run: its cases against the float64 formula under Triton's interpreter, directly
+(``interpreted_triton.py``) and through the public modules with
+``POSENC_ROTARY_KERNEL=triton`` (``interpreted_modules.py``), in a subprocess (the
+interpreter is chosen when the kernel is decorated, so ``TRITON_INTERPRET=1`` must be set
+before the module is imported, and only there); every variant compiled ahead of time for a
+GPU; and that posenc's import and command never import triton."""
 
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ HERE = Path(__file__).parent
 INTERPRETED = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
 
 
-@pytest.mark.slow  # (a subprocess: about 5 s)
+@pytest.mark.slow  # (a subprocess: about 15 s)
 def test_the_kernel_is_the_formula_under_the_interpreter() -> None:
-    """Every case of the covering design, plus the errors, against float64 (CPU tensors)."""
+    """Every case of both covering designs, plus the errors, against float64 (CPU tensors)."""
+    files = [str(HERE / "interpreted_triton.py"), str(HERE / "interpreted_modules.py")]
     done = subprocess.run(
-        [sys.executable, *INTERPRETED, str(HERE / "interpreted_triton.py")],
+        [sys.executable, *INTERPRETED, *files],
         capture_output=True,
         text=True,
         timeout=300,
