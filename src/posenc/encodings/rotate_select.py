@@ -124,12 +124,24 @@ NATIVE = Kernel(
 TORCH = Kernel("torch", lambda x, pair, tables: True, _torch_rotate, lambda *args: None)
 #: Every kernel by the name ``POSENC_ROTARY_KERNEL`` gives it.
 KERNELS = {kernel.name: kernel for kernel in (NATIVE, TORCH, TRITON)}
-#: One plan per mode and kernel, made once (a decode step allocates none).
+#: One plan per mode and kernel, made once (a decode step allocates none); keyed by kernel
+#: identity, then mode.
 _PLANS = {
-    (mode, kernel): Plan(mode, kernel, mode.eager)
-    for mode in Mode
+    kernel: {mode: Plan(mode, kernel, mode.eager) for mode in Mode}
     for kernel in (None, *KERNELS.values())
 }
+#: The environment as bytes where CPython keeps it (POSIX): one dict lookup per call, where
+#: ``os.environ.get`` of an unset name raises and catches a KeyError (a decode step's cost).
+_ENVIRON = getattr(os.environ, "_data", None)
+_KEY = os.environ.encodekey(KERNEL_VARIABLE) if hasattr(os.environ, "encodekey") else None  # type: ignore[attr-defined]
+
+
+def _variable(compiling: bool) -> str | None:
+    """``POSENC_ROTARY_KERNEL`` as it is now."""
+    if _ENVIRON is not None and _KEY is not None and not compiling:
+        value = _ENVIRON.get(_KEY)
+        return None if value is None else os.environ.decodevalue(value)  # type: ignore[attr-defined]
+    return os.environ.get(KERNEL_VARIABLE)  # (what dynamo traces)
 
 
 def rotate_with(
@@ -141,9 +153,10 @@ def rotate_with(
     (kernel if kernel.takes(x, None, (cos, sin)) else TORCH).rotate(x, out, cos, sin, interleaved)
 
 
-def forced_kernel() -> Kernel | None:
-    """The kernel ``POSENC_ROTARY_KERNEL`` forces (``None``: unset or ``auto``)."""
-    name = os.environ.get(KERNEL_VARIABLE)
+def forced_kernel(compiling: bool = False) -> Kernel | None:
+    """The kernel ``POSENC_ROTARY_KERNEL`` forces (``None``: unset or ``auto``);
+    ``compiling``: dynamo is tracing the call."""
+    name = _variable(compiling)
     if name is None or name == "auto" or name == "":
         return None
     kernel = KERNELS.get(name)
@@ -161,7 +174,7 @@ def _kernel(
     them), else the first of native (CPU), Triton (CUDA) and torch that takes them."""
     if forced is not None:
         return forced if forced.takes(x, pair, tables) else None
-    if NATIVE.takes(x, pair, tables):
+    if _native_takes(x, pair, tables):
         return NATIVE
     if x.is_cuda and TRITON.takes(x, pair, tables):
         return TRITON
@@ -207,12 +220,12 @@ def select(
     if not kernel:
         if mode is Mode.OPERATOR and _kernel(x, pair, tables, None) is TORCH:
             mode = Mode.TRACED  # (as below)
-        return _PLANS[(mode, None)]
-    forced = forced_kernel()
+        return _PLANS[None][mode]
+    forced = forced_kernel(not mode.eager)
     if mode is Mode.FORMULA or mode is Mode.TRACED:
         if forced is not None:
             raise _refuse(forced, _why_formula(mode, learned, tables))
-        return _PLANS[(mode, None)]
+        return _PLANS[None][mode]
     chosen = _kernel(x, pair, tables, forced)
     if chosen is None:
         assert forced is not None
@@ -225,8 +238,8 @@ def select(
         )
     if mode is Mode.OPERATOR and chosen is TORCH and forced is None:
         mode = Mode.TRACED  # (no fast kernel: inductor's fusion of the formula is faster)
-        return _PLANS[(mode, None)]
-    return _PLANS[(mode, chosen)]
+        return _PLANS[None][mode]
+    return _PLANS[chosen][mode]
 
 
 def _why_formula(mode: Mode, learned: bool, tables: Tables | None) -> str:

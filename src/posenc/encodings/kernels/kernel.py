@@ -30,7 +30,7 @@ from torch import Tensor
 Tables = tuple[Tensor, Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # (compared and hashed by identity: a cheap dict key)
 class Kernel:
     """One implementation of the rotation; see this module's docstring."""
 
