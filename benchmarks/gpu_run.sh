@@ -4,8 +4,9 @@
 #
 #   OUT=/some/folder bash benchmarks/gpu_run.sh
 #
-# 1. the kernel's cases against the float64 formula, compiled on CUDA (the same file the suite
-#    runs under Triton's interpreter): triton_cuda_tests.txt
+# 1. the kernel's cases against the float64 formula, compiled on CUDA, directly and through the
+#    public modules with POSENC_ROTARY_KERNEL=triton (the files the suite runs under Triton's
+#    interpreter): triton_cuda_tests.txt
 # 2. `posenc bench rope --device cuda` (CUDA-event timings; bf16 and fp32; posenc in and out
 #    of place, transformers eager and compiled, the clone floor; a decode step): gpu_rope.md,
 #    whose tables go into the rotary section of benchmarks/gpu.md with the device name.
@@ -19,8 +20,9 @@ cd "$(dirname "$0")/.."
 { nvidia-smi -L; "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
     > "$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts= \
-    tests/encodings/kernels/interpreted_triton.py > "$OUT/triton_cuda_tests.txt" 2>&1
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts= \
+    tests/encodings/kernels/interpreted_triton.py tests/encodings/kernels/interpreted_modules.py \
+    > "$OUT/triton_cuda_tests.txt" 2>&1
 echo "kernel tests on CUDA: exit $? ($(tail -n 1 "$OUT/triton_cuda_tests.txt"))"
 timeout 400 "$PY" -m posenc.cli bench rope --device cuda --output "$OUT/gpu_rope.md" \
     > "$OUT/bench.txt" 2>&1

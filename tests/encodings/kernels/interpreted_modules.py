@@ -180,3 +180,46 @@ def test_axial_rotation_on_the_kernel(launches: list[int], monkeypatch: pytest.M
         cos, sin = rope.cos_sin(coords, torch.float64)
     assert_close_to(got_q, rotate_reference(q.double(), cos, sin, interleaved=rope.interleaved))
     assert_close_to(got_k, rotate_reference(k.double(), cos, sin, interleaved=rope.interleaved))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_compiled_calls_keep_the_kernel(
+    launches: list[int], monkeypatch: pytest.MonkeyPatch, inplace: bool
+) -> None:
+    """Under ``torch.compile`` the rotation is one custom operator running the Triton kernel
+    (chosen when the graph is traced): out of place with its autograd formula (compiled
+    training keeps the kernel, forward and backward), in place without grad."""
+    torch._dynamo.reset()
+    rope = posenc.RotaryEmbedding(D).to(DEVICE)
+    q = torch.randn(B, HQ, N, D, device=DEVICE)
+    k = torch.randn(B, HK, N, D, device=DEVICE)
+    positions = torch.arange(3, 3 + N, device=DEVICE)
+    with monkeypatch.context() as m:
+        m.delenv("POSENC_ROTARY_KERNEL")
+        want = [_reference(rope, x, positions, key=False) for x in (q, k)]
+    compiled = torch.compile(
+        lambda q, k: rope(q, k, positions, inplace=inplace), backend="aot_eager", fullgraph=True
+    )
+    if inplace:
+        with torch.no_grad():
+            got = compiled(q, k)
+        assert launches and got[0].data_ptr() == q.data_ptr()
+        for g, w in zip(got, want, strict=True):
+            assert_close_to(g, w)
+        return
+    q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+    got = compiled(q_leaf, k_leaf)
+    forward = len(launches)
+    assert forward
+    for g, w in zip(got, want, strict=True):
+        assert_close_to(g.detach(), w)
+    g_q, g_k = torch.randn_like(q), torch.randn_like(k)
+    ((got[0] * g_q).sum() + (got[1] * g_k).sum()).backward()
+    assert len(launches) > forward  # the backward is the kernel turning the other way
+    with monkeypatch.context() as m:
+        m.delenv("POSENC_ROTARY_KERNEL")
+        cos, sin = rope.cos_sin(positions, N, dtype=torch.float64)
+    for leaf, g in ((q_leaf, g_q), (k_leaf, g_k)):
+        back = rotate_reference(g.double(), cos, -sin)  # rot^T g
+        assert leaf.grad is not None
+        assert_close_to(leaf.grad, back)

@@ -9,7 +9,6 @@ the same device, where triton is installed.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 
@@ -24,10 +23,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_DIMS = 4
 
 
-@functools.cache
-def installed() -> bool:
-    """Whether triton can be imported (looked up once, without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+#: Whether triton can be imported (looked up once at import, without importing it: 0.07 ms).
+INSTALLED = importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:
@@ -46,7 +43,7 @@ def _tensor_ok(x: Tensor) -> bool:
 
 def takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool:
     """Whether the Triton kernel can rotate ``x`` (and ``pair``) with ``tables``."""
-    if not (_tensor_ok(x) and installed()):
+    if not (_tensor_ok(x) and INSTALLED):
         return False
     if pair is not None and not (_tensor_ok(pair) and pair.device == x.device):
         return False
