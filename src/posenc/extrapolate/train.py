@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..encodings.rope_scaling import ROPE_TYPES
+from ..encodings.rope_types.registry import ROPE_TYPES
 from ..runs.checkpoint import RESULT, prepare_run_dir, write_json
 from ..runs.config import transformer_for
 from ..runs.device import model_device, placement

@@ -34,33 +34,12 @@ from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
 from ..runs import cli as shared
-from ..runs.moved import all_of, moved
 
 #: What ``--pe`` defaults to: these, where registered (the table of Kazemnejad et al. 2023).
 DEFAULT_PES = ("none", "t5", "alibi", "rope", "sinusoidal", "learned")
 SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options", "device")
 DEFAULT_OUT = "lengthgen-results"
 
-#: Moved to :mod:`posenc.runs.cli` (shared with ``posenc extrapolate``); importable from
-#: here, with a ``DeprecationWarning``, until 0.3.
-__getattr__ = moved(
-    __name__,
-    all_of(
-        shared,
-        (
-            "MAX_SEEDS",
-            "MODEL_FLAGS",
-            "POSITION_SUFFIXES",
-            "add_field_flags",
-            "parse_jobs",
-            "parse_pe_list",
-            "parse_pe_option",
-            "parse_seeds",
-            "read_field_flags",
-            "sweep_options",
-        ),
-    ),
-)
 
 #: Named settings; ``kazemnejad`` is the reproduction of Kazemnejad et al. 2023, appendix F
 #: (decoder-only, trained on lengths <= 20, tested on 21-40) at 0.1M parameters, with the

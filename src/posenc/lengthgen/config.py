@@ -3,8 +3,7 @@
 Every field is checked (type, range, the task, the encoding and its options, the memory a
 step needs) before any work, so a sweep never fails half-way on a typo; the checks every
 training config of posenc shares live in :mod:`posenc.runs.config` (``check_fields``,
-``config_from_dict``, ``check_encoding``, ``transformer_for``: importable from here, with a
-``DeprecationWarning``, until 0.3).
+``config_from_dict``, ``check_encoding``, ``transformer_for``).
 """
 
 from __future__ import annotations
@@ -17,28 +16,12 @@ import numpy as np
 
 from ..errors import PosencValueError, check_bytes
 from ..runs import config as shared
-from ..runs.moved import all_of, moved
 from .data import check_coupling, longest_model_length
 from .evaluate import VALID_THRESHOLD
 from .tasks import Task, get_task
 
 #: Longest input length a sweep may train or test on.
 MAX_INPUT_LENGTH = 4096
-
-__getattr__ = moved(
-    __name__,
-    all_of(
-        shared,
-        (
-            "DECAYS",
-            "check_encoding",
-            "check_fields",
-            "check_type",
-            "config_from_dict",
-            "transformer_for",
-        ),
-    ),
-)
 
 
 @dataclass

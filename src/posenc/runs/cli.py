@@ -65,7 +65,7 @@ def add_device_flag(parser: argparse.ArgumentParser) -> None:
 def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
     """``"none,rope+random"`` -> ``[("none", ""), ("rope", "random")]``; names are checked
     against the registry, suffixes against :data:`POSITION_SUFFIXES`."""
-    from ..encodings import entry
+    from ..encodings.registry import entry
 
     items = text if isinstance(text, list) else str(text).split(",")
     out = []

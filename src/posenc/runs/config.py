@@ -28,7 +28,8 @@ def check_encoding(
     naming the encoding and its options (``harness`` names the command in the message).
     Returns the number of rows of a learned table (positions past it have no embedding),
     else ``None``."""
-    from ..encodings import LearnedPositionalEncoding, build_for_model, entry
+    from ..encodings.absolute.learned import LearnedPositionalEncoding
+    from ..encodings.registry import build_for_model, entry
 
     axes = getattr(entry(pe).cls, "axes", 1)  # unknown names list the known ones
     if axes != 1:
