@@ -16,6 +16,9 @@ from ..runs.config import check_encoding, check_fields, check_type, config_from_
 
 #: The encodings of the preset and of a bare ``posenc extrapolate``, where registered.
 DEFAULT_PES = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+#: The per-layer schedules of the ``scale`` preset: Llama 4's 3:1 interleave of RoPE and NoPE
+#: layers, plain and with its NoPE layers' query temperature (floor at L; posenc.runs.schedules).
+SCHEDULES = ("rope/rope/rope/none", "rope/rope/rope/none:temp")
 #: RoPE context extensions applied at evaluation time, and the ones fine-tuning may use.
 SCALINGS = ("linear", "dynamic", "yarn")
 FINETUNE_SCALINGS = ("linear", "yarn")
@@ -47,7 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # benchmarks/extrapolate.md for the FLOP estimate of its time). The learned table covers
     # every evaluation window (its rows past L are never trained).
     "scale": {
-        "pe": list(DEFAULT_PES),
+        "pe": [*DEFAULT_PES, *SCHEDULES],
         "seeds": [0],
         "jobs": 1,
         "dim": 512,

@@ -46,7 +46,7 @@ RESUME_FREE = frozenset({"checkpoint_every"})
 
 def build_model(config: ExtrapolateConfig, vocab_size: int) -> nn.Module:
     """The causal ``TransformerModel`` of a run, its ``trained_length`` set to ``train_len``."""
-    model = transformer_for(config, vocab_size, causal=True)
+    model = transformer_for(config, vocab_size, causal=True, trained_length=config.train_len)
     model.trained_length = config.train_len
     return model
 
