@@ -56,6 +56,7 @@ _OPTIONS = (
     ("--needle-len", "needle_len", int, "tokens per needle (training and --retrieval)"),
     ("--context-blocks", "context_blocks", int, "target blocks of the context gain, 0 = off"),
     ("--retrieval-trials", "retrieval_trials", int, "windows per length and depth of --retrieval"),
+    ("--checkpoint-minutes", "checkpoint_minutes", float, "checkpoint every N minutes, 0 = off"),
 )
 
 
@@ -86,6 +87,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="also score copying a needle back from depths of every evaluation length",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train through torch.compile (compiled once per model: pays on long GPU runs)",
     )
     p.add_argument("--text", help="a UTF-8 file or a folder (default: the Python stdlib)")
     p.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe:N")
@@ -159,8 +166,9 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["eval_lens"] = parse_lengths(args.eval_lens)
     if args.scalings is not None:
         settings["scalings"] = parse_scalings(args.scalings)
-    if args.retrieval is not None:
-        settings["retrieval"] = args.retrieval
+    for key in ("retrieval", "compile"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     settings.update(read_field_flags(args, _OPTIONS))
     # a preset's options fit the preset's encodings: keep those of the encodings still named
     named = pe_names(parse_pe_list(settings["pe"]))
@@ -232,8 +240,8 @@ def command_line(args: argparse.Namespace) -> str:
     defaults = {"tokenizer": "bytes", "valid_fraction": 0.05, "threads": 0}
     parts = ["posenc", "extrapolate"]
     for key, value in vars(args).items():
-        if key == "retrieval" and value is False:
-            parts.append("--no-retrieval")
+        if key in ("retrieval", "compile") and value is False:
+            parts.append(f"--no-{key}")
             continue
         if key in ("func", "command", "resume") or value in (None, False, []):
             continue

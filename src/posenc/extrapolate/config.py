@@ -8,6 +8,7 @@ Every field is checked before any work (:meth:`ExtrapolateConfig.validate`,
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dim": 512,
         "depth": 8,
         "heads": 8,
-        "steps": 6000,
+        "steps": 3000,  # where RoPE's curves settle at this size (issue #38's H200 run)
         "batch_size": 32,
         "lr": 1e-3,
         "weight_decay": 0.1,
@@ -66,6 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_lens": [256, 512, 1024, 2048, 4096],
         "scalings": list(SCALINGS),
         "eval_tokens": 65536,
+        "batch_tokens": 32768,  # evaluation in large batches: 8 windows of 16L per forward
         "finetune_steps": 0,
         "retrieval": True,
         "pe_options": {
@@ -96,7 +98,9 @@ class ExtrapolateConfig:
     warmup: float = 0.05  # fraction of steps with linear warm-up from 0
     decay: str = "cosine"  # after warm-up: "cosine" or "linear" to 0, or "constant"
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    checkpoint_every: int = 100  # checkpoint every N steps (and at the end)
+    checkpoint_every: int = 0  # checkpoint every N steps (0: by wall time only), and at the end
+    checkpoint_minutes: float = 5.0  # and every this many minutes of training (0: never)
+    compile: bool = False  # train through torch.compile (paid once per model; see README)
     precision: str = "fp32"  # "fp32", or "bf16": forward and loss under bfloat16 autocast
     needle_share: float = 0.0  # share of training windows with a needle and its repeat
     needle_len: int = 16  # tokens per needle (training needles and --retrieval)
@@ -114,6 +118,10 @@ class ExtrapolateConfig:
         return the rows of a learned table (``None`` for other encodings)."""
         positive = ("dim", "depth", "heads", "steps", "batch_size", "train_len")
         check_fields(self, positive, ("ffn_dim", "checkpoint_every", "seed"))
+        if not (self.checkpoint_minutes >= 0 and math.isfinite(self.checkpoint_minutes)):
+            raise PosencValueError(
+                f"checkpoint_minutes must be a finite number >= 0, got {self.checkpoint_minutes}"
+            )
         if self.train_len > MAX_LENGTH:
             raise PosencValueError(f"train_len must be <= {MAX_LENGTH}, got {self.train_len}")
         if not 0.0 <= self.needle_share <= 1.0:  # NaN fails too

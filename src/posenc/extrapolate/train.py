@@ -41,7 +41,7 @@ from .corpus import Corpus
 from .windows import Needles, add_needles, token_alphabet
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
-RESUME_FREE = frozenset({"checkpoint_every"})
+RESUME_FREE = frozenset({"checkpoint_every", "checkpoint_minutes", "compile"})
 
 
 def build_model(config: ExtrapolateConfig, vocab_size: int) -> nn.Module:
@@ -240,6 +240,7 @@ def _run(
         path=path,
         resume_free=RESUME_FREE,
         extra={"trained_length": config.train_len},
+        compile=config.compile,
     )
     finished = trainer.restore()
     if finished is not None:
@@ -263,7 +264,13 @@ def _run(
             precision=config.precision,
         )
 
-    trainer.fit(steps, step, checkpoint_every=config.checkpoint_every, bar=bar)
+    trainer.fit(
+        steps,
+        step,
+        checkpoint_every=config.checkpoint_every,
+        checkpoint_seconds=60.0 * config.checkpoint_minutes,
+        bar=bar,
+    )
     record = {
         "steps": trainer.step,
         "losses": trainer.losses,

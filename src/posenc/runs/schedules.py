@@ -76,7 +76,9 @@ def parse_schedule(text: str) -> list[LayerEntry]:
                 "can only be a model's single pe, not an entry of a schedule"
             )
         if getattr(found.cls, "axes", 1) != 1:
-            raise PosencValueError(f"{where}: {name!r} encodes N-D coordinates, not positions")
+            raise PosencValueError(
+                f"{where}: {name!r} encodes N-D coordinates, not sequence positions"
+            )
         entries.append(LayerEntry(name, bool(colon)))
     return entries
 
