@@ -82,8 +82,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class ExtrapolateConfig:
     """Everything that determines one trained model (and its fine-tunes)."""
 
-    pe: str = "rope"  # registry name of the positional encoding (posenc.available())
-    pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
+    pe: str = "rope"  # registry name (posenc.available()) or schedule (posenc.runs.schedules)
+    pe_options: dict[str, Any] = field(default_factory=dict)  # kwargs (a schedule's: by name)
     seed: int = 0  # model init and the order of the training windows
     dim: int = 128  # model width
     depth: int = 3  # layers
