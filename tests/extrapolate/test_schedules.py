@@ -83,12 +83,21 @@ def test_schedules_train_and_evaluate(tmp_path: Path, text: Path) -> None:
 def test_the_model_of_a_schedule_has_its_layers() -> None:
     config = ExtrapolateConfig(pe="rope/rope/rope/none:temp", dim=16, depth=8, heads=2,
                                train_len=32)  # fmt: skip
-    encoder = build_model(config, 256).encoder
+    model = build_model(config, 256)
+    encoder = model.encoder
     layers = encoder.layers
     kinds = [type(pe) for pe in encoder.pes]
     assert kinds == [RotaryEmbedding] * 3 + [NoPE] + [RotaryEmbedding] * 3 + [NoPE]
     scales = [layer.attn.query_scale for layer in layers]
     assert scales == [None] * 3 + [query_temperature(32)] + [None] * 3 + [query_temperature(32)]
+    # a zero-shot scaling reaches the rotary layers and leaves the NoPE ones as they were
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    scaled = model.with_rope_scaling(yarn).encoder
+    assert [type(pe) for pe in scaled.pes] == kinds
+    rotary = [pe for pe in scaled.pes if isinstance(pe, RotaryEmbedding)]
+    assert len(rotary) == 6 and all(pe.scaling["rope_type"] == "yarn" for pe in rotary)
+    assert [layer.attn.query_scale for layer in scaled.layers] == scales
+    assert encoder.pes[0].scaling["rope_type"] == "default"  # the model itself is unchanged
 
 
 def test_results_are_written_after_each_model_and_resume_completes_them(
