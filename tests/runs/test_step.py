@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.runs.step import scored_step
+from posenc.runs.step import scored_step, to_device
 from posenc.runs.trainer import make_optimizer
 
 V = 7
@@ -121,3 +121,10 @@ def test_bf16_autocasts_the_forward_and_keeps_everything_else_fp32() -> None:
         assert not torch.is_autocast_enabled("cpu")  # nothing left switched on
     assert results["bf16"] != results["fp32"]
     assert results["bf16"] == pytest.approx(results["fp32"], rel=2e-2)
+
+
+def test_to_device_copies_the_batch() -> None:
+    """On the CPU a plain copy (on a GPU: pinned and queued, see ``to_device``)."""
+    batch = torch.arange(12).view(3, 4)
+    moved = to_device(batch, torch.device("cpu"))
+    assert torch.equal(moved, batch) and moved.device.type == "cpu"

@@ -34,7 +34,7 @@ from ..runs.device import model_device, placement
 from ..runs.distributed import check_divisible, world
 from ..runs.probe import probe
 from ..runs.progress import Bar
-from ..runs.step import scored_step
+from ..runs.step import scored_step, to_device
 from ..runs.trainer import Trainer, make_optimizer, optimizer_for, seed_everything
 from .config import ExtrapolateConfig
 from .corpus import Corpus
@@ -77,7 +77,7 @@ def lm_step(
         batch = add_needles(batch, step, seed, needles)
     windows = torch.from_numpy(batch)  # (b, n + 1)
     per_rank = batch_size // world_size
-    mine = windows[rank * per_rank : (rank + 1) * per_rank].to(model_device(model))
+    mine = to_device(windows[rank * per_rank : (rank + 1) * per_rank], model_device(model))
 
     def forward() -> tuple[torch.Tensor, torch.Tensor]:
         logits = model(mine[:, :-1])  # (b / world, n, V)

@@ -31,6 +31,16 @@ from .trainer import optimizer_step
 ScoredForward = Callable[[], tuple[Tensor, Tensor]]
 
 
+def to_device(batch: Tensor, device: torch.device) -> Tensor:
+    """``batch`` (on the CPU) on ``device`` without the host waiting for the device: on a
+    GPU the copy goes through pinned memory and is queued behind the step before it (a plain
+    ``.to("cuda")`` from pageable memory waits for the queue to drain); elsewhere a plain
+    copy."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
 def scored_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
