@@ -9,6 +9,8 @@
 #   OUT=/path/to/out bash benchmarks/gpu_scale.sh               # the preset
 #   OUT=/path/to/out bash benchmarks/gpu_scale.sh --compile     # extra flags go to the command
 #   STEP_COST=1 OUT=... bash benchmarks/gpu_scale.sh            # also the step-cost probe after
+#   SYNC_CHECK=1 OUT=... bash benchmarks/gpu_scale.sh           # first check that no training
+#                                                               # step waits for the GPU (~1 min)
 #
 # Beside the results it writes environment.txt (GPU, driver, Python, torch, the corpus's
 # Python version), log.txt (the run's output) and wall_seconds.txt (this session's wall time,
@@ -23,6 +25,9 @@ mkdir -p "$OUT"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$PYTHON" -c 'import platform, torch, posenc; print("python", platform.python_version(), "(the default corpus: its standard library)"); print("torch", torch.__version__, "cuda", torch.version.cuda); print("posenc", posenc.__version__)'
 } >>"$OUT/environment.txt" 2>&1
+if [ "${SYNC_CHECK:-0}" = 1 ]; then
+    "$PYTHON" benchmarks/sync_check.py 2>&1 | tee -a "$OUT/sync_check.txt" || true
+fi
 started=$SECONDS
 "$PYTHON" -m posenc.extrapolate --preset scale --device cuda --out "$OUT" --resume --no-progress "$@" 2>&1 | tee -a "$OUT/log.txt"
 echo "$((SECONDS - started))" >>"$OUT/wall_seconds.txt"

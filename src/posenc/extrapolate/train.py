@@ -28,6 +28,8 @@ import torch
 from torch import nn
 
 from ..encodings.rope_scaling import ROPE_TYPES
+from ..errors import PosencValueError
+from ..generation import ids_checked
 from ..runs.checkpoint import RESULT, prepare_run_dir, write_json
 from ..runs.config import transformer_for
 from ..runs.device import model_device, placement
@@ -75,12 +77,17 @@ def lm_step(
     batch = corpus.batch(step, batch_size, length, seed)
     if needles is not None:
         batch = add_needles(batch, step, seed, needles)
+    if batch.min() < 0 or batch.max() >= corpus.vocab_size:  # here, on the host: see forward
+        raise PosencValueError(
+            f"corpus {corpus.name!r} holds token ids outside [0, {corpus.vocab_size})"
+        )
     windows = torch.from_numpy(batch)  # (b, n + 1)
     per_rank = batch_size // world_size
     mine = to_device(windows[rank * per_rank : (rank + 1) * per_rank], model_device(model))
 
     def forward() -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(mine[:, :-1])  # (b / world, n, V)
+        with ids_checked():  # (above: no wait for the device to read their range)
+            logits = model(mine[:, :-1])  # (b / world, n, V)
         targets = mine[:, 1:].reshape(-1)  # (t,)
         return logits.reshape(targets.numel(), -1), targets  # (t, V)
 
