@@ -29,11 +29,11 @@ class TrainConfig:
     """Everything that determines one run. The CLI and TOML files fill it field by field."""
 
     task: str = "copy-v1"  # registry name, or path/to/file.py:ClassName
-    pe: str = "none"  # registry name of the positional encoding (posenc.available())
+    pe: str = "none"  # registry name (posenc.available()) or schedule (posenc.runs.schedules)
     random_positions: bool = False  # randomized positions (Ruoss et al. 2023)
     random_max: int = 256  # L: randomized positions are drawn from [0, L)
     coupled_positions: bool = False  # position coupling (Cho et al. 2024; task-aware)
-    pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
+    pe_options: dict[str, Any] = field(default_factory=dict)  # kwargs (a schedule's: by name)
     seed: int = 0  # model init, data and evaluation all derive from it
     dim: int = 64  # model width
     depth: int = 2  # layers

@@ -68,9 +68,19 @@ _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The model for a run: ``posenc.TransformerModel`` over the task's tokens plus the
-    harness's special tokens, causal for decoder tasks."""
+    harness's special tokens, causal for decoder tasks. A tempered NoPE entry's floor is
+    the longest training sequence (``random_max`` with randomized positions)."""
     vocab = Vocab(task.vocab_size).size
-    return run_config.transformer_for(config, vocab, causal=task.kind == "decoder")
+    trained = (
+        config.random_max
+        if config.random_positions
+        else longest_model_length(
+            task, [config.train_max_length], np.random.default_rng([config.seed, 99])
+        )
+    )
+    return run_config.transformer_for(
+        config, vocab, causal=task.kind == "decoder", trained_length=trained
+    )
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
