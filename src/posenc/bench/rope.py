@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..encodings.rotary import RotaryEmbedding
-from ..encodings.rotate_select import select
+from ..encodings.kernels.select import select
+from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
 from .rope_calls import (
     FORWARD,
@@ -309,11 +309,11 @@ def _add_rows(
     floor = t[0]
     ours = {layout: x for (name, layout, _), x in zip(triples, t, strict=True) if name == FORWARD}
     medians = {(name, layout): x.median for (name, layout, _), x in zip(triples, t, strict=True)}
-    for fallback, native in ((TORCH_PATH, FORWARD), (TORCH_PATH_IN_PLACE, IN_PLACE)):
+    for fallback, fast in ((TORCH_PATH, FORWARD), (TORCH_PATH_IN_PLACE, IN_PLACE)):
         for layout in ("half", "interleaved"):
             if (fallback, layout) in medians:
-                speedup = medians[(fallback, layout)] / medians[(native, layout)]
-                spans.setdefault(f"native speed-up|{native}", []).append(speedup)
+                speedup = medians[(fallback, layout)] / medians[(fast, layout)]
+                spans.setdefault(f"native speed-up|{fast}", []).append(speedup)
     for (name, layout, _), x in zip(triples, t, strict=True):
         if name in GOALS:
             spans.setdefault(name, []).append(x.median / floor.median)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..encodings.rotary import RotaryEmbedding
+from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Table, ratio
 from .timing import Timing, copy_floor
 

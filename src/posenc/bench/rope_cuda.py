@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..encodings.rotary import RotaryEmbedding
+from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Section, Table, ms, ratio, round_robin
 from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table, forced_kernel
 from .timing import Timing, copy_floor

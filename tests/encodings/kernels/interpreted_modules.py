@@ -21,7 +21,7 @@ from torch import Tensor
 
 import posenc
 from posenc.encodings.kernels import triton_kernel
-from posenc.encodings.rotate import rotate_reference
+from posenc.encodings.kernels.rotate import rotate_reference
 
 from . import interpreted_triton as kernel_cases
 from .interpreted_triton import DEVICE, assert_close_to

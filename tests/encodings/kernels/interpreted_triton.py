@@ -30,11 +30,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 (CPU) or a CUDA device", allow_module_level=True)
 
+from posenc.encodings.kernels.rotate import rotate_reference  # noqa: E402
 from posenc.encodings.kernels.triton_kernel import (  # noqa: E402 (after the env check)
     rotate_pair_triton,
     rotate_triton,
 )
-from posenc.encodings.rotate import rotate_reference  # noqa: E402
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
