@@ -31,16 +31,17 @@ within float32 rounding at any position; the cached tables stay float32 after
 ``module.to(torch.bfloat16)`` (``_apply`` rebuilds them); bf16/fp16 queries and keys are
 rotated in float32 and cast back once.
 
-The arithmetic lives in ``kernels/rotate.py`` (the float64 reference formula and the entry points),
-``kernels/native.py`` (the native kernel ``_rotary_native.c``, compiled at install time by
-``setup.py`` where a C compiler exists, and the blocked pure-torch path) and ``kernels/ops.py``
-(inside ``torch.compile`` and ``torch.export`` the rotation is one custom operator,
-``posenc::rotary``, in place ``posenc::rotary_``). Which of them runs is decided once per call
-by :func:`~posenc.encodings.kernels.select.select`; the forward, the position reader and the tables
-act on its answer. Every module takes ``inplace=True`` to rotate ``q`` and ``k`` in their own
-storage (:func:`apply_rotary_`). A call with one or a few integer positions (decoding with a KV
-cache) reads the positions once and rotates with its rows of the cached table where they lie. See
-``benchmarks/rope.md``.
+The arithmetic lives in ``kernels/``: ``rotate.py`` (the float64 reference formula and the
+entry points), three kernels behind one interface (``native.py``, the C kernel
+``_rotary_native.c`` compiled at install time by ``setup.py`` where a C compiler exists;
+``pytorch.py``, the tiled pure-torch path; ``triton_kernel.py``, Triton on CUDA) and
+``ops.py`` (inside ``torch.compile`` and ``torch.export`` the rotation is one custom operator,
+``posenc::rotary``, in place ``posenc::rotary_``). The mode and the kernel are decided once
+per call by :func:`~posenc.encodings.kernels.select.select`; the forward, the position reader
+and the tables act on its answer. Every module takes ``inplace=True`` to rotate ``q`` and
+``k`` in their own storage (:func:`apply_rotary_`). A call with one or a few integer positions
+(decoding with a KV cache) reads the positions once and rotates with its rows of the cached
+table where they lie. See ``benchmarks/rope.md`` (CPU) and ``benchmarks/gpu.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
