@@ -85,7 +85,12 @@ class Mode(enum.Enum):
 
     def __init__(self, label: str, eager: bool) -> None:
         self.label = label
-        self.eager = eager
+        self.eager = eager  # (plain attributes: read in every decode step)
+        self.index = 0  # (its place in the class, set below: the plans' index)
+
+
+for _place, _mode_member in enumerate(Mode):
+    _mode_member.index = _place
 
 
 @dataclass(frozen=True)
@@ -123,24 +128,16 @@ NATIVE = Kernel("native", _native_takes, native.rotate_native, native.rotate_pai
 TORCH = Kernel("torch", lambda x, pair, tables: True, _torch_rotate, lambda *args: None)
 #: Every kernel by the name ``POSENC_ROTARY_KERNEL`` gives it.
 KERNELS = {kernel.name: kernel for kernel in (NATIVE, TORCH, TRITON)}
-#: One plan per mode and kernel, made once (a decode step allocates none); keyed by kernel
-#: identity, then mode.
+#: One plan per mode and kernel, made once (a decode step allocates none): by kernel
+#: (identity), then :attr:`Mode.index` (an Enum member hashes in Python; a list index does not).
 _PLANS = {
-    kernel: {mode: Plan(mode, kernel, mode.eager) for mode in Mode}
+    kernel: [Plan(mode, kernel, mode.eager) for mode in Mode]
     for kernel in (None, *KERNELS.values())
 }
 #: The environment as bytes where CPython keeps it (POSIX): one dict lookup per call, where
 #: ``os.environ.get`` of an unset name raises and catches a KeyError (a decode step's cost).
 _ENVIRON = getattr(os.environ, "_data", None)
 _KEY = os.environ.encodekey(KERNEL_VARIABLE) if hasattr(os.environ, "encodekey") else None  # type: ignore[attr-defined]
-
-
-def _variable(compiling: bool) -> str | None:
-    """``POSENC_ROTARY_KERNEL`` as it is now."""
-    if _ENVIRON is not None and _KEY is not None and not compiling:
-        value = _ENVIRON.get(_KEY)
-        return None if value is None else os.environ.decodevalue(value)  # type: ignore[attr-defined]
-    return os.environ.get(KERNEL_VARIABLE)  # (what dynamo traces)
 
 
 def rotate_with(
@@ -154,8 +151,15 @@ def rotate_with(
 
 def forced_kernel(compiling: bool = False) -> Kernel | None:
     """The kernel ``POSENC_ROTARY_KERNEL`` forces (``None``: unset or ``auto``);
-    ``compiling``: dynamo is tracing the call."""
-    name = _variable(compiling)
+    ``compiling``: dynamo is tracing the call (it traces ``os.environ``, not CPython's
+    dict)."""
+    if _ENVIRON is not None and _KEY is not None and not compiling:
+        value = _ENVIRON.get(_KEY)
+        if value is None:  # (the common case: one dict lookup)
+            return None
+        name = os.environ.decodevalue(value)  # type: ignore[attr-defined]
+    else:
+        name = os.environ.get(KERNEL_VARIABLE)
     if name is None or name == "auto" or name == "":
         return None
     kernel = KERNELS.get(name)
@@ -219,12 +223,12 @@ def select(
     if not kernel:
         if mode is Mode.OPERATOR and _kernel(x, pair, tables, None) is TORCH:
             mode = Mode.TRACED  # (as below)
-        return _PLANS[None][mode]
+        return _PLANS[None][mode.index]
     forced = forced_kernel(not mode.eager)
     if mode is Mode.FORMULA or mode is Mode.TRACED:
         if forced is not None:
             raise _refuse(forced, _why_formula(mode, learned, tables))
-        return _PLANS[None][mode]
+        return _PLANS[None][mode.index]
     chosen = _kernel(x, pair, tables, forced)
     if chosen is None:
         assert forced is not None
@@ -237,8 +241,8 @@ def select(
         )
     if mode is Mode.OPERATOR and chosen is TORCH and forced is None:
         mode = Mode.TRACED  # (no fast kernel: inductor's fusion of the formula is faster)
-        return _PLANS[None][mode]
-    return _PLANS[chosen][mode]
+        return _PLANS[None][mode.index]
+    return _PLANS[chosen][mode.index]
 
 
 def _why_formula(mode: Mode, learned: bool, tables: Tables | None) -> str:
