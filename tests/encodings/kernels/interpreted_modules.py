@@ -223,3 +223,29 @@ def test_compiled_calls_keep_the_kernel(
         back = rotate_reference(g.double(), cos, -sin)  # rot^T g
         assert leaf.grad is not None
         assert_close_to(leaf.grad, back)
+
+
+def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positions that are not one run (packing, left padding) reach the kernel as positions
+    over the module's whole cached table, in one launch for q and k: no gathered table."""
+    seen: list[tuple] = []
+    launch = triton_kernel._launch
+
+    def spy(q, out_q, k, out_k, cos, sin, positions, *rest):  # type: ignore[no-untyped-def]
+        seen.append((k is not None, tuple(cos.shape), positions))
+        launch(q, out_q, k, out_k, cos, sin, positions, *rest)
+
+    monkeypatch.setattr(triton_kernel, "_launch", spy)
+    monkeypatch.setenv("POSENC_ROTARY_KERNEL", "triton")
+    rope = posenc.RotaryEmbedding(D).to(DEVICE)
+    q = torch.randn(B, HQ, N, D, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(B, HK, N, D, device=DEVICE, dtype=torch.bfloat16)
+    positions = _positions("per_row", N)
+    got = rope(q, k, positions)
+    assert len(seen) == 1
+    pair, table_shape, given = seen[0]
+    assert pair and table_shape == tuple(rope.cos_cached.shape) and given is positions
+    with monkeypatch.context() as m:
+        m.delenv("POSENC_ROTARY_KERNEL")
+        for g, x, key in ((got[0], q, False), (got[1], k, True)):
+            assert_close_to(g, _reference(rope, x, positions, key))

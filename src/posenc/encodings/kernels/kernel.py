@@ -6,11 +6,13 @@ can hand any of them to the code that rotates:
 * ``rotate(x, out, cos, sin, interleaved)``: one tensor, into ``out`` (``x`` itself for in
   place, or a fresh contiguous tensor of its shape), ``cos``/``sin`` broadcasting against
   ``x.shape[:-1]``; channels past ``r = 2 * cos.shape[-1]`` pass through;
-* ``rotate_pair(q, k, cos, sin, interleaved, inplace, first_row)``: ``q`` and ``k`` by the
+* ``rotate_pair(q, k, cos, sin, interleaved, inplace, rows)``: ``q`` and ``k`` by the
   same table rows in one go, or ``None`` where the data rule it out (the caller then rotates
-  each with ``rotate``, whose checks explain what is wrong). With ``first_row``, ``cos`` and
-  ``sin`` are whole ``(positions, r/2)`` tables and the rows ``first_row, first_row + 1, ...``
-  turn ``q``'s and ``k``'s rows ``0, 1, ...``.
+  each with ``rotate``, whose checks explain what is wrong). With ``rows``, ``cos`` and
+  ``sin`` are whole ``(positions, r/2)`` tables: an ``int`` ``p`` turns ``q``'s and ``k``'s
+  rows ``0, 1, ...`` by table rows ``p, p + 1, ...``; an integer tensor of positions
+  ``(n,)`` or ``(b, n)``, already checked against the tables, by the rows it names, read on
+  the device (a kernel that cannot index rows so returns ``None``).
 
 Three implement it: the C kernel (``native``, CPU), the blocked pure-torch path (``torch``,
 anything) and Triton (``triton``, CUDA). :mod:`.select` holds them and chooses; nothing else
@@ -38,7 +40,8 @@ class Kernel:
     takes: Callable[[Tensor, Tensor | None, Tables | None], bool]
     rotate: Callable[[Tensor, Tensor, Tensor, Tensor, bool], None]
     rotate_pair: Callable[
-        [Tensor, Tensor, Tensor, Tensor, bool, bool, int | None], tuple[Tensor, Tensor] | None
+        [Tensor, Tensor, Tensor, Tensor, bool, bool, int | Tensor | None],
+        tuple[Tensor, Tensor] | None,
     ]
 
     def __repr__(self) -> str:

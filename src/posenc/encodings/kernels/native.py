@@ -135,18 +135,21 @@ def rotate_pair_native(
     sin: Tensor,
     interleaved: bool,
     inplace: bool,
-    first_row: int | None = None,
+    rows: int | Tensor | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """The native kernel's ``rotate_pair`` (:mod:`.kernel`): ``q`` and ``k`` turned by the
     same tables, what they share checked once. ``None``, with nothing written, where the data
     rule it out: :func:`~.kernel.pair_refused` (a partial rotation's copy of the channels past
     ``r`` is :func:`_rotate_native`'s), tables that are not float32 with contiguous channels,
-    or an address the kernel refuses (:func:`_native_buffer`)."""
+    or an address the kernel refuses (:func:`_native_buffer`); and ``rows`` given as a
+    tensor (the kernel reads one run of rows, an ``int``)."""
     if pair_refused(q, k, cos, inplace) or not _native_tables(cos, sin):
+        return None
+    if rows is not None and not isinstance(rows, int):
         return None
     bf16 = q.dtype is torch.bfloat16
     item = 2 if bf16 else 4
-    tables = _kernel_tables(cos, sin, bf16, interleaved, first_row)  # made once
+    tables = _kernel_tables(cos, sin, bf16, interleaved, rows)  # made once
     q_at, k_at = _native_buffer(q, item), _native_buffer(k, item)
     if tables is None or q_at is None or k_at is None:
         return None  # an address the kernel refuses (see _native_buffer)

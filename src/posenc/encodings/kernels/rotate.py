@@ -157,20 +157,21 @@ def rotate_pair(
     interleaved: bool,
     inplace: bool,
     plan: Plan,
-    first_row: int | None = None,
+    rows: int | Tensor | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """``q`` and ``k`` turned by the same tables in one go where ``plan`` (the selector's
     answer for the pair) runs a kernel eagerly: the common eager call, a decode step above
-    all, where checks and calls cost more than the arithmetic. ``first_row``: ``cos`` and
-    ``sin`` are whole cached tables ``(positions, r/2)`` and ``q``/``k`` sit at positions
-    ``first_row, first_row + 1, ...``, read from the tables where they lie. ``None`` where
+    all, where checks and calls cost more than the arithmetic. ``rows``: ``cos`` and ``sin``
+    are whole cached tables ``(positions, r/2)`` and ``q``/``k`` sit at positions ``rows,
+    rows + 1, ...`` (an ``int``) or at the positions a tensor names (see
+    :mod:`~.kernel`), read from the tables where they lie. ``None`` where
     this does not apply (another mode, or data the kernel rules out: see
     :func:`~.kernel.pair_refused`): the caller then rotates each through
     :func:`rotate`."""
     if plan.mode is not Mode.EAGER:
         return None
     assert plan.kernel is not None
-    return plan.kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, first_row)
+    return plan.kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, rows)
 
 
 def rotate(

@@ -67,18 +67,24 @@ def rotate_pair(
     sin: Tensor,
     interleaved: bool,
     inplace: bool,
-    first_row: int | None = None,
+    rows: int | Tensor | None = None,
 ) -> tuple[Tensor, Tensor] | None:
-    """``q`` and ``k`` in one launch (``None`` where :func:`~.kernel.pair_refused`)."""
+    """``q`` and ``k`` in one launch (``None`` where :func:`~.kernel.pair_refused`); ``rows``
+    as positions are read by the kernel on the device, never gathered into a table."""
     if pair_refused(q, k, cos, inplace):
         return None
     from .triton_kernel import rotate_pair_triton
 
-    if first_row is not None:  # rows of the whole tables, as views
+    positions = None
+    if isinstance(rows, int):  # one run of rows of the whole tables, as views
         n = q.shape[-2]
-        cos, sin = cos[first_row : first_row + n], sin[first_row : first_row + n]
+        cos, sin = cos[rows : rows + n], sin[rows : rows + n]
+    elif rows is not None:
+        positions = rows
     outs = {"out_q": q, "out_k": k} if inplace else {}
-    return rotate_pair_triton(q, k, cos, sin, interleaved=interleaved, **outs)
+    return rotate_pair_triton(
+        q, k, cos, sin, positions=positions, interleaved=interleaved, checked=True, **outs
+    )
 
 
 TRITON = Kernel("triton", takes, rotate, rotate_pair)

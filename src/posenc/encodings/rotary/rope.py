@@ -340,14 +340,25 @@ class RotaryEmbedding(RotaryEncoding):
         read = read_positions(positions, n, b, q.device, plan.eager)
         if positions is None and n:
             read = None, (0, n - 1, True)  # (the default arange: one run from row 0)
-        if plan.mode is Mode.EAGER and self._decode_lane:  # a decode step: rows where they lie
-            first = self._tables.first_row(read[1], n, q.device)
-            if first is not None:
+        if plan.mode is Mode.EAGER and self._decode_lane:  # rows of the table where they lie
+            # one run p, p+1, ... (a decode step): its first row; other integer positions in
+            # the table: the positions, for a kernel that indexes rows on the device
+            rows = self._tables.first_row(read[1], n, q.device)
+            given = read[0]
+            if (
+                rows is None
+                and given is not None
+                and given.dtype in (torch.int64, torch.int32)
+                and given.device == q.device
+                and self._tables.in_table(read[1], q.device)
+            ):
+                rows = given
+            if rows is not None:
                 buffers = self._buffers
                 cos, sin = buffers["cos_cached"], buffers["sin_cached"]
                 kernel = plan.kernel
                 assert kernel is not None
-                pair = kernel.rotate_pair(q, k, cos, sin, self.interleaved, inplace, first)
+                pair = kernel.rotate_pair(q, k, cos, sin, self.interleaved, inplace, rows)
                 if pair is not None:
                     return pair
         work = compute_dtype(q.dtype)

@@ -184,12 +184,22 @@ class RotaryTables:
         """Where the float32 table rows (on ``device``) of positions with this extent start,
         where they are one run already in the table (a decode step): a kernel then reads
         them where they lie. ``None`` otherwise."""
+        if extent is None or not extent[2] or not self.in_table(extent, device):
+            return None
+        return extent[0]
+
+    def in_table(self, extent: Extent | None, device: torch.device) -> bool:
+        """Whether integer positions with this extent (validated, non-negative) all have rows
+        in the float32 table on ``device``: a kernel that indexes rows on the device may then
+        read them from the whole table, gathering nothing."""
         table = self._buffers["cos_cached"]
-        if extent is None or not extent[2] or not self.caches:
-            return None
-        if extent[1] >= table.shape[0] or table.dtype is not torch.float32:
-            return None
-        return extent[0] if table.device == device else None
+        return (
+            extent is not None
+            and self.caches
+            and extent[1] < table.shape[0]
+            and table.dtype is torch.float32
+            and table.device == device
+        )
 
     def rows(
         self,
