@@ -92,6 +92,7 @@ from .hf_model_types import (
     ROTARY_DIM_IGNORED_MODEL_TYPES,
     ROTATES_ONLY_WITH,
 )
+from .hf_route import as_config
 from .mrope_layouts import read_multimodal
 from .rope_scaling import ROPE_TYPES, validate_rope_scaling
 from .rope_types import ORIGINAL
@@ -391,6 +392,12 @@ def rotary_arguments_from_hf_config(
     :data:`NOT_TOKEN_ROTATION_MODEL_TYPES`).
     """
     check_bool("strict", strict)
+    if isinstance(config, Mapping):  # a config.json: read as its transformers class reads it
+        config = as_config(config).config
+    return _rotary_arguments(config, layer_type, strict)
+
+
+def _rotary_arguments(config: Any, layer_type: str | None, strict: bool) -> dict[str, Any]:
     cfg = _text_model(config)
     model_type = cfg.get("model_type") or ""
     if not isinstance(model_type, str):
@@ -403,7 +410,7 @@ def rotary_arguments_from_hf_config(
         # multimodal RoPE (mrope_layouts.py): the family's own fields are read there (or the
         # config refused, naming why), the shared ones below, from a view without them
         view, complete = read_multimodal(cfg.raw, model_type, layer_type)
-        return complete(rotary_arguments_from_hf_config(view, layer_type=layer_type))
+        return complete(_rotary_arguments(view, layer_type, strict=False))
     if model_type in NOT_TOKEN_ROTATION_MODEL_TYPES:
         raise PosencValueError(
             f"config of model_type {model_type!r}: {NOT_TOKEN_ROTATION_MODEL_TYPES[model_type]}; "
