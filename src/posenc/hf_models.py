@@ -271,9 +271,9 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         raise PosencValueError(
             f"config layer_types holds {unknown}; posenc builds {', '.join(LAYER_TYPES)}"
         )
-    sliding = _optional_int(raw, "sliding_window")
-    if raw.get("use_sliding_window") is False:
-        sliding = None
+    # (a window switched off: Qwen 2 keeps None, Qwen2-MoE 0)
+    off = raw.get("use_sliding_window") is False
+    sliding = None if off else _optional_int(raw, "sliding_window")
     if sliding is not None and not causal:
         # transformers' bidirectional window keeps |i - j| <= sliding_window; posenc's < window
         sliding += 1

@@ -86,6 +86,7 @@ from .hf_model_types import (
     NOT_TOKEN_ROTATION_MODEL_TYPES,
     NTK_ALPHA_MODEL_TYPES,
     PARTIAL_MODEL_TYPES,
+    POSITION_TYPE_MODEL_TYPES,
     QUERY_SCALE_MODEL_TYPES,
     ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
     ROPE_TYPE_ALIASES,
@@ -430,7 +431,8 @@ def _rotary_arguments(config: Any, layer_type: str | None, strict: bool) -> dict
             "embeddings (see posenc.ALiBi)"
         )
     position_type = cfg.get("position_embedding_type")
-    if position_type is not None and position_type not in ("rotary", "rope"):
+    reads_type = model_type not in KNOWN_MODEL_TYPES or model_type in POSITION_TYPE_MODEL_TYPES
+    if reads_type and position_type is not None and position_type not in ("rotary", "rope"):
         raise PosencValueError(
             f"config has position_embedding_type={position_type!r}, not rotary embeddings"
         )

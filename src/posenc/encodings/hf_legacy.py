@@ -24,9 +24,11 @@ legacy field                    derived as transformers' config classes derive i
 Families with rules of their own (:data:`FAMILY_RULES`: the defaults their config class uses
 where a field is absent, and how it places sliding layers) are read exactly; the other families
 whose config class derives a schedule (:data:`DERIVING_MODEL_TYPES`) are refused unless the
-dict states ``layer_types`` (and ``no_rope_layers`` where the family has it); a field that
-changes layers in ways the rules above do not read (:data:`UNREAD_LAYER_FIELDS`) is refused by
-name.
+dict states ``layer_types`` (and ``no_rope_layers`` where the family has it), and the other
+families transformers knows are refused when they state a legacy layer field without
+``layer_types``, since each places layers by its own formula. The generic rules above serve
+model types transformers does not know. A field that changes layers in ways the rules do not
+read (:data:`UNREAD_LAYER_FIELDS`) is refused by name.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
+from .hf_model_types import KNOWN_MODEL_TYPES
 
 __all__ = ["DERIVING_MODEL_TYPES", "FAMILY_RULES", "UNREAD_LAYER_FIELDS", "derive"]
 
@@ -89,6 +92,10 @@ FAMILY_RULES: dict[str, tuple[dict[str, Any], Place | None]] = {
     ),
     "cohere2": ({"sliding_window": 4096, "sliding_window_pattern": 4}, _by_pattern),
     "qwen2": (
+        {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
+        _by_max_window_layers,
+    ),
+    "qwen3": (
         {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28},
         _by_max_window_layers,
     ),
@@ -228,6 +235,8 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
             "layers in a way posenc's own rules (used without transformers) do not read; "
             "state layer_types and rope_parameters, or install transformers"
         )
+    if model_type in KNOWN_MODEL_TYPES and model_type not in FAMILY_RULES:
+        _refuse_family_pattern(raw, model_type)
     if "local_attention" in defaults and raw.get("sliding_window") is None:
         raw["sliding_window"] = _count(raw, "local_attention") // 2  # ModernBERT's property
     if not raw.get("no_rope_layers") and raw.get("no_rope_layer_interval") is not None:
@@ -257,6 +266,31 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
             raw["rope_scaling"] = raw.pop("rope_parameters")
         _nested_rope(raw, raw["rope_local_base_freq"], theta, both=False)
     return raw
+
+
+def _refuse_family_pattern(raw: Mapping[str, Any], model_type: str) -> None:
+    """A family transformers knows (:data:`~.hf_model_types.KNOWN_MODEL_TYPES`) without rules
+    here places its layers by a formula of its own (Qwen2-MoE windows every other layer below
+    ``max_window_layers``, Qwen 2 those from it on): a legacy layer field it states is refused
+    by name rather than read by another family's formula."""
+    if raw.get("layer_types") is None:
+        placing = [key for key in _GENERIC if raw.get(key) is not None]
+        placing = [key for key in placing if key != "max_window_layers"]
+        if raw.get("use_sliding_window"):
+            placing.append("use_sliding_window")
+        if raw.get("attention_chunk_size") is not None:
+            placing.append("attention_chunk_size")
+    else:
+        placing = []
+    if raw.get("no_rope_layers") is None and raw.get("no_rope_layer_interval") is not None:
+        placing.append("no_rope_layer_interval")
+    if placing:
+        raise PosencValueError(
+            f"config of model_type {model_type!r} has {', '.join(sorted(set(placing)))} but no "
+            "layer_types/no_rope_layers: its transformers config class places the layers by a "
+            "formula posenc's own rules (used without transformers) do not know; state "
+            "layer_types (and no_rope_layers), or install transformers"
+        )
 
 
 def _nested(raw: Mapping[str, Any]) -> bool:

@@ -384,6 +384,12 @@ ROTATES_ONLY_WITH = {
     "zamba2": ("use_mem_rope", True),
 }
 
+#: ``model_type``s of :data:`KNOWN_MODEL_TYPES` whose modeling code reads
+#: ``position_embedding_type`` (ESM and Evolla rotate only with ``"rotary"``). The other
+#: families ignore the field, which some checkpoints carry from older code (ModernBERT's
+#: ``"absolute"``, Cohere 2's ``"rope_gptj"``): for them it says nothing.
+POSITION_TYPE_MODEL_TYPES = frozenset({"esm", "evolla"})
+
 #: ``model_type``s whose rotary module turns something other than every head of a token
 #: sequence, which :class:`~posenc.RotaryEmbedding` does not represent (-> why; refused).
 NOT_TOKEN_ROTATION_MODEL_TYPES = {

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PosencValueError
+from .hf_legacy import derive
 
 __all__ = ["ENV", "Read", "as_config", "route_enabled"]
 
@@ -64,19 +64,21 @@ def _quiet(logging: Any) -> Iterator[None]:
         logging.set_verbosity(level)
 
 
-def _config_class(model_type: Any) -> tuple[type, str, Any] | None:
+def _config_class(model_type: Any) -> tuple[type, str, Any] | str:
     """``(config class, transformers version, its logging module)`` for ``model_type``, or
-    ``None`` (route off, transformers not importable, or the type unknown to it)."""
-    if not route_enabled() or not isinstance(model_type, str) or not model_type:
-        return None
+    why there is none (route off, transformers not importable, the type unknown to it)."""
+    if not route_enabled():
+        return f"{ENV}={os.environ.get(ENV)}"
+    if not isinstance(model_type, str) or not model_type:
+        return "no model_type"
     try:
         import transformers
         from transformers import CONFIG_MAPPING
         from transformers.utils import logging
     except ImportError:
-        return None
+        return "transformers not installed"
     if model_type not in CONFIG_MAPPING:
-        return None
+        return f"transformers {transformers.__version__} knows no model_type {model_type!r}"
     return CONFIG_MAPPING[model_type], transformers.__version__, logging
 
 
@@ -95,26 +97,38 @@ SIZE_FIELDS = (
 
 def as_config(config: Any) -> Read:
     """``config`` as posenc reads it. A config object is read as it is; a ``config.json``
-    dict whose ``model_type`` transformers knows is built into that config class (a dict the
-    class refuses is refused, with transformers' words); any other dict is read by posenc's
-    own rules (:func:`~.hf_legacy.derive`)."""
+    dict whose ``model_type`` transformers knows is built into that config class; any other
+    dict, or one the class cannot build (its reason kept in ``via``), is read by posenc's own
+    rules (:func:`~.hf_legacy.derive`)."""
     if not isinstance(config, Mapping):
         return Read(config, f"the {type(config).__name__} given")
     found = _config_class(config.get("model_type"))
-    if found is None:
-        from .hf_legacy import derive  # (it imports this module's neighbours only)
-
-        return Read(derive(config), "posenc's own rules (no transformers config class)")
+    if isinstance(found, str):
+        return _own_rules(config, f"posenc's own rules ({found})")
     cls, version, logging = found
     try:
         with _quiet(logging):
             built = cls.from_dict(dict(config))
     except Exception as error:  # transformers' validation: ValueError, TypeError, its own
-        raise PosencValueError(
-            f"config of model_type {config['model_type']!r}: transformers {version} "
-            f"{cls.__name__} refuses it: {type(error).__name__}: {error}"
-        ) from error
-    text = config.get("text_config")
-    own = text if isinstance(text, Mapping) else config
-    defaulted = tuple(name for name in SIZE_FIELDS if own.get(name) is None)
+        # (Phi-3's first config.json, LongRoPE named "su", is one transformers 5 cannot build)
+        return _own_rules(
+            config,
+            f"posenc's own rules (transformers {version} {cls.__name__} refuses it: "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
+        )
+    text = getattr(built, "text_config", None)
+    target = (
+        text if text is not None and getattr(built, "num_hidden_layers", None) is None else built
+    )
+    stated = config.get("text_config") if text is target else config
+    stated = stated if isinstance(stated, Mapping) else config
+    defaulted = tuple(
+        name
+        for name in SIZE_FIELDS
+        if stated.get(name) is None and getattr(target, name, None) is not None
+    )
     return Read(built, f"transformers {version} {cls.__name__}", defaulted)
+
+
+def _own_rules(config: Mapping[str, Any], via: str) -> Read:
+    return Read(derive(config), via)
