@@ -220,34 +220,16 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
                 f"unknown override {name}=; expected one of {', '.join(sorted(OVERRIDES))}"
             )
         sizes[OVERRIDES[name]] = value
+    if isinstance(config, Mapping):  # what posenc refuses whatever the reading derives
+        stated = config.get("text_config")
+        _refuse_deliberately(Fields(stated if isinstance(stated, Mapping) else config))
     read, model = _text_model(config)
     if isinstance(model, Mapping):
         model = {**model, **sizes}
     elif sizes:
         model = _Sized(model, sizes)
     raw = Fields(model)
-    model_type = str(raw.get("model_type") or "")
-    if model_type in ROTATION_DECIDED_BY_THE_MODEL:
-        raise PosencValueError(
-            f"config model_type={model_type!r}: which of its layers rotate is decided by its "
-            "model's forward, which posenc does not read; refused rather than guessed"
-        )
-    latent = [key for key in LATENT_ATTENTION_FIELDS if raw.get(key) is not None]
-    if latent:
-        raise PosencValueError(
-            f"config model_type={model_type!r} has {', '.join(latent)}: multi-head latent "
-            "attention, which posenc's attention (no latent projections) does not build; "
-            "RotaryEmbedding.from_hf_config reads its rotation"
-        )
-    per_layer = raw.per_layer
-    if per_layer:
-        raise PosencValueError(
-            f"config model_type={model_type!r} sets {sorted(per_layer)} per layer "
-            "(per_layer_config): "
-            "posenc's Encoder has one head size and head count for every layer; "
-            "RotaryEmbedding.from_hf_config(config, layer_type=...) reads each layer type's "
-            "rotation"
-        )
+    model_type = _refuse_deliberately(raw)
     if raw.get("use_bidirectional_attention") or raw.get("is_causal") is False:
         raise PosencValueError(
             f"config model_type={model_type!r} is bidirectional (use_bidirectional_attention "
@@ -323,6 +305,34 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         via=read.via,
         defaulted=read.defaulted,
     )
+
+
+def _refuse_deliberately(raw: Fields) -> str:
+    """Refuse, naming why, the configs posenc does not build by design (rotations the model
+    decides per layer, latent attention, sizes per layer); else give the ``model_type``."""
+    model_type = str(raw.get("model_type") or "")
+    if model_type in ROTATION_DECIDED_BY_THE_MODEL:
+        raise PosencValueError(
+            f"config model_type={model_type!r}: which of its layers rotate is decided by its "
+            "model's forward, which posenc does not read; refused rather than guessed"
+        )
+    latent = [key for key in LATENT_ATTENTION_FIELDS if raw.get(key) is not None]
+    if latent:
+        raise PosencValueError(
+            f"config model_type={model_type!r} has {', '.join(latent)}: multi-head latent "
+            "attention, which posenc's attention (no latent projections) does not build; "
+            "RotaryEmbedding.from_hf_config reads its rotation"
+        )
+    per_layer = raw.per_layer
+    if per_layer:
+        raise PosencValueError(
+            f"config model_type={model_type!r} sets {sorted(per_layer)} per layer "
+            "(per_layer_config): "
+            "posenc's Encoder has one head size and head count for every layer; "
+            "RotaryEmbedding.from_hf_config(config, layer_type=...) reads each layer type's "
+            "rotation"
+        )
+    return model_type
 
 
 def _per_layer_list(raw: Fields, key: str, depth: int) -> list[Any] | None:

@@ -191,9 +191,9 @@ class Encoder(nn.Module):
         heads, head size, feed-forward width, and per layer its encoding (RoPE as the layer
         type reads it, or NoPE), window, chunk and query temperature; causal, unless the
         family's model attends both ways (ModernBERT and the other encoders of
-        ``posenc.hf_models.BIDIRECTIONAL_MODEL_TYPES``), with random weights. ``overrides`` change sizes first (``num_layers=``,
-        ``hidden_size=``, ...); ``device="meta"`` allocates nothing. :attr:`layer_types`
-        records each layer's type.
+        ``posenc.hf_models.BIDIRECTIONAL_MODEL_TYPES``), with random weights. ``overrides``
+        change sizes first (``num_layers=``, ``hidden_size=``, ...); ``device="meta"``
+        allocates nothing. :attr:`layer_types` records each layer's type.
 
         >>> from transformers import Gemma3TextConfig
         >>> enc = Encoder.from_hf_config(Gemma3TextConfig(), num_layers=6, device="meta")
