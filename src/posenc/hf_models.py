@@ -1,20 +1,28 @@
 """A transformers model's whole position schedule read from its config: widths, heads, key/value
 heads, head size, and per layer its encoding (RoPE with the layer type's θ and scaling, or
-none), its sliding window or chunk, and its query temperature.
+none), its sliding window or chunk, and its query temperature; causal or not.
 
-What each family does, as its modeling file says (transformers 5.24):
+A ``config.json`` dict is read as transformers reads it: built into the config class of its
+``model_type`` and read through the object's attributes, properties included
+(:mod:`~posenc.encodings.hf_route`; without transformers, posenc's own rules,
+:mod:`~posenc.encodings.hf_legacy`). What each family does, as its modeling file says
+(transformers 5.24):
 
 * ``layer_types`` names each layer (``full_attention``, ``sliding_attention``,
   ``chunked_attention``); a sliding layer reads ``sliding_window`` keys (unless
   ``use_sliding_window`` is false, SmolLM3), a chunked one ``attention_chunk_size``.
   A config without ``layer_types`` but with a ``sliding_window`` (Mistral) windows every layer.
-* ``no_rope_layers`` (SmolLM3, Llama 4): 1 = RoPE, 0 = NoPE. Cohere 2, Flint and AFMoE
-  rotate only their sliding layers, EXAONE 4 too when it has a window
-  (:data:`ROPE_IF_LAYER_WINDOW` and its neighbours); families whose model decides per layer
-  are refused (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are bidirectional configs. Llama 4
-  scales the queries of its NoPE layers (``attn_temperature_tuning``); Ministral 3 those of
-  every layer (``llama_4_scaling_beta``, read by
-  :func:`~posenc.encodings.hf_config.query_scale_from_hf_config`).
+* ``no_rope_layers`` (SmolLM3, Llama 4): 1 = RoPE, 0 = NoPE; ``layer_rope_theta`` (MuseGlimmer,
+  MuseSpark): 0 = NoPE, else the config's rotation. Cohere 2, Flint and AFMoE rotate only
+  their sliding layers, EXAONE 4 too when it has a window (:data:`ROPE_IF_LAYER_WINDOW` and
+  its neighbours); families whose model decides per layer are refused
+  (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are configs made bidirectional by a flag
+  (``use_bidirectional_attention``). Llama 4 scales the queries of its NoPE layers
+  (``attn_temperature_tuning``); Ministral 3 those of every layer (``llama_4_scaling_beta``,
+  read by :func:`~posenc.encodings.hf_config.query_scale_from_hf_config`).
+* Encoders, whose models attend both ways (:data:`BIDIRECTIONAL_MODEL_TYPES`: ModernBERT,
+  UltraBERT, EuroBERT, ...), are built with ``causal=False``; their sliding windows keep
+  ``|i - j| <= sliding_window`` as transformers' bidirectional masks do.
 * Refused by name: multi-head latent attention (``qk_rope_head_dim`` / ``kv_lora_rank``:
   DeepSeek-V2/V3/V4, Mistral 4, dots3, ...), which posenc's attention has no latent
   projections for, and configs that size layers differently (``per_layer_config``: the Gemma 4
@@ -70,8 +78,6 @@ ROTATION_DECIDED_BY_THE_MODEL = frozenset(
         "granitemoe_swa",
         "granitemoehybrid",
         "lara_mini",
-        "muse_glimmer",
-        "muse_spark",
         "olmo_hybrid",
         "zamba2",
     }
