@@ -554,6 +554,22 @@ def test_own_rules_refuse_a_known_familys_layer_field_by_name(monkeypatch) -> No
     ]
 
 
+def test_a_file_its_config_class_refuses_is_read_for_its_rotation_only(tmp_path, capsys) -> None:
+    """A dict transformers' class refuses (here a field posenc does not read) falls back to
+    posenc's own rules: its rotation is read, its schedule refused naming the per-layer field
+    the class would have derived (Gemma 2's layer_types), never the all-full default."""
+    raw = {**_fixture("gemma-2-9b"), "attn_logit_softcapping": "fifty"}
+    rope = posenc.RotaryEmbedding.from_hf_config(raw)
+    assert (rope.head_dim, rope.base) == (256, 1e4)
+    with pytest.raises(posenc.PosencValueError, match="config has no layer_types") as info:
+        _read(raw)
+    assert "Gemma2Config refuses it" in str(info.value)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    assert cli.main(["hf", str(path)]) == 2
+    assert "config has no layer_types" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("route", ["1", "0"])
 def test_posenc_hf_says_how_it_read_the_file(route: str, monkeypatch, capsys) -> None:
     monkeypatch.setenv(ENV, route)

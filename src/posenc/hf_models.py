@@ -230,6 +230,12 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         stated = config.get("text_config")
         _refuse_deliberately(Fields(stated if isinstance(stated, Mapping) else config))
     read, model = _text_model(config)
+    if read.underived:
+        raise PosencValueError(
+            f"config has no {', '.join(read.underived)}, which its transformers config class "
+            "would derive by a formula posenc's own rules do not know (state them); read "
+            f"through {read.via}"
+        )
     if isinstance(model, Mapping):
         model = {**model, **sizes}
     elif sizes:

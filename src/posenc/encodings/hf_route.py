@@ -48,6 +48,9 @@ class Read:
     via: str
     #: fields the config class filled with its defaults (a dict read through transformers)
     defaulted: tuple[str, ...] = ()
+    #: per-layer fields the config class would derive but could not (it refused the dict):
+    #: the rotation can be read, the schedule cannot
+    underived: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -111,11 +114,13 @@ def as_config(config: Any) -> Read:
             built = cls.from_dict(dict(config))
     except Exception as error:  # transformers' validation: ValueError, TypeError, its own
         # (Phi-3's first config.json, LongRoPE named "su", is one transformers 5 cannot build)
-        return _own_rules(
+        why = str(error).splitlines()[0] if str(error) else ""
+        read = _own_rules(
             config,
             f"posenc's own rules (transformers {version} {cls.__name__} refuses it: "
-            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})",
+            f"{type(error).__name__}: {why})",
         )
+        return Read(read.config, read.via, underived=_derived_by(cls, logging, config))
     text = getattr(built, "text_config", None)
     target = (
         text if text is not None and getattr(built, "num_hidden_layers", None) is None else built
@@ -128,6 +133,26 @@ def as_config(config: Any) -> Read:
         if stated.get(name) is None and getattr(target, name, None) is not None
     )
     return Read(built, f"transformers {version} {cls.__name__}", defaulted)
+
+
+#: Per-layer fields a config class may derive from others and its defaults.
+PER_LAYER_FIELDS = ("layer_types", "no_rope_layers", "layer_rope_theta")
+
+
+def _derived_by(cls: type, logging: Any, config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The per-layer fields ``cls`` sets (with its defaults) that ``config`` does not state:
+    what its class would have derived had it built the dict (all of them if it cannot be
+    built with its defaults either)."""
+    try:
+        with _quiet(logging):
+            defaults = cls()
+    except Exception:
+        return tuple(name for name in PER_LAYER_FIELDS if config.get(name) is None)
+    return tuple(
+        name
+        for name in PER_LAYER_FIELDS
+        if getattr(defaults, name, None) is not None and config.get(name) is None
+    )
 
 
 def _own_rules(config: Mapping[str, Any], via: str) -> Read:
