@@ -14,7 +14,7 @@ or where posenc reads the small config but not its own), and read by
     its ``to_json_string(use_diff=True)`` without the derived ``layer_types`` and
     ``no_rope_layers`` (a ``config.json`` as most checkpoints have it);
 (c) the same with the transformers route switched off (``POSENC_HF_CONFIG_CLASS=0``): the
-    families of posenc's own rules (``hf_legacy.FAMILY_RULES``) agree, the rest agree or are
+    families of posenc's own rules (``hf.legacy.FAMILY_RULES``) agree, the rest agree or are
     refused naming a field;
 (d) ``tests/hf_configs/`` holds config.json files of released models with their published
     fields and legacy spellings: each reads as its config class reads it, and as the model
@@ -41,8 +41,8 @@ transformers = pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
 from posenc import cli  # noqa: E402
-from posenc.encodings.hf_legacy import FAMILY_RULES  # noqa: E402
-from posenc.encodings.hf_route import ENV  # noqa: E402
+from posenc.encodings.hf.legacy import FAMILY_RULES  # noqa: E402
+from posenc.encodings.hf.route import ENV  # noqa: E402
 from posenc.errors import PosencError  # noqa: E402
 from posenc.hf_models import BIDIRECTIONAL_MODEL_TYPES, ModelSchedule, read_schedule  # noqa: E402
 

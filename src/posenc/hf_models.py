@@ -4,8 +4,8 @@ none), its sliding window or chunk, and its query temperature; causal or not.
 
 A ``config.json`` dict is read as transformers reads it: built into the config class of its
 ``model_type`` and read through the object's attributes, properties included
-(:mod:`~posenc.encodings.hf_route`; without transformers, posenc's own rules,
-:mod:`~posenc.encodings.hf_legacy`). What each family does, as its modeling file says
+(:mod:`~posenc.encodings.hf.route`; without transformers, posenc's own rules,
+:mod:`~posenc.encodings.hf.legacy`). What each family does, as its modeling file says
 (transformers 5.24):
 
 * ``layer_types`` names each layer (``full_attention``, ``sliding_attention``,
@@ -19,7 +19,7 @@ A ``config.json`` dict is read as transformers reads it: built into the config c
   (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are configs made bidirectional by a flag
   (``use_bidirectional_attention``). Llama 4 scales the queries of its NoPE layers
   (``attn_temperature_tuning``); Ministral 3 those of every layer (``llama_4_scaling_beta``,
-  read by :func:`~posenc.encodings.hf_config.query_scale_from_hf_config`).
+  read by :func:`~posenc.encodings.hf.config.query_scale_from_hf_config`).
 * Encoders, whose models attend both ways (:data:`BIDIRECTIONAL_MODEL_TYPES`: ModernBERT,
   UltraBERT, EuroBERT, ...), are built with ``causal=False``; their sliding windows keep
   ``|i - j| <= sliding_window`` as transformers' bidirectional masks do.
@@ -45,10 +45,10 @@ from typing import Any
 import torch
 
 from .encodings.base import PositionalEncoding
-from .encodings.hf_config import query_scale_from_hf_config
-from .encodings.hf_fields import Fields
-from .encodings.hf_route import as_config
-from .encodings.rotary import RotaryEmbedding
+from .encodings.hf.config import query_scale_from_hf_config
+from .encodings.hf.fields import Fields
+from .encodings.hf.route import as_config
+from .encodings.rotary.rope import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
 
@@ -173,7 +173,7 @@ class ModelSchedule:
 
 def _text_model(config: Any) -> Any:
     """The config (object or dict) posenc reads: a ``config.json`` dict built into its
-    transformers config class where it can be (:func:`~posenc.encodings.hf_route.as_config`),
+    transformers config class where it can be (:func:`~posenc.encodings.hf.route.as_config`),
     and of a multimodal config its language model (``text_config``)."""
     if not isinstance(config, Mapping) and not hasattr(config, "to_dict"):
         raise PosencTypeError(
@@ -216,7 +216,7 @@ def _int(raw: Fields, key: str, default: int | None = None) -> int:
 def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
     """The schedule of the model ``config`` describes (a transformers config or a
     ``config.json`` dict, read as transformers' config class for its ``model_type`` reads it:
-    :mod:`~posenc.encodings.hf_route`), with size ``overrides`` (``num_layers=``,
+    :mod:`~posenc.encodings.hf.route`), with size ``overrides`` (``num_layers=``,
     ``hidden_size=``, ``num_attention_heads=``, ...; see :data:`OVERRIDES`) applied first: a
     smaller model of the same schedule (its first ``num_layers`` layers)."""
     sizes = {}
