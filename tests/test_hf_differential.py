@@ -471,6 +471,7 @@ def test_released_config_json_reads_as_published(name: str, monkeypatch, capsys)
     raw = _fixture(name)
     causal, rows = EXPECTED[name]
     schedule = _read(raw)
+    assert raw == _fixture(name)  # the caller's dict is left as it was (transformers edits)
     assert signature(schedule) == signature(_read(_class_of(raw)))
     assert _layers(schedule) == rows
     assert schedule.causal is causal
@@ -560,6 +561,10 @@ def test_a_file_its_config_class_refuses_is_read_for_its_rotation_only(tmp_path,
     the class would have derived (Gemma 2's layer_types), never the all-full default."""
     raw = {**_fixture("gemma-2-9b"), "attn_logit_softcapping": "fifty"}
     rope = posenc.RotaryEmbedding.from_hf_config(raw)
+    hunyuan = {"model_type": "hunyuan_vl_text", **SMALL, "rope_parameters": {
+        "rope_theta": 1e4, "mrope_section": [2] * 4, "xdrope_section": [1, 3, 2, 2]}}  # fmt: skip
+    with pytest.raises(posenc.PosencValueError, match="xdrope_section"):  # its class edits
+        posenc.RotaryEmbedding.from_hf_config(hunyuan)  # the dict before it refuses it
     assert (rope.head_dim, rope.base) == (256, 1e4)
     with pytest.raises(posenc.PosencValueError, match="config has no layer_types") as info:
         _read(raw)

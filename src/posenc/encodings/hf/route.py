@@ -20,6 +20,7 @@ they cannot.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -111,7 +112,7 @@ def as_config(config: Any) -> Read:
     cls, version, logging = found
     try:
         with _quiet(logging):
-            built = cls.from_dict(dict(config))
+            built = cls.from_dict(copy.deepcopy(dict(config)))  # (it edits nested dicts)
     except Exception as error:  # transformers' validation: ValueError, TypeError, its own
         # (Phi-3's first config.json, LongRoPE named "su", is one transformers 5 cannot build)
         why = str(error).splitlines()[0] if str(error) else ""
