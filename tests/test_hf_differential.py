@@ -30,7 +30,7 @@ import functools
 import json
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +181,10 @@ def _expected_layer(config: Any, schedule: ModelSchedule, i: int) -> dict[str, A
     depth = len(schedule.layers)
     kinds = _as_list(getattr(config, "layer_types", None), depth)
     kind = kinds[i] if kinds else "full_attention"
-    sliding = getattr(config, "sliding_window", None)
+    if "sliding_window" in (getattr(config, "per_layer_attributes", None) or ()):
+        sliding = config.per_layer_config[i].sliding_window  # NeoMME: per layer
+    else:
+        sliding = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", None) is False:
         sliding = None
     if sliding is not None and schedule.model_type in BIDIRECTIONAL_MODEL_TYPES:
@@ -326,16 +329,35 @@ def test_without_transformers_posenc_rules_agree_or_refuse_by_name(monkeypatch) 
     assert not problems, "\n".join(problems)
     for model_type in FAMILY_RULES:  # each family of the rules is swept, its defaults its own
         assert model_type in families() and families()[model_type].schedule is not None
-        defaults = FAMILY_RULES[model_type][0]
-        config = _quiet_config(type(families()[model_type].config))
-        for field, value in defaults.items():
-            if field in ("rope_theta", "rope_local_base_freq", "global_rope_theta"):
-                continue  # checked through the schedules (the class nests them)
-            if field == "sliding_window_pattern" and model_type == "gemma2":
-                continue  # Gemma 2 fixes the pattern; no field (checked through layer_types)
-            attribute = getattr(config, field, getattr(config, f"_{field}", None))
-            if attribute is not None:
-                assert attribute == value, (model_type, field)
+        config = _quiet_config(type(families()[model_type].config))  # its defaults
+        for field, value in FAMILY_RULES[model_type][0].items():
+            assert _class_default(config, field) == value, (model_type, field)
+
+
+#: Where a config class keeps a legacy θ once built (layer type of its nested parameters).
+_THETAS = {
+    "rope_theta": "full_attention",
+    "global_rope_theta": "full_attention",
+    "rope_local_base_freq": "sliding_attention",
+    "local_rope_theta": "sliding_attention",
+}
+
+
+def _class_default(config: Any, field: str) -> Any:
+    """The default a config class gives ``field``, read from what it builds: θs from its
+    rope_parameters, layer patterns from its layer_types (Gemma 2 fixes its pattern, Cohere 2
+    and ModernBERT keep none), the rest from the attribute."""
+    if field in _THETAS:
+        params = config.rope_parameters
+        return params.get(_THETAS[field], params)["rope_theta"]
+    if field == "sliding_window_pattern":  # layer i is full when (i + 1) % p == 0
+        return config.layer_types.index("full_attention") + 1
+    if field == "global_attn_every_n_layers":  # layer i is full when i % n == 0
+        return config.layer_types.index("full_attention", 1)
+    declared = getattr(type(config), "__dataclass_fields__", {}).get(field)
+    if declared is not None and not isinstance(declared.default, type(MISSING)):
+        return declared.default  # (Qwen 2 declares 4096, then clears it: the window is off)
+    return getattr(config, field)
 
 
 @pytest.mark.slow  # the sweep: ~8 s of CPU once per process

@@ -203,7 +203,7 @@ class _Sized:
         return getattr(self._config, name)
 
 
-def _int(raw: Fields, key: str, default: int | None = None) -> int:
+def _int(raw: Fields | Mapping[str, Any], key: str, default: int | None = None) -> int:
     value = raw.get(key)
     value = default if value is None else value
     if value is None:
@@ -267,10 +267,10 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         )
     # (a window switched off: Qwen 2 keeps None, Qwen2-MoE 0)
     off = raw.get("use_sliding_window") is False
-    sliding = None if off else _optional_int(raw, "sliding_window")
-    if sliding is not None and not causal:
+    windows = [None] * depth if off else _windows(model, raw, depth)
+    if not causal:
         # transformers' bidirectional window keeps |i - j| <= sliding_window; posenc's < window
-        sliding += 1
+        windows = [None if w is None else w + 1 for w in windows]
     chunk_size = _optional_int(raw, "attention_chunk_size")
     if "chunked_attention" in kinds and chunk_size is None:
         raise PosencValueError(
@@ -295,7 +295,8 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
                     model, layer_type=kind if nested else None
                 )
             pe = modules[key]
-        window = sliding if kind == "sliding_attention" or raw.get("layer_types") is None else None
+        slides = kind == "sliding_attention" or raw.get("layer_types") is None
+        window = windows[i] if slides else None
         chunk = chunk_size if kind == "chunked_attention" else None
         scale = beside
         if tuning and not rotates[i]:
@@ -378,7 +379,27 @@ def _rotating_layers(raw: Fields, model_type: str, kinds: list[str], depth: int)
     return [True] * depth
 
 
-def _optional_int(raw: Fields, key: str) -> int | None:
+def _windows(model: Any, raw: Fields, depth: int) -> list[int | None]:
+    """Each layer's ``sliding_window``: the config's, or where it sets the field per layer
+    (NeoMME's ``per_layer_config``: 256 on some sliding layers, 1024 on others) the layer's."""
+    if isinstance(model, Mapping):
+        found = model.get("per_layer_config") or {}
+        layers = {int(k): v for k, v in found.items() if str(k).isdigit()}  # "01": {...}
+        layers = {i: v for i, v in layers.items() if isinstance(v, Mapping)}
+        if not any("sliding_window" in values for values in layers.values()):
+            return [_optional_int(raw, "sliding_window")] * depth
+        default = model.get("sliding_window")
+        own = [layers.get(i, {}).get("sliding_window", default) for i in range(depth)]
+    elif getattr(model, "is_heterogeneous", False) is True and "sliding_window" in (
+        getattr(model, "per_layer_attributes", None) or ()
+    ):
+        own = [model.per_layer_config[i].sliding_window for i in range(depth)]
+    else:
+        return [_optional_int(raw, "sliding_window")] * depth
+    return [_optional_int({"sliding_window": w}, "sliding_window") for w in own]
+
+
+def _optional_int(raw: Fields | Mapping[str, Any], key: str) -> int | None:
     """``raw[key]``, a positive int, or ``None`` when absent."""
     return None if raw.get(key) is None else _int(raw, key)
 
