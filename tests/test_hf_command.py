@@ -40,7 +40,7 @@ def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
     assert cli.main(["hf", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "smollm3: 4 layers, hidden 64, 4 heads (2 key/value) of 16"
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[4:]]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[5:]]
     assert rows[0] == [
         "0",
         "sliding_attention",
@@ -81,7 +81,7 @@ def test_the_table_shows_multimodal_sections_and_ntk_alpha(
     path.write_text(json.dumps({**sizes, **config}))
     assert cli.main(["hf", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    row = [cell.strip() for cell in lines[4].strip("|").split("|")]
+    row = [cell.strip() for cell in lines[5].strip("|").split("|")]
     assert (row[3], row[5], row[7]) == (rope, factor, layout)
 
 

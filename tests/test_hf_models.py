@@ -143,7 +143,7 @@ def _identity_attention(attn: posenc.MultiHeadAttention, pe) -> posenc.MultiHead
         num_kv_heads=g,
         head_dim=d,
         pe=None if isinstance(pe, posenc.NoPE) else pe,
-        causal=True,
+        causal=attn.causal,
         bias=False,
         window=attn.window,
         chunk=attn.chunk,
@@ -192,6 +192,42 @@ def test_every_layer_attends_as_the_family_does(family: str) -> None:
             assert_close(
                 torch.cat(steps, dim=1)[..., : h * d], seen[i]["out"], atol=2e-5, rtol=1e-4
             )
+
+
+def test_modernbert_attends_both_ways_as_its_model_does() -> None:
+    """ModernBERT (an encoder: bidirectional masks, a sliding window of ``local_attention // 2``
+    keys either side, inclusive) from a config.json in its published spelling
+    (``global_attn_every_n_layers``, ``local_attention``, ``global_rope_theta`` and
+    ``local_rope_theta``): every layer's attention turns the q, k, v of its fused projection
+    into the output its model gives."""
+    raw = {"model_type": "modernbert", "hidden_size": 32, "num_attention_heads": 4,
+           "num_hidden_layers": 3, "intermediate_size": 64, "vocab_size": 64, "pad_token_id": 0,
+           "global_attn_every_n_layers": 3, "local_attention": 6, "global_rope_theta": 1e5,
+           "local_rope_theta": 1e3}  # fmt: skip
+    config = transformers.ModernBertConfig(**raw)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config).eval()
+    seen: list[dict[str, torch.Tensor]] = [{} for _ in model.layers]
+    handles = []
+    for i, layer in enumerate(model.layers):
+        handles.append(layer.attn.Wqkv.register_forward_hook(
+            lambda module, args, out, i=i: seen[i].__setitem__("qkv", out)))  # fmt: skip
+        handles.append(layer.attn.Wo.register_forward_pre_hook(
+            lambda module, args, i=i: seen[i].__setitem__("out", args[0])))  # fmt: skip
+    tokens = torch.randint(1, 64, (2, N), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(tokens)
+    for handle in handles:
+        handle.remove()
+    encoder = posenc.Encoder.from_hf_config(raw)
+    assert [layer.attn.window for layer in encoder.layers] == [None, 4, 4]  # |i - j| <= 3
+    for i, (layer, pe) in enumerate(zip(encoder.layers, encoder.pes, strict=True)):
+        assert layer.attn.causal is False
+        core = _identity_attention(layer.attn, pe)
+        with torch.no_grad():
+            ours = core(seen[i]["qkv"])[..., :32]
+        assert_close(ours, seen[i]["out"], atol=2e-5, rtol=1e-4, msg=lambda m, i=i: f"{i}: {m}")
 
 
 def test_the_schedules_read_for_each_family() -> None:

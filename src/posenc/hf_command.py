@@ -73,7 +73,9 @@ def _row(index: int, layer: Any) -> list[str]:
 
 
 def schedule_table(schedule: ModelSchedule) -> str:
-    """The schedule as a Markdown table, under one line naming the model's sizes."""
+    """The schedule as a Markdown table, under a line naming the model's sizes (and whether
+    it attends both ways) and one saying how the config was read: the transformers config
+    class and version (and the sizes its defaults gave), or posenc's own rules and why."""
     rows = [list(COLUMNS)] + [_row(i, layer) for i, layer in enumerate(schedule.layers)]
     widths = [max(len(row[c]) for row in rows) for c in range(len(COLUMNS))]
 
@@ -83,10 +85,14 @@ def schedule_table(schedule: ModelSchedule) -> str:
     head = (
         f"{schedule.model_type or 'model'}: {len(schedule.layers)} layers, hidden "
         f"{schedule.hidden_size}, {schedule.num_heads} heads ({schedule.num_kv_heads} "
-        f"key/value) of {schedule.head_dim}"
+        f"key/value) of {schedule.head_dim}{'' if schedule.causal else ', bidirectional'}"
     )
+    via = f"read through {schedule.via}" if schedule.via else ""
+    if schedule.defaulted:  # sizes the file leaves out, as transformers fills them
+        via += f"; its defaults give {', '.join(schedule.defaulted)}"
     rule = "| " + " | ".join("-" * w for w in widths) + " |"
-    return "\n".join([head, "", line(rows[0]), rule, *(line(row) for row in rows[1:])])
+    lines = [head, *([via] if via else []), "", line(rows[0]), rule]
+    return "\n".join([*lines, *(line(row) for row in rows[1:])])
 
 
 def cmd_hf(args: argparse.Namespace) -> int:
@@ -111,7 +117,10 @@ def add_subcommand(sub: Any) -> None:
         help="print a transformers model's position schedule from its config.json",
         description="Each layer's attention kind, window or chunk, RoPE type, θ, scaling "
         "factor, rotated dimensions, layout and query temperature, read from a transformers "
-        "config.json as posenc's Encoder.from_hf_config builds it. Allocates no weights.",
+        "config.json as posenc's Encoder.from_hf_config builds it: through the config class "
+        "transformers has for its model_type, so that derived fields and defaults are "
+        "transformers' own (POSENC_HF_CONFIG_CLASS=0: posenc's own rules). Allocates no "
+        "weights.",
     )
     p.add_argument("config", metavar="CONFIG.json", help="a transformers config.json")
     p.set_defaults(func=cmd_hf)

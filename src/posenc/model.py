@@ -181,12 +181,14 @@ class Encoder(nn.Module):
     @classmethod
     def from_hf_config(cls, config: Any, *, device: Any = None, **overrides: Any) -> Encoder:
         """An encoder with the schedule of the model ``config`` describes (a transformers
-        config or a ``config.json`` dict; see :mod:`posenc.hf_models`): its width, heads,
-        key/value heads, head size, feed-forward width, and per layer its encoding (RoPE as
-        the layer type reads it, or NoPE), window, chunk and query temperature; causal, with
-        random weights. ``overrides`` change sizes first (``num_layers=``,
-        ``hidden_size=``, ...); ``device="meta"`` allocates nothing. :attr:`layer_types`
-        records each layer's type.
+        config, or a ``config.json`` dict, read as transformers' config class for its
+        ``model_type`` reads it; see :mod:`posenc.hf_models`): its width, heads, key/value
+        heads, head size, feed-forward width, and per layer its encoding (RoPE as the layer
+        type reads it, or NoPE), window, chunk and query temperature; causal, unless the
+        family's model attends both ways (ModernBERT and the other encoders of
+        ``posenc.hf_models.BIDIRECTIONAL_MODEL_TYPES``), with random weights. ``overrides``
+        change sizes first (``num_layers=``, ``hidden_size=``, ...); ``device="meta"``
+        allocates nothing. :attr:`layer_types` records each layer's type.
 
         >>> from transformers import Gemma3TextConfig
         >>> enc = Encoder.from_hf_config(Gemma3TextConfig(), num_layers=6, device="meta")

@@ -134,6 +134,18 @@ CASES: list[tuple[int, float, int, dict[str, Any]]] = [
             "original_max_position_embeddings": 8192,
         },
     ),
+    (  # Llama 4 Scout's config.json: no blended band (low == high), a step at 8192
+        128,
+        500000.0,
+        131072,
+        {
+            "rope_type": "llama3",
+            "factor": 16.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
 ]
 IDS = [f"{c[3]['rope_type']}-{i}" for i, c in enumerate(CASES)]
 

@@ -88,6 +88,7 @@ from .model_types import (
     NOT_TOKEN_ROTATION_MODEL_TYPES,
     NTK_ALPHA_MODEL_TYPES,
     PARTIAL_MODEL_TYPES,
+    POSITION_TYPE_MODEL_TYPES,
     QUERY_SCALE_MODEL_TYPES,
     ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
     ROPE_TYPE_ALIASES,
@@ -95,6 +96,7 @@ from .model_types import (
     ROTATES_ONLY_WITH,
 )
 from .mrope_layouts import read_multimodal
+from .route import as_config
 
 __all__ = ["query_scale_from_hf_config", "rotary_arguments_from_hf_config"]
 
@@ -383,6 +385,12 @@ def rotary_arguments_from_hf_config(
     :data:`NOT_TOKEN_ROTATION_MODEL_TYPES`).
     """
     check_bool("strict", strict)
+    if isinstance(config, Mapping):  # a config.json: read as its transformers class reads it
+        config = as_config(config).config
+    return _rotary_arguments(config, layer_type, strict)
+
+
+def _rotary_arguments(config: Any, layer_type: str | None, strict: bool) -> dict[str, Any]:
     cfg = _text_model(config)
     model_type = cfg.get("model_type") or ""
     if not isinstance(model_type, str):
@@ -395,7 +403,7 @@ def rotary_arguments_from_hf_config(
         # multimodal RoPE (mrope_layouts.py): the family's own fields are read there (or the
         # config refused, naming why), the shared ones below, from a view without them
         view, complete = read_multimodal(cfg.raw, model_type, layer_type)
-        return complete(rotary_arguments_from_hf_config(view, layer_type=layer_type))
+        return complete(_rotary_arguments(view, layer_type, strict=False))
     if model_type in NOT_TOKEN_ROTATION_MODEL_TYPES:
         raise PosencValueError(
             f"config of model_type {model_type!r}: {NOT_TOKEN_ROTATION_MODEL_TYPES[model_type]}; "
@@ -415,7 +423,8 @@ def rotary_arguments_from_hf_config(
             "embeddings (see posenc.ALiBi)"
         )
     position_type = cfg.get("position_embedding_type")
-    if position_type is not None and position_type not in ("rotary", "rope"):
+    reads_type = model_type not in KNOWN_MODEL_TYPES or model_type in POSITION_TYPE_MODEL_TYPES
+    if reads_type and position_type is not None and position_type not in ("rotary", "rope"):
         raise PosencValueError(
             f"config has position_embedding_type={position_type!r}, not rotary embeddings"
         )

@@ -24,6 +24,8 @@ __all__ = ["Fields", "for_layer_type", "number", "per_layer_keys", "positive_int
 _ALIASES = {
     "hidden_size": ("n_embd", "d_model"),
     "num_attention_heads": ("n_head", "n_heads", "decoder_num_attention_heads"),  # Moonshine
+    "num_hidden_layers": ("n_layer", "decoder_num_hidden_layers"),  # GPT-J, Moonshine
+    "num_key_value_heads": ("decoder_num_key_value_heads",),
     "max_position_embeddings": ("n_positions",),
 }
 

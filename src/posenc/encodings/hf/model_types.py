@@ -29,7 +29,9 @@ the list against the installed transformers' source when its version is this one
 
 Left out although posenc reads their default configs, because a field it does not read
 changes the rotation: ``granite_swa``, ``granitemoe_swa``, ``muse_glimmer_text``,
-``muse_spark_text`` (a per-layer base, ``layer_rope_theta``); ``molmo2_text`` (unscaled RoPE
+``muse_spark_text`` (``layer_rope_theta``: a 0 leaves a layer unrotated, which
+``posenc.hf_models`` reads; the other values are only tested for zero, every rotating layer
+turns by the global θ); ``molmo2_text`` (unscaled RoPE
 on the layers outside ``rope_scaling_layers``); ``zamba2`` (RoPE only with
 ``use_mem_rope=True``); ``granitemoehybrid`` (no RoPE unless ``position_embedding_type`` is
 ``"rope"``); ``qwen2_5_omni_dit`` (RoPE on the first head only). Also left out: vision, video
@@ -383,6 +385,12 @@ ROTATES_ONLY_WITH = {
     "granitemoehybrid": ("position_embedding_type", "rope"),
     "zamba2": ("use_mem_rope", True),
 }
+
+#: ``model_type``s of :data:`KNOWN_MODEL_TYPES` whose modeling code reads
+#: ``position_embedding_type`` (ESM and Evolla rotate only with ``"rotary"``). The other
+#: families ignore the field, which some checkpoints carry from older code (ModernBERT's
+#: ``"absolute"``, Cohere 2's ``"rope_gptj"``): for them it says nothing.
+POSITION_TYPE_MODEL_TYPES = frozenset({"esm", "evolla"})
 
 #: ``model_type``s whose rotary module turns something other than every head of a token
 #: sequence, which :class:`~posenc.RotaryEmbedding` does not represent (-> why; refused).

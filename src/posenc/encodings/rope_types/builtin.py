@@ -222,6 +222,8 @@ def init_llama3(
     wavelen = 2 * math.pi / inv_freq
     # long wavelengths are interpolated, short ones kept, the band between blended smoothly
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    if high_freq_factor == low_freq_factor:  # Llama 4: no band, a step at the original context
+        return scaled, 1.0
     smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
@@ -324,8 +326,8 @@ def check_llama3(
 ) -> None:
     for key in ("low_freq_factor", "high_freq_factor"):
         check_number(key, params[key])
-    if params["high_freq_factor"] <= params["low_freq_factor"]:
+    if params["high_freq_factor"] < params["low_freq_factor"]:  # equal: Llama 4's step
         raise PosencValueError(
-            f"high_freq_factor ({params['high_freq_factor']}) must be > low_freq_factor "
+            f"high_freq_factor ({params['high_freq_factor']}) must be >= low_freq_factor "
             f"({params['low_freq_factor']})"
         )
