@@ -53,3 +53,16 @@ def test_rows_and_goals_come_from_the_timings() -> None:
     assert lines[0].startswith(f"`{FORWARD}` (half layout): 1.10–1.10x") and "1.2x" in lines[0]
     assert "0.90–0.90x" in lines[1] and "at most 1.0x" in lines[1]
     assert "transformers takes 4.00x" in lines[2] and "in place: 8.00x" in lines[2]
+
+
+def test_the_training_step_runs_with_and_without_rope() -> None:
+    """The training step cases (timed on a GPU) run here on the CPU: the RoPE model's loss
+    falls over two steps, and the table puts each against the step with no positions."""
+    cases = rope_cuda.train_cases("cpu", (16, 1, 2, 2, 8))
+    assert [case.name for case in cases] == [rope_cuda.TRAIN_ROPE, rope_cuda.TRAIN_NONE]
+    first, second = (float(cases[0].fn()) for _ in range(2))  # type: ignore[arg-type]
+    assert second < first
+    timings = [Timing(case.name, 2e-3, 1e-3, 3e-3, 1) for case in cases]
+    table = rope_cuda._train_table(timings, (16, 1, 2, 2, 8))
+    assert table.rows[0][0] == rope_cuda.TRAIN_ROPE and table.rows[0][3] == "1.00"
+    assert "width 16, 1 layers, 2 heads, 2 x 8 tokens" in table.caption

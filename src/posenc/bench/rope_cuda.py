@@ -14,8 +14,10 @@ device synchronised around it (:func:`~posenc.bench.harness.round_robin` with ``
   under ``torch.compile`` (inductor's fusion of the formula).
 
 Then a decode step in bfloat16: one new token at position 4095 of q ``(8, 32, 1, 128)`` and k
-``(8, 8, 1, 128)``, posenc against transformers' rotary module + ``apply_rotary_pos_emb``.
-Compilation happens in the set-up, never in the medians.
+``(8, 8, 1, 128)``, posenc against transformers' rotary module + ``apply_rotary_pos_emb``;
+and a training step (forward, backward, AdamW) of an 8-layer width-512 causal
+:class:`~posenc.Encoder` on 32 x 256 tokens under bfloat16 autocast, with RoPE against the
+same step with no positions. Compilation happens in the set-up, never in the medians.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim.
 """
@@ -43,6 +45,7 @@ COMPILED, COMPILED_IN_PLACE = "posenc compiled", "posenc compiled, in place"
 PEER, PEER_COMPILED = "transformers apply_rotary_pos_emb", "transformers, compiled"
 #: The goals of issue 36 as "x floor" bounds per row (half layout).
 GOALS = {FORWARD: 1.2, IN_PLACE: 1.0}
+TRAIN_ROPE, TRAIN_NONE = "training step, RoPE", "training step, no positions"
 
 
 class _Rotate(nn.Module):
@@ -112,9 +115,35 @@ def cuda_cases(
     return cases
 
 
+def train_cases(device: str, shape: tuple[int, int, int, int, int]) -> list[Case]:
+    """One training step (forward, backward, AdamW) of a causal :class:`~posenc.Encoder` of
+    ``shape`` (width, depth, heads, batch, tokens) with RoPE and with no positions, under
+    bfloat16 autocast on ``device``."""
+    import posenc
+
+    width, depth, heads, batch, n = shape
+    cases = []
+    x = torch.randn(batch, n, width, device=device)
+    for name, pe in ((TRAIN_ROPE, "rope"), (TRAIN_NONE, None)):
+        torch.manual_seed(0)
+        model = posenc.Encoder(width, depth, heads, pe=pe, causal=True).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model: nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> object:
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = model(x).float().square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        cases.append(Case(name, step))
+    return cases
+
+
 def cuda_suite(s: Settings) -> Section:
     """The rope section of ``posenc bench --device cuda``: one table per shape, a decode
-    step, and the goals of issue 36 against this run's numbers."""
+    step, a training step, and the goals of issue 36 against this run's numbers."""
     section = Section("rope", "RoPE applied to queries and keys, on a GPU")
     device = torch.device("cuda")
     section.intro = [
@@ -151,10 +180,33 @@ def cuda_suite(s: Settings) -> Section:
     repeats = max(20 * s.repeats, 50)
     decode_timings = round_robin(decode, warmup=max(s.warmup, 20), repeats=repeats, cuda=True)
     section.tables.append(decode_table(decode, decode_timings, "bfloat16, on the GPU"))
+    train = train_cases("cuda", s.rope_train)
+    warmup = max(s.warmup, 3)
+    train_timings = round_robin(train, warmup=warmup, repeats=s.repeats, grad=True, cuda=True)
+    section.tables.append(_train_table(train_timings, s.rope_train))
     section.notes += _summary(spans, decode, decode_timings)
+    rope, none = (t.median for t in train_timings)
+    section.notes.append(
+        f"training step: RoPE takes {rope / none:.3f}x the step with no positions "
+        "(goal: at most 1.05x)"
+    )
     if notes:
         section.notes.append("compilation (not in the medians): " + ", ".join(notes))
     return section
+
+
+def _train_table(timings: list[Timing], shape: tuple[int, int, int, int, int]) -> Table:
+    width, depth, heads, batch, n = shape
+    table = Table(
+        ["step", "median ms", "range ms", "x no positions"],
+        caption=f"Training step (forward, backward, AdamW) of a causal Encoder, width {width}, "
+        f"{depth} layers, {heads} heads, {batch} x {n} tokens, bfloat16 autocast:",
+    )
+    for t in timings:
+        table.rows.append(
+            [t.label, ms(t.median), f"{ms(t.low)}–{ms(t.high)}", ratio(t.median, timings[1].median)]
+        )
+    return table
 
 
 def _add_rows(

@@ -20,6 +20,8 @@ class Settings:
     rope_compile: bool = True  # RoPE: also time a module the user compiles (inductor)
     # RoPE with --device cuda: the shapes of q and k on the GPU
     rope_cuda: tuple[tuple[int, int, int, int], ...] = ((4, 32, 4096, 128), (1, 32, 16384, 128))
+    # RoPE with --device cuda: the training step's width, depth, heads, batch and tokens
+    rope_train: tuple[int, int, int, int, int] = (512, 8, 8, 32, 256)
     device: str = "cpu"  # where the suites that take --device run (rope)
     attn_dim: int = 128  # bias attention: width ...
     attn_heads: int = 2  # ... and heads (head dim 64)
@@ -49,6 +51,7 @@ QUICK = Settings(
     rope=((1, 2, 16, 8),),
     rope_compile=False,
     rope_cuda=((1, 2, 16, 8),),
+    rope_train=(32, 1, 2, 2, 16),
     attn_dim=32,
     attn_heads=2,
     bias_sizes=(32, 64),
