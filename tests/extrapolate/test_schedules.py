@@ -143,6 +143,28 @@ def test_results_are_written_after_each_model_and_resume_completes_them(
     assert resumed["runs"][: len(partial["runs"])] == partial["runs"]
 
 
+def test_a_sweep_stopped_while_drawing_keeps_both_tables(
+    tmp_path: Path, text: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables are written before the figures, each whole: a sweep killed while its first
+    figure is drawn (seconds on a CPU) leaves a ``results.md`` that matches ``results.json``."""
+    from posenc.extrapolate import plots
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise Stop
+
+    monkeypatch.setattr(plots, "plot_extrapolation", killed)
+    out = tmp_path / "out"
+    argv = [a for a in TINY if a != "--no-plot"]
+    with pytest.raises(Stop):
+        main(["extrapolate", "--text", str(text), "--pe", "rope/none,alibi", *argv,
+              "--scalings", "none", "--out", str(out)])  # fmt: skip
+    assert [r["pe"] for r in results(out)["runs"]] == ["rope/none"]
+    markdown = (out / "results.md").read_text()
+    assert "| rope/none | " in markdown and "(alibi seed 0)" in markdown
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["results.json", "results.md"]
+
+
 def test_bad_schedules_are_one_line_and_exit_2(
     text: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
