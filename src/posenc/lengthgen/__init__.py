@@ -7,9 +7,7 @@ measure accuracy on inputs longer than any seen in training (``posenc lengthgen`
 - :mod:`~posenc.lengthgen.train`: training one run and a sweep of runs, on any device, in
   fp32 or bf16; its settings are :class:`TrainConfig` (:mod:`~posenc.lengthgen.config`).
   The resumable, DDP-ready training kit it runs on is :mod:`posenc.runs`, shared with
-  ``posenc extrapolate`` (``lengthgen.loop``, ``checkpoint``, ``distributed``, ``progress``
-  and ``pool`` moved there; their names still import from here, with a
-  ``DeprecationWarning``, until 0.3);
+  ``posenc extrapolate``;
 - :mod:`~posenc.lengthgen.evaluate`: exact match / per-token accuracy per length, validity,
   mean and spread over seeds, tables;
 - :mod:`~posenc.lengthgen.plots`: accuracy against length.

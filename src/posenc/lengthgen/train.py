@@ -3,7 +3,7 @@
 - The model is :class:`posenc.TransformerModel` (causal for decoder tasks), built from a
   registry name, so every encoding registered with posenc can be trained.
 - AdamW with linear warm-up then cosine (or linear, or no) decay, and global gradient-norm
-  clipping (:mod:`~posenc.lengthgen.loop`).
+  clipping (:mod:`~posenc.runs.trainer`).
 - Every ``checkpoint_every`` steps an atomic checkpoint (temp file, fsync, ``os.replace``)
   holds the model, optimiser, scheduler, the data generator and every RNG state (Python,
   NumPy, torch). A run killed at any moment, even by SIGKILL, and restarted with

@@ -1,6 +1,6 @@
 """Where a rotation runs, decided in one place.
 
-A rotation of ``x`` by ``cos``/``sin`` (RoFormer eq. 34) can run six ways, each right for
+A rotation of ``x`` by ``cos``/``sin`` (RoFormer eq. 34) can run seven ways, each right for
 some calls and wrong for others:
 
 =====================  ===================================================================
@@ -8,7 +8,7 @@ some calls and wrong for others:
 =====================  ===================================================================
 ``NATIVE``             the C kernel (:mod:`.native`): eager, nothing for autograd
                        to record, a float32/bfloat16 CPU tensor with contiguous channels
-``TORCH``              the blocked pure-torch path: eager, nothing for autograd to record,
+``TORCH``              the tiled pure-torch path: eager, nothing for autograd to record,
                        any other dtype, device or layout (or no kernel built)
 ``FUNCTION``           the fast path as one autograd node (``_Rotation``): eager, ``x``
                        requires grad and the tables do not

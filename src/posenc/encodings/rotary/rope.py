@@ -33,7 +33,7 @@ rotated in float32 and cast back once.
 
 The arithmetic lives in ``kernels/rotate.py`` (the float64 reference formula and the entry points),
 ``kernels/native.py`` (the native kernel ``_rotary_native.c``, compiled at install time by
-``setup.py`` where a C compiler exists, and the blocked pure-torch path) and ``kernels/ops.py``
+``setup.py`` where a C compiler exists, and the tiled pure-torch path) and ``kernels/ops.py``
 (inside ``torch.compile`` and ``torch.export`` the rotation is one custom operator,
 ``posenc::rotary``, in place ``posenc::rotary_``). Which of them runs is decided once per call
 by :func:`~posenc.encodings.kernels.select.select`; the forward, the position reader and the tables

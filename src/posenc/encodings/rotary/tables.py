@@ -59,8 +59,8 @@ def read_positions(
     """Validated positions (``None`` stays ``None``) and, for integer positions read in eager
     mode, their :func:`_extent`. The common case (an integer tensor of the right shape,
     nothing negative) costs one read, and a decode step's few 1-D positions one ``tolist``;
-    anything else goes through :func:`~.checks.resolve_positions`, which names what is
-    wrong."""
+    anything else goes through :func:`~posenc.encodings.checks.resolve_positions`, which
+    names what is wrong."""
     if positions is None:
         return None, None
     if (  # a decode step: a few 1-D positions, read in one transfer
