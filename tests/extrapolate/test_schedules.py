@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from posenc import NoPE, RotaryEmbedding
@@ -24,6 +23,7 @@ from posenc.lengthgen.tasks import get_task
 from posenc.lengthgen.train import TrainConfig
 from posenc.lengthgen.train import build_model as lengthgen_model
 from posenc.runs.schedules import query_temperature
+from tests.extrapolate.corpora import own_cache, word_files
 from tests.lengthgen.tiny import TINY_CLI, run_cli
 
 SCHEDULED = "rope,rope/rope/rope/none,rope/none:temp"
@@ -39,14 +39,8 @@ class Stop(Exception):
 
 @pytest.fixture
 def text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
-    rng = np.random.default_rng(1)
-    words = ["def", "return", "value", "x", "\n", "    ", "(", ")", ":"]
-    root = tmp_path / "text"
-    root.mkdir()
-    for i in range(40):
-        (root / f"{i:02d}.txt").write_text(" ".join(rng.choice(words, size=400)), "utf-8")
-    return root
+    own_cache(tmp_path, monkeypatch)
+    return word_files(tmp_path / "text")
 
 
 def results(out: Path) -> dict[str, Any]:
