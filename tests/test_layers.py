@@ -447,3 +447,28 @@ def test_a_module_outside_every_layer_is_named() -> None:
         layer_of("posenc.newthing")
     assert layer_of("posenc.lengthgen.__main__") == len(LAYERS) - 1
     assert layer_of("posenc") == LAYERS.index(("posenc",))
+
+
+def test_only_posenc_reexports() -> None:
+    """A module's ``__all__`` lists only what it defines (``posenc/__init__.py``, the one facade,
+    aside): an imported name in it, or a ``*`` import, would make the module a second facade."""
+    for path in sorted(ROOT.rglob("*.py")):
+        if path == ROOT / "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        defined: set[str] = set()
+        listed: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name):
+                        defined.add(target.id)
+                        if target.id == "__all__" and isinstance(node.value, ast.List | ast.Tuple):
+                            listed = [ast.unparse(e).strip("'\"") for e in node.value.elts]
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                listed.append("*")
+        foreign = [name for name in listed if name not in defined]
+        assert not foreign, f"{path.relative_to(ROOT)} re-exports {foreign}"

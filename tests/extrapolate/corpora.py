@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posenc.extrapolate.data import Corpus
+from posenc.extrapolate.corpus import Corpus
 
 WORDS = ["def", "return", "self", "value", "élan", "naïve", "€uro", "😀", "x", "\n", "    "]
 

@@ -18,9 +18,9 @@ from posenc.cli import main
 from posenc.extrapolate import sweep
 from posenc.extrapolate.config import PRESETS, SCHEDULES, ExtrapolateConfig
 from posenc.extrapolate.train import build_model
+from posenc.lengthgen.config import TrainConfig
 from posenc.lengthgen.evaluate import read_jsonl
 from posenc.lengthgen.tasks import get_task
-from posenc.lengthgen.train import TrainConfig
 from posenc.lengthgen.train import build_model as lengthgen_model
 from posenc.runs.schedules import query_temperature
 from tests.extrapolate.corpora import own_cache, word_files

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
-from .suites import SUITES, run_suites, settings_for
+from .suites import SUITES, run_suites
+from .suites.settings import settings_for
 
 
 def add_subcommand(subparsers: Any) -> None:

@@ -11,29 +11,7 @@ measure accuracy on inputs longer than any seen in training (``posenc lengthgen`
 - :mod:`~posenc.lengthgen.evaluate`: exact match / per-token accuracy per length, validity,
   mean and spread over seeds, tables;
 - :mod:`~posenc.lengthgen.plots`: accuracy against length.
+
+Each name is imported from its module; this package re-exports nothing (``posenc`` is the one
+facade).
 """
-
-from .data import Vocab, random_positions
-from .evaluate import aggregate, markdown_report, markdown_table, read_jsonl, wide_table
-from .plots import plot_accuracy_vs_length
-from .tasks import Task, available_tasks, get_task, load_task_from_file, register_task
-from .train import TrainConfig, build_model, run_sweep
-
-__all__ = [
-    "Task",
-    "TrainConfig",
-    "Vocab",
-    "aggregate",
-    "available_tasks",
-    "build_model",
-    "get_task",
-    "load_task_from_file",
-    "markdown_report",
-    "markdown_table",
-    "plot_accuracy_vs_length",
-    "random_positions",
-    "read_jsonl",
-    "register_task",
-    "run_sweep",
-    "wide_table",
-]

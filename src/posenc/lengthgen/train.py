@@ -46,14 +46,12 @@ from ..runs.progress import Bar
 from ..runs.step import scored_step
 from ..runs.sweep import run_each
 from ..runs.trainer import Trainer, lr_multiplier, optimizer_for, seed_everything
-from .config import MAX_INPUT_LENGTH, TrainConfig
+from .config import TrainConfig
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
 from .tasks import Task
 
 __all__ = [
-    "MAX_INPUT_LENGTH",
-    "TrainConfig",
     "build_model",
     "lr_factor",
     "run_dir_for",
