@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import posenc
-from posenc.plots import heatmap
+from posenc.plots.absolute import heatmap
 
 
 def main(out: Path) -> None:

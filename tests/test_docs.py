@@ -1,5 +1,6 @@
 """docs/architecture.md stays true: its "add a scheme" example runs, in order, and the scheme
-it registers appears in every surface it names."""
+it registers appears in every surface it names. The README, the docs and the benchmark notes
+name modules and files that exist, and so do the package's docstrings' cross-references."""
 
 from __future__ import annotations
 
@@ -44,3 +45,68 @@ def test_add_a_scheme_example_runs(
     finally:
         if "learned-slope" in available():
             _unregister("learned-slope")
+
+
+#: The current text (not the records: CHANGELOG, dated benchmark logs) that names modules
+#: and files.
+CURRENT = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CURRENT += sorted((ROOT / "benchmarks").glob("*.md"))
+#: Where a path written in them may start: the repository, the package, its encodings.
+PATH_ROOTS = (ROOT, ROOT / "src", ROOT / "src" / "posenc", ROOT / "src" / "posenc" / "encodings")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``posenc.a.b.c`` is a module, or an attribute of one (an enum's member
+    attribute counts: ``Route.eager``)."""
+    import enum
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if isinstance(obj, enum.EnumMeta) and not hasattr(obj, name):
+                obj = next(iter(obj))  # type: ignore[call-overload]
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_the_docs_name_modules_and_files_that_exist() -> None:
+    """Every ``posenc.x.y`` and every path of the package or the repository (``src/...``,
+    ``encodings/kernels/select.py``, ``benchmarks/gpu_scale.sh``) in backticks exists, so a
+    move cannot leave the README and the docs pointing at nothing."""
+    missing = []
+    for doc in CURRENT:
+        for code in re.findall(r"`([^`\n]+)`", doc.read_text()):
+            for dotted in re.findall(r"\bposenc(?:\.[A-Za-z_]\w*)+", code):
+                if not resolves(dotted):
+                    missing.append(f"{doc.name}: {dotted}")
+            for path in re.findall(r"(?<![\w./$~-])((?:[\w-]+/)+[\w.-]*\.(?:py|c|h|sh|md))", code):
+                if not any((base / path).exists() for base in PATH_ROOTS):
+                    missing.append(f"{doc.name}: {path}")
+    assert not missing, missing
+
+
+def test_docstrings_refer_to_what_exists() -> None:
+    """Every ``:mod:``, ``:func:``, ``:class:``, ``:meth:``, ``:data:`` and ``:attr:`` of the
+    package's docstrings that names a ``posenc`` object (absolutely or relative to its
+    module) names one that exists."""
+    package = ROOT / "src" / "posenc"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        parts = ["posenc", *path.relative_to(package).with_suffix("").parts]
+        here = parts[:-1]  # the package a relative name starts from
+        text = path.read_text()
+        for target in re.findall(r":(?:mod|func|class|meth|data|attr):`~?([^`<>]+)`", text):
+            if target.startswith("."):
+                dots = len(target) - len(target.lstrip("."))
+                target = ".".join([*here[: len(here) - dots + 1], target[dots:]])
+            if target.startswith("posenc.") and not resolves(target):
+                missing.append(f"{path.relative_to(package)}: {target}")
+    assert not missing, missing

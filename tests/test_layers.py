@@ -447,3 +447,64 @@ def test_a_module_outside_every_layer_is_named() -> None:
         layer_of("posenc.newthing")
     assert layer_of("posenc.lengthgen.__main__") == len(LAYERS) - 1
     assert layer_of("posenc") == LAYERS.index(("posenc",))
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines itself: functions, classes and assigned names at its top
+    level, those under a top-level ``if``/``try`` included; imported names are not."""
+    defined: set[str] = set()
+    for node in tree.body:
+        inner = ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]
+        for item in inner:
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(item.name)
+            elif isinstance(item, ast.Assign | ast.AnnAssign):
+                targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                names = (n for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+                defined.update(n.id for n in names)  # (a, b = ... defines both)
+    return defined
+
+
+def test_only_posenc_reexports() -> None:
+    """A module's ``__all__`` lists only what it defines (``posenc/__init__.py``, the one facade,
+    aside): an imported name in it, or a ``*`` import, would make the module a second facade."""
+    for path in sorted(ROOT.rglob("*.py")):
+        if path == ROOT / "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        listed: list[str] = []
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                assert isinstance(node.value, ast.List | ast.Tuple), path
+                listed = [ast.unparse(e).strip("'\"") for e in node.value.elts]
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                listed.append("*")
+        foreign = [name for name in listed if name not in defined_names(tree)]
+        assert not foreign, f"{path.relative_to(ROOT)} re-exports {foreign}"
+
+
+def test_names_are_imported_from_where_they_are_defined() -> None:
+    """``from posenc.a import b`` (in the package, its tests, examples and benchmarks) takes a
+    ``b`` that ``posenc.a`` defines, or its submodule ``posenc.a.b``: no import goes through a
+    module that only imported the name itself, so none of them is a facade by use
+    (``posenc`` itself aside)."""
+    modules = module_files()
+    defined = {name: defined_names(ast.parse(path.read_text())) for name, path in modules.items()}
+    repository = ROOT.parents[1]
+    sources = [*modules.items()]
+    for folder in ("tests", "examples", "benchmarks"):
+        sources += [("", path) for path in sorted((repository / folder).rglob("*.py"))]
+    through = []
+    for module, path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module == PACKAGE:
+                continue
+            (source,) = set(_targets(node, module, _is_package(path), ())) or {None}
+            if source is None or source == PACKAGE or source not in defined:
+                continue
+            for alias in node.names:
+                if alias.name not in defined[source] and f"{source}.{alias.name}" not in modules:
+                    through.append(f"{path.name}:{node.lineno} {source}.{alias.name}")
+    assert not through, through

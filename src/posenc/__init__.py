@@ -60,7 +60,8 @@ from .errors import (
     get_memory_budget,
     set_memory_budget,
 )
-from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
+from .layers import EncoderLayer, FeedForward
+from .model import Encoder, TransformerModel
 from .positions import positions_from_padding, randomize_positions
 from .query_scale import QueryScale
 from .sdpa import scaled_dot_product_attention

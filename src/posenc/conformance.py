@@ -31,9 +31,7 @@ from .errors import PosencTypeError, PosencValueError
 
 __all__ = [
     "FORMAT_VERSION",
-    "ConformanceCase",
     "add_subcommand",
-    "conformance_cases",
     "safetensors_bytes",
     "write_conformance",
 ]

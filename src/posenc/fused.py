@@ -1,7 +1,7 @@
 """The encoder layer's inference fast path: its two residual steps computed with the same sums
 as :meth:`posenc.EncoderLayer.residual_steps`, with fewer passes over memory. The layer's
 topology (pre- or post-norm) is written once, in :meth:`posenc.EncoderLayer.apply_residual_steps`,
-which takes either pair of blocks; ``EncoderLayer.forward`` picks these outside autograd and
+which takes either pair of steps; ``EncoderLayer.forward`` picks these outside autograd and
 outside autocast (whose conversions the in-place GEMMs would escape).
 
 With autograd off, each residual step ``x + W h + b`` starts its output buffer as ``x + b``

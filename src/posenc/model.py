@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import Backend, check_attention_pe, check_heads
+from .attention import Backend
+from .attention_checks import check_attention_pe, check_heads
 from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import AdditiveEncoding, PositionalEncoding
@@ -25,7 +26,7 @@ from .encodings.checks import check_bool, check_input, check_positive_int
 from .errors import PosencTypeError, PosencValueError, check_bytes
 from .generation import check_tokens, generate
 from .hf_models import build_from_hf_config
-from .layers import Activation, EncoderLayer, FeedForward, ResidualStep
+from .layers import Activation, EncoderLayer
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
 from .query_scale import QueryScale
@@ -37,14 +38,7 @@ from .schedule import (
     resolve_schedule,
 )
 
-__all__ = [
-    "Activation",
-    "Encoder",
-    "EncoderLayer",
-    "FeedForward",
-    "ResidualStep",
-    "TransformerModel",
-]
+__all__ = ["Encoder", "TransformerModel"]
 
 
 class Encoder(nn.Module):

@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from . import analysis, plots
-from .bench.suites import torch_table_fp32
+from .bench.suites.absolute import torch_table_fp32
 from .encodings.absolute.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 from .encodings.registry import available, build_for_model, entry
 from .model import Encoder, TransformerModel
+from .plots.absolute import dimension_waves, heatmap, permutation_weights
 
 
 def _matrix(title: str, labels: tuple[str, ...], weights: torch.Tensor) -> Table:
@@ -66,8 +67,8 @@ def run_tour(out: Path, *, image_format: str = "png", console: Console | None = 
     table = sinusoidal_table(100, dim)
     saved = []
     for name, fig in (
-        ("heatmap", plots.heatmap(table, title="Sinusoidal encoding, 100 positions x 64 dims")),
-        ("dimensions", plots.dimension_waves(table, (0, 1, 30, 31))),
+        ("heatmap", heatmap(table, title="Sinusoidal encoding, 100 positions x 64 dims")),
+        ("dimensions", dimension_waves(table, (0, 1, 30, 31))),
     ):
         path = out / f"{name}.{image_format}"
         plots.save_figure(fig, path, dpi=110)
@@ -107,7 +108,7 @@ def run_tour(out: Path, *, image_format: str = "png", console: Console | None = 
             "yes" if encoder_gaps[name] > 1e-6 else "no",
         )
     console.print(gaps)
-    fig = plots.permutation_weights(perm)
+    fig = permutation_weights(perm)
     path = out / f"attention.{image_format}"
     plots.save_figure(fig, path, dpi=110)
     plt.close(fig)

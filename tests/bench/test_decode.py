@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.bench.suites import SUITES, run_suites, settings_for
+from posenc.bench.suites import SUITES, run_suites
 from posenc.bench.suites import decode as suite
+from posenc.bench.suites.settings import settings_for
 
 TINY = settings_for(
     True,

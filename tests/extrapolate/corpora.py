@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posenc.extrapolate.data import Corpus
+from posenc.extrapolate.corpus import Corpus
 
 WORDS = ["def", "return", "self", "value", "élan", "naïve", "€uro", "😀", "x", "\n", "    "]
 
@@ -36,6 +36,17 @@ def write_corpus(root: Path, sizes: dict[str, int]) -> dict[str, bytes]:
         (root / relpath).parent.mkdir(parents=True, exist_ok=True)
         (root / relpath).write_bytes(texts[relpath])
     return texts
+
+
+def word_files(root: Path, files: int = 40, words: int = 400) -> Path:
+    """``files`` text files of ``words`` words of code drawn with seed 1 into ``root``: a
+    corpus with repeats for the end-to-end runs of the command."""
+    rng = np.random.default_rng(1)
+    vocabulary = ["def", "return", "value", "naïve", "x", "\n", "    ", "(", ")", ":"]
+    root.mkdir(parents=True)
+    for i in range(files):
+        (root / f"{i:02d}.txt").write_text(" ".join(rng.choice(vocabulary, size=words)), "utf-8")
+    return root
 
 
 def many_small(root: Path, count: int = 300) -> dict[str, bytes]:

@@ -15,9 +15,9 @@ import pytest
 
 from posenc.errors import PosencValueError
 from posenc.extrapolate import corpus as corpus_module
-from posenc.extrapolate import data
 from posenc.extrapolate import split as split_module
-from posenc.extrapolate.data import Document, cache_dir, prepare_corpus
+from posenc.extrapolate.corpus import cache_dir, prepare_corpus
+from posenc.extrapolate.text import Document
 from tests.extrapolate.corpora import many_small, own_cache, split_streams, write_corpus
 
 
@@ -45,7 +45,7 @@ def test_tokens_are_a_read_only_memmap_of_the_file_bytes(tmp_path: Path) -> None
         assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint8
         assert Path(tokens.filename) == corpus.path / f"{split}.bin"
         assert not tokens.flags.writeable
-    assert corpus.path.parent == data.cache_dir() and corpus.vocab_size == 256
+    assert corpus.path.parent == cache_dir() and corpus.vocab_size == 256
     streams = split_streams(corpus)
     units = list(corpus.units())
     for path, text in texts.items():
@@ -93,7 +93,7 @@ def test_a_failed_prepare_leaves_nothing_to_trust(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
 ) -> None:
     many_small(tmp_path / "text", 50)
-    real = data.read_units
+    real = split_module.read_units
 
     def dies_after_a_while(document: Document, chunk_bytes: int):  # type: ignore[no-untyped-def]
         if document.relpath.endswith("030.txt"):

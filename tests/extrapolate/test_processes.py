@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from posenc.cli import main
 from tests.commands import SUBPROCESS_ENV, kill_after_first_checkpoint, torchrun_two
+from tests.extrapolate.corpora import word_files
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +28,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def text(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(1)
-    words = ["def", "return", "value", "naïve", "x", "\n", "    ", "(", ")", ":"]
-    root = tmp_path / "text"
-    root.mkdir()
-    for i in range(40):
-        (root / f"{i:02d}.txt").write_text(" ".join(rng.choice(words, size=400)), "utf-8")
-    return root
+    return word_files(tmp_path / "text")
 
 
 def in_process(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> int:

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from posenc import NoPE, RotaryEmbedding
@@ -19,11 +18,12 @@ from posenc.cli import main
 from posenc.extrapolate import sweep
 from posenc.extrapolate.config import PRESETS, SCHEDULES, ExtrapolateConfig
 from posenc.extrapolate.train import build_model
+from posenc.lengthgen.config import TrainConfig
 from posenc.lengthgen.evaluate import read_jsonl
 from posenc.lengthgen.tasks import get_task
-from posenc.lengthgen.train import TrainConfig
 from posenc.lengthgen.train import build_model as lengthgen_model
 from posenc.runs.schedules import query_temperature
+from tests.extrapolate.corpora import own_cache, word_files
 from tests.lengthgen.tiny import TINY_CLI, run_cli
 
 SCHEDULED = "rope,rope/rope/rope/none,rope/none:temp"
@@ -39,14 +39,8 @@ class Stop(Exception):
 
 @pytest.fixture
 def text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
-    rng = np.random.default_rng(1)
-    words = ["def", "return", "value", "x", "\n", "    ", "(", ")", ":"]
-    root = tmp_path / "text"
-    root.mkdir()
-    for i in range(40):
-        (root / f"{i:02d}.txt").write_text(" ".join(rng.choice(words, size=400)), "utf-8")
-    return root
+    own_cache(tmp_path, monkeypatch)
+    return word_files(tmp_path / "text")
 
 
 def results(out: Path) -> dict[str, Any]:
@@ -141,6 +135,28 @@ def test_results_are_written_after_each_model_and_resume_completes_them(
     assert resumed["config"]["pending"] == []
     assert resumed["runs"] == results(straight)["runs"]  # every number, exactly
     assert resumed["runs"][: len(partial["runs"])] == partial["runs"]
+
+
+def test_a_sweep_stopped_while_drawing_keeps_both_tables(
+    tmp_path: Path, text: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables are written before the figures, each whole: a sweep killed while its first
+    figure is drawn (seconds on a CPU) leaves a ``results.md`` that matches ``results.json``."""
+    from posenc.extrapolate import plots
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise Stop
+
+    monkeypatch.setattr(plots, "plot_extrapolation", killed)
+    out = tmp_path / "out"
+    argv = [a for a in TINY if a != "--no-plot"]
+    with pytest.raises(Stop):
+        main(["extrapolate", "--text", str(text), "--pe", "rope/none,alibi", *argv,
+              "--scalings", "none", "--out", str(out)])  # fmt: skip
+    assert [r["pe"] for r in results(out)["runs"]] == ["rope/none"]
+    markdown = (out / "results.md").read_text()
+    assert "| rope/none | " in markdown and "(alibi seed 0)" in markdown
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["results.json", "results.md"]
 
 
 def test_bad_schedules_are_one_line_and_exit_2(

@@ -18,14 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.errors import PosencTypeError, PosencValueError
-from posenc.extrapolate.data import (
-    Document,
-    chunk_size,
-    plan_split,
-    prepare_corpus,
-    read_units,
-    scan_text,
-)
+from posenc.extrapolate.corpus import prepare_corpus
+from posenc.extrapolate.split import chunk_size, plan_split, read_units
+from posenc.extrapolate.text import Document, scan_text
 from tests.extrapolate.corpora import many_small, own_cache, split_streams, write_corpus
 
 

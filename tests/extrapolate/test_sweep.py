@@ -14,7 +14,7 @@ import pytest
 from posenc.errors import PosencValueError
 from posenc.extrapolate import sweep
 from posenc.extrapolate.config import EvalSettings, ExtrapolateConfig
-from posenc.extrapolate.data import Corpus, prepare_corpus
+from posenc.extrapolate.corpus import Corpus, prepare_corpus
 from posenc.runs.checkpoint import CHECKPOINT
 from tests.extrapolate.corpora import many_small, own_cache
 

@@ -14,12 +14,8 @@ import pytest
 
 from posenc.errors import PosencTypeError, PosencValueError
 from posenc.extrapolate import text as text_module
-from posenc.extrapolate.data import (
-    STDLIB_EXCLUDED_DIRS,
-    is_stdlib_source,
-    prepare_corpus,
-    scan_text,
-)
+from posenc.extrapolate.corpus import prepare_corpus
+from posenc.extrapolate.text import STDLIB_EXCLUDED_DIRS, is_stdlib_source, scan_text
 from tests.extrapolate.corpora import many_small, own_cache, some_text, write_corpus
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from posenc.errors import PosencValueError
 from posenc.extrapolate import corpus as corpus_module
-from posenc.extrapolate import data
-from posenc.extrapolate.data import parse_tokenizer, prepare_corpus
+from posenc.extrapolate.corpus import prepare_corpus
+from posenc.extrapolate.tokens import byte_level_alphabet, parse_tokenizer
 from tests.extrapolate.corpora import many_small, own_cache
 
 
@@ -78,7 +78,7 @@ def test_bpe_is_trained_on_training_text_and_counts_bytes_exactly(
     first = next(corpus.units())
     text = (tmp_path / "text" / first["path"]).read_text("utf-8")
     assert len(saved.encode(text).ids) == first["tokens"]
-    assert set(data.byte_level_alphabet()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    assert set(byte_level_alphabet()) == set(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     assert prepare_corpus(tmp_path / "text", tokenizer="bpe:0300").key == corpus.key
     # Deterministic: a fresh prepare elsewhere gives the same tokens.
     monkeypatch.setattr(corpus_module, "train_bpe", real)

@@ -19,7 +19,7 @@ import posenc
 from posenc.errors import PosencValueError
 from posenc.extrapolate import train
 from posenc.extrapolate.config import ExtrapolateConfig
-from posenc.extrapolate.data import Corpus, prepare_corpus
+from posenc.extrapolate.corpus import Corpus, prepare_corpus
 from posenc.runs.checkpoint import CHECKPOINT, RESULT
 from posenc.runs.trainer import optimizer_for
 from tests.extrapolate.corpora import many_small, own_cache

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from posenc.errors import PosencTypeError, PosencValueError
-from posenc.extrapolate.data import (
+from posenc.extrapolate.corpus import prepare_corpus
+from posenc.extrapolate.windows import (
     bits_per_byte,
     check_lengths,
     eval_budget,
     eval_windows,
-    prepare_corpus,
+    needle_rows,
+    token_alphabet,
     train_batch,
 )
-from posenc.extrapolate.windows import needle_rows, token_alphabet
 from tests.extrapolate.corpora import many_small, own_cache
 
 

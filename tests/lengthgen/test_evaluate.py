@@ -13,6 +13,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
+from posenc.lengthgen.config import TrainConfig
 from posenc.lengthgen.data import (
     Vocab,
     coupled_positions,
@@ -27,7 +28,7 @@ from posenc.lengthgen.evaluate import (
 )
 from posenc.lengthgen.plots import plot_accuracy_vs_length
 from posenc.lengthgen.tasks import get_task
-from posenc.lengthgen.train import TrainConfig, build_model, train
+from posenc.lengthgen.train import build_model, train
 from tests.lengthgen.tiny import TINY
 
 

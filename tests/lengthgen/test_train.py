@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+from posenc.lengthgen.config import TrainConfig
 from posenc.lengthgen.evaluate import read_jsonl
-from posenc.lengthgen.train import TrainConfig, lr_factor, train
+from posenc.lengthgen.train import lr_factor, train
 from tests.commands import kill_after_first_checkpoint, posenc_cli, torchrun_two
 from tests.lengthgen import tiny
 from tests.lengthgen.tiny import run_cli

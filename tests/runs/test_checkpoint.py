@@ -1,7 +1,8 @@
 """posenc.runs.checkpoint: the run folder (a started run is refused, stale temporary files
 are cleared), RNG state round trips (the GPU's generator on a GPU only), resuming refuses a
 changed configuration by name (the precision too; a checkpoint from before it counts as
-fp32), and a checkpoint written on a GPU loads on the CPU.
+fp32), a checkpoint written on a GPU loads on the CPU, and a file written through
+``replacing`` is the old one or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from posenc.runs.checkpoint import (
     check_resumable,
     load_checkpoint,
     prepare_run_dir,
+    replacing,
     rng_state,
     save_checkpoint,
     set_rng_state,
+    write_text,
 )
 from tests.runs.gpu_files import as_if_written_on_a_gpu
 
@@ -34,6 +37,18 @@ def test_prepare_run_dir_refuses_a_started_run_and_clears_stale_temp_files(tmp_p
         prepare_run_dir(tmp_path, resume=False, rank=0)
     assert prepare_run_dir(tmp_path, resume=True, rank=0) == tmp_path / CHECKPOINT
     assert not stale.exists()
+
+
+def test_a_file_is_replaced_whole_or_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "results.md"
+    write_text(path, "old\n")
+    with pytest.raises(KeyboardInterrupt), replacing(path) as tmp:
+        tmp.write_text("half of the ne")
+        raise KeyboardInterrupt  # a kill mid-write
+    assert path.read_text() == "old\n"
+    write_text(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
 
 
 def test_rng_state_round_trip_with_and_without_a_data_generator() -> None:

@@ -73,6 +73,10 @@ def test_options_go_to_every_entry_of_their_name() -> None:
         entry_options("rope/none", {"t5": {}})
     with pytest.raises(PosencTypeError, match=r"'rope'.*max_bias"):
         check_encoding("rope/none", 16, 2, {"rope": {"max_bias": 1}})
+    for pe in ("none", "rope/none", "rope/none:temp"):  # the temperature is no option
+        options = {"temp": 2.0} if pe == "none" else {"none": {"temp": 2.0}}
+        with pytest.raises(PosencValueError, match=r"none\.temp=2\.0: .*'none:temp'"):
+            check_encoding(pe, 16, 2, options)
 
 
 def test_the_pe_list_keeps_schedules_as_written_and_the_modifiers_after() -> None:
@@ -88,7 +92,10 @@ def test_the_pe_list_keeps_schedules_as_written_and_the_modifiers_after() -> Non
     [
         ("rope//none", ["entry 2", "empty entry"]),
         ("rope/bogus", ["entry 2 ('bogus')", "unknown positional encoding"]),
-        ("rope/none:tmp", ["entry 2 ('none:tmp')", "none:temp"]),
+        ("rope/none:tmp", ["entry 2 ('none:tmp')", "unknown mark ':tmp'", "':temp'"]),
+        ("none:tmp", ["pe 'none:tmp'", "unknown mark ':tmp'"]),
+        ("rope/none:", ["entry 2 ('none:')", "unknown mark ':'"]),
+        ("none:temp:temp", ["unknown mark ':temp:temp'"]),
         ("rope:temp", ["'rope:temp'", "only a NoPE entry"]),
         ("rope/sinusoidal", ["entry 2 ('sinusoidal')", "additive"]),
         ("rope/rope2d", ["entry 2 ('rope2d')", "N-D"]),

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
-from .suites import SUITES, run_suites, settings_for
+from .suites import SUITES, run_suites
+from .suites.settings import settings_for
 
 #: The suites that run on a GPU with ``--device cuda``.
 CUDA_SUITES = ("rope",)

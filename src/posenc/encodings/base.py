@@ -15,8 +15,8 @@ Attention and the model only ever call these hooks; a new scheme is a new subcla
 registered under a name (:mod:`.registry`), and nothing else changes.
 
 The validation helpers (:mod:`.checks`), the registry (:mod:`.registry`) and the
-half-precision row blocking (:mod:`~.tiles`) live in their own modules; their names are
-re-exported here, so ``from posenc.encodings.base import build`` keeps working.
+half-precision row tiles (:mod:`.tiles`) live in their own modules, and their names are
+imported from there (or from :mod:`posenc`); this module re-exports none of them.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk`` query/key),
 ``d`` model or head dim.

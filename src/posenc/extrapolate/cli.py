@@ -79,8 +79,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         "--preset",
         choices=sorted(PRESETS),
         help="named settings (press: the shape of Press et al. 2022's Fig. 1, "
-        "about 30 CPU-minutes; scale: wider, deeper, longer, with needles and retrieval, "
-        "for a GPU)",
+        "about 23 CPU-minutes, 12 minutes on 2 cores; scale: wider, deeper, longer, with "
+        "needles and retrieval, for a GPU)",
     )
     p.add_argument(
         "--retrieval",

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
+from ..runs.checkpoint import replacing, write_text
 from .context_gain import block_len
 from .corpus import Corpus
 from .retrieval import cue_len
@@ -126,20 +126,7 @@ def write_results(
     check_results(results)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{RESULTS}.tmp"  # keys in their order: buckets by position, not by text
-    tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, out / RESULTS)
-    written = [out / RESULTS, out / MARKDOWN]
     retrieved = any("retrieval" in run for run in results["runs"])
-    if plot:
-        from .plots import plot_extrapolation, plot_retrieval
-
-        figures = [(FIGURE, plot_extrapolation(results))]
-        if retrieved:
-            figures.append((RETRIEVAL_FIGURE, plot_retrieval(results)))
-        for name, fig in figures:
-            fig.savefig(out / name, dpi=120)
-            written.append(out / name)
     text = markdown_report(
         results,
         timings,
@@ -147,7 +134,21 @@ def write_results(
         retrieval_figure=RETRIEVAL_FIGURE if plot and retrieved else None,
         command=command,
     )
-    (out / MARKDOWN).write_text(text, encoding="utf-8")
+    # the tables first, each whole or not at all (keys in their order: buckets by position,
+    # not by text), so that a sweep killed while the figures are drawn keeps both readable
+    write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
+    write_text(out / MARKDOWN, text)
+    written = [out / RESULTS, out / MARKDOWN]
+    if plot:
+        from .plots import plot_extrapolation, plot_retrieval
+
+        figures = [(FIGURE, plot_extrapolation(results))]
+        if retrieved:
+            figures.append((RETRIEVAL_FIGURE, plot_retrieval(results)))
+        for name, fig in figures:
+            with replacing(out / name) as tmp:
+                fig.savefig(tmp, dpi=120, format=Path(name).suffix[1:])
+            written.append(out / name)
     return written
 
 

@@ -14,7 +14,6 @@ Every model trains and is evaluated on one device (``device``), in its config's 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..runs.checkpoint import write_text
 from ..runs.device import autocast, model_device, placement
 from ..runs.distributed import barrier, torch_threads, world
 from ..runs.pool import slug
@@ -163,10 +163,8 @@ def run_one(
     }
     result = {"runs": runs, "timing": timing}
     if run_dir is not None:
-        path = Path(run_dir) / EVALUATION  # (keys in their order: buckets by position)
-        tmp = path.with_name(f".{EVALUATION}.tmp")
-        tmp.write_text(json.dumps({"key": key, "result": result}, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        record = {"key": key, "result": result}  # (keys in their order: buckets by position)
+        write_text(Path(run_dir) / EVALUATION, json.dumps(record, indent=1))
     return result
 
 

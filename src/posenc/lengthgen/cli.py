@@ -242,7 +242,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_configs(settings: dict[str, Any]) -> list:
     """One :class:`TrainConfig` per (task, encoding, seed), in that nesting order."""
-    from .train import TrainConfig
+    from .config import TrainConfig
 
     sweep = {k: settings[k] for k in SWEEP_KEYS}
     fields = {k: v for k, v in settings.items() if k not in SWEEP_KEYS}

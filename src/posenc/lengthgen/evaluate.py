@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..runs.checkpoint import write_text
 from ..runs.device import autocast, model_device
 from .data import (
     Vocab,
@@ -344,12 +345,7 @@ def wide_table(groups: list[dict[str, Any]]) -> str:
 
 def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Write one JSON object per line (atomically: temp file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_text(path, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in records))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

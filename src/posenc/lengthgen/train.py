@@ -3,7 +3,7 @@
 - The model is :class:`posenc.TransformerModel` (causal for decoder tasks), built from a
   registry name, so every encoding registered with posenc can be trained.
 - AdamW with linear warm-up then cosine (or linear, or no) decay, and global gradient-norm
-  clipping (:mod:`~posenc.lengthgen.loop`).
+  clipping (:mod:`~posenc.runs.trainer`).
 - Every ``checkpoint_every`` steps an atomic checkpoint (temp file, fsync, ``os.replace``)
   holds the model, optimiser, scheduler, the data generator and every RNG state (Python,
   NumPy, torch). A run killed at any moment, even by SIGKILL, and restarted with
@@ -46,14 +46,12 @@ from ..runs.progress import Bar
 from ..runs.step import scored_step
 from ..runs.sweep import run_each
 from ..runs.trainer import Trainer, lr_multiplier, optimizer_for, seed_everything
-from .config import MAX_INPUT_LENGTH, TrainConfig
+from .config import TrainConfig
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
 from .tasks import Task
 
 __all__ = [
-    "MAX_INPUT_LENGTH",
-    "TrainConfig",
     "build_model",
     "lr_factor",
     "run_dir_for",

@@ -28,7 +28,7 @@ import torch
 from matplotlib.figure import Figure
 
 from . import diagnostics
-from .absolute import dimension_waves, heatmap, permutation_weights
+from .absolute import dimension_waves, heatmap
 
 Draw = Callable[[PositionalEncoding, str, int], Figure]
 
@@ -252,11 +252,8 @@ __all__ = [
     "Kind",
     "build_for_plot",
     "default_kind",
-    "dimension_waves",
     "figure_to_data_uri",
-    "heatmap",
     "kinds_for",
-    "permutation_weights",
     "plot_encoding",
     "register_kind",
 ]

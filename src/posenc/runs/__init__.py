@@ -16,8 +16,7 @@
 - :mod:`~posenc.runs.config`: the checks every run config shares, the model it describes;
 - :mod:`~posenc.runs.cli`: the command-line flags both commands share;
 - :mod:`~posenc.runs.schedules`: per-layer schedules as ``--pe`` writes them
-  (``rope/rope/rope/none``, ``none:temp``), and the model keywords they give;
-- :mod:`~posenc.runs.moved`: the deprecation shims of the names that moved here.
+  (``rope/rope/rope/none``, ``none:temp``), and the model keywords they give.
 
 Nothing here knows either experiment; neither experiment imports the other.
 """

@@ -1,7 +1,8 @@
 """Checkpoints that survive SIGKILL, and the random state that makes a resumed run exact.
 
 - :func:`save_checkpoint` writes atomically (temp file, fsync, ``os.replace``): a reader sees
-  the old checkpoint or the new one, never half of one.
+  the old checkpoint or the new one, never half of one; :func:`replacing` does the same for
+  any file another writer makes (results, tables, figures), :func:`write_text` for text.
 - :func:`load_checkpoint` reads one onto any device (``map_location``, the CPU by default),
   so a run trained on a GPU resumes or is evaluated on a CPU, and the reverse.
 - :func:`rng_state` / :func:`set_rng_state` capture and restore every random generator a run
@@ -20,7 +21,7 @@ import contextlib
 import json
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,26 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
-def write_json(path: Path, record: dict[str, Any]) -> None:
-    """Write ``record`` as JSON to ``path`` through a temp file and ``os.replace``."""
+@contextlib.contextmanager
+def replacing(path: Path | str) -> Iterator[Path]:
+    """The temp file to write ``path``'s new content to (``.NAME.tmp`` beside it), moved onto
+    ``path`` with ``os.replace`` when the block ends without an error: a reader, or a sweep
+    killed at any moment, sees the old file or the new one, never half of one."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, sort_keys=True, indent=1), encoding="utf-8")
+    yield tmp
     os.replace(tmp, path)
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`replacing`)."""
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as JSON to ``path`` atomically, keys sorted."""
+    write_text(path, json.dumps(record, sort_keys=True, indent=1))
 
 
 def rng_state(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .device import PRECISIONS
-from .schedules import entry_options, is_schedule, model_kwargs
+from .schedules import TEMPERATURE, entry_options, is_schedule, model_kwargs
 from .trainer import DECAYS
 
 C = TypeVar("C")
@@ -36,6 +36,12 @@ def check_encoding(
         for name, kwargs in entry_options(pe, options).items():
             check_encoding(name, dim, heads, kwargs, harness)
         return None  # a schedule holds no additive (tabled) entry
+    if pe == "none" and TEMPERATURE in options:
+        raise PosencValueError(
+            f"pe option none.{TEMPERATURE}={options[TEMPERATURE]!r}: Llama 4's query temperature "
+            f"is no option, it is written in the schedule: 'none:{TEMPERATURE}' (e.g. "
+            f"rope/rope/rope/none:{TEMPERATURE})"
+        )
     axes = getattr(entry(pe).cls, "axes", 1)  # unknown names list the known ones
     if axes != 1:
         raise PosencValueError(

@@ -61,10 +61,15 @@ def parse_schedule(text: str) -> list[LayerEntry]:
         name, colon, mark = raw.strip().partition(":")
         if not name:
             raise PosencValueError(f"{where}: an empty entry (write NAME/NAME/..., e.g. rope/none)")
-        if colon and (name != "none" or mark != TEMPERATURE):
+        if colon and name != "none":
             raise PosencValueError(
                 f"{where}: only a NoPE entry may carry Llama 4's query temperature, written "
                 f"'none:{TEMPERATURE}'"
+            )
+        if colon and mark != TEMPERATURE:
+            raise PosencValueError(
+                f"{where}: unknown mark {colon + mark!r} (a NoPE entry takes only "
+                f"':{TEMPERATURE}', Llama 4's query temperature)"
             )
         try:
             found = entry(name)

@@ -9,7 +9,8 @@ import pytest
 
 from posenc.bench import suites
 from posenc.bench.harness import Section
-from posenc.bench.suites import Settings, run_suites, settings_for
+from posenc.bench.suites import run_suites
+from posenc.bench.suites.settings import QUICK, Settings, settings_for
 
 
 def test_run_suites_rejects_unknown_names_before_any_work() -> None:
@@ -31,13 +32,13 @@ def test_run_suites_runs_in_the_order_given_and_times_each(
 
     def runner(name: str):  # type: ignore[no-untyped-def]
         def run(settings: Settings) -> Section:
-            assert settings is suites.QUICK
+            assert settings is QUICK
             ran.append(name)
             return Section(name, name)
 
         return run
 
     monkeypatch.setattr(suites, "RUNNERS", {name: runner(name) for name in suites.SUITES})
-    sections = run_suites(["scaling", "table", "scaling"], suites.QUICK)
+    sections = run_suites(["scaling", "table", "scaling"], QUICK)
     assert ran == ["scaling", "table", "scaling"]
     assert [s.name for s in sections] == ran and all(s.seconds >= 0 for s in sections)

@@ -697,7 +697,7 @@ FAMILIES = [
         cos_sin_reference("phi3", "Phi3RotaryEmbedding"),
         (32, 24, 10000.0, False),
     ),
-    # Families read their own way (hf_families.py, hf_fields.py), each against its own code.
+    # Families read their own way (hf/families.py, hf/fields.py), each against its own code.
     Family(
         "hunyuan-dense-ntk-alpha",  # "dynamic" + alpha in the checkpoint: a fixed base
         _config(

@@ -38,12 +38,12 @@ from collections.abc import Callable
 from ...errors import PosencValueError
 from ..harness import Section
 from ..schemes import suite_schemes
-from .absolute import float64_table, numpy_table_fp32, suite_add, suite_table, torch_table_fp32
+from .absolute import suite_add, suite_table
 from .attention import suite_bias, suite_scaling
 from .decode import suite_decode
 from .encoder import suite_encoder
 from .rotary import suite_rope
-from .settings import DEFAULT, QUICK, Settings, settings_for
+from .settings import Settings
 
 SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode")
 
@@ -73,22 +73,4 @@ def run_suites(names: list[str], settings: Settings) -> list[Section]:
     return sections
 
 
-__all__ = [
-    "DEFAULT",
-    "QUICK",
-    "RUNNERS",
-    "SUITES",
-    "Settings",
-    "float64_table",
-    "numpy_table_fp32",
-    "run_suites",
-    "settings_for",
-    "suite_add",
-    "suite_bias",
-    "suite_decode",
-    "suite_encoder",
-    "suite_rope",
-    "suite_scaling",
-    "suite_table",
-    "torch_table_fp32",
-]
+__all__ = ["RUNNERS", "SUITES", "run_suites"]

@@ -1,7 +1,7 @@
 """The transformers ``model_type``s whose rotary embedding :mod:`~.config` reads exactly,
 and the facts of each family that no config field states (the sets below
-:data:`KNOWN_MODEL_TYPES`: interleaved, clockwise, de-interleaved, multimodal-RoPE, ...;
-:mod:`~.config` re-exports them under their old names).
+:data:`KNOWN_MODEL_TYPES`: interleaved, clockwise, de-interleaved, multimodal-RoPE, ...,
+which :mod:`~.config` reads).
 
 No config field says whether a family turns half-split or interleaved pairs, in which sense,
 or which fields its rotary code reads: this list of checked ``model_type``s is what

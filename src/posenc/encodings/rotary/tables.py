@@ -9,8 +9,8 @@
   falls back to the float64 formula where no table applies (float positions, float64 work,
   rope types whose frequencies move with the length, learned frequencies, far positions).
 
-Neither asks torch whether a graph is being captured: both take ``eager``
-(:attr:`~posenc.encodings.kernels.select.Plan.eager`) from the caller's
+Neither asks torch whether a graph is being captured: both take ``eager`` (a field of the
+:class:`~posenc.encodings.kernels.select.Plan`) from the caller's
 :func:`~posenc.encodings.kernels.select.select`.
 
 Dimension legend: ``b`` batch, ``n`` sequence, ``r`` rotary dim.
@@ -59,8 +59,8 @@ def read_positions(
     """Validated positions (``None`` stays ``None``) and, for integer positions read in eager
     mode, their :func:`_extent`. The common case (an integer tensor of the right shape,
     nothing negative) costs one read, and a decode step's few 1-D positions one ``tolist``;
-    anything else goes through :func:`~.checks.resolve_positions`, which names what is
-    wrong."""
+    anything else goes through :func:`~posenc.encodings.checks.resolve_positions`, which
+    names what is wrong."""
     if positions is None:
         return None, None
     if (  # a decode step: a few 1-D positions, read in one transfer
