@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .encodings.base import ScoreMod, compute_dtype
+from .encodings.base import ScoreMod
+from .sdpa import kernel_dtype
 
 __all__ = [
     "FLEX_BLOCK_SIZE",
@@ -249,15 +250,18 @@ def flex_attention_forward(
     block_mask: Any,
     compile: bool = True,
 ) -> Tensor | None:
-    """``flex_attention(q, k, v)`` computed in the compute dtype; ``None`` when compilation
-    failed (the caller then uses another backend; the failure is warned about once per key).
+    """``flex_attention(q, k, v)`` with the inputs in :func:`~posenc.sdpa.kernel_dtype`
+    (bf16/fp16 stay so on a GPU: flex's kernel computes the scores, runs the ``score_mod``
+    and keeps the softmax statistics in fp32 itself; fp32 on the CPU); ``None`` when
+    compilation failed (the caller then uses another backend; the failure is warned about
+    once per key).
 
     ``compile=False`` runs flex_attention's eager reference, which is correct but
     materialises the scores; it exists for tests and for platforms without a compiler.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    out_dtype, work = q.dtype, compute_dtype(q.dtype)
+    out_dtype, work = q.dtype, kernel_dtype(q)
     q, k, v = q.to(work), k.to(work), v.to(work)
     if torch.compiler.is_compiling():  # inside a user's torch.compile: let it fuse
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask).to(out_dtype)
