@@ -24,7 +24,6 @@ from posenc import (
 )
 from posenc.attention import Backend
 from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
-from posenc.encodings.state import BiasState
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
 from tests.schemes import BIAS, FACTS
@@ -253,23 +252,6 @@ def test_compiled_flex_matches_math_with_masks() -> None:
 
 
 # --------------------------------------------------------------------------- backend choice
-
-
-def test_auto_picks_flex_only_when_large_and_inference(monkeypatch: pytest.MonkeyPatch) -> None:
-    attn = MultiHeadAttention(16, 4, pe=ALiBi(4))
-    q = torch.randn(1, 4, 64, 4, requires_grad=True)
-    assert isinstance(attn.pe, BiasEncoding)
-    pe = attn.pe.position_state(None, torch.zeros(1, 64, 16))
-    assert isinstance(pe, BiasState)
-    sdpa, math_ = (Backend.SDPA, False), (Backend.MATH, False)
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.0) == sdpa  # 4 * 64² < 2**24
-    monkeypatch.setattr(attention_module, "FLEX_AUTO_MIN_ELEMENTS", 1000)
-    # flex, for the fused score_mod only (no compilation around a materialised bias)
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.0) == (Backend.FLEX, True)
-    assert attn._choose_backend(q, q, pe, False, 0.0) == sdpa  # gradients on a CPU
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.1) == sdpa  # dropout
-    assert attn._choose_backend(q.detach(), q.detach(), pe, True, 0.0) == math_  # weights wanted
-    assert attn._choose_backend(q.detach(), q.detach(), None, False, 0.0) == sdpa  # no bias to fuse
 
 
 def test_explicit_flex_falls_back_while_training() -> None:
