@@ -26,7 +26,7 @@ from posenc.attention import Backend
 from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
-from tests.schemes import BIAS, FACTS
+from tests.schemes import BIAS, FACTS, NAMES
 
 #: Every bias scheme, no scheme, and Shaw with its value-side term as well.
 SCHEMES = ["none", *BIAS, "shaw-values"]
@@ -447,3 +447,26 @@ def test_attention_validates_its_input_once_per_call(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(attention_module, "check_input", counting)
     MultiHeadAttention(8, 2, pe=ALiBi(2))(torch.randn(1, 5, 8))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("causal", "head_dim"), [(False, None), (True, None), (True, 24)])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_registry_name_builds_what_the_encoder_builds(
+    name: str, causal: bool, head_dim: int | None
+) -> None:
+    """``MultiHeadAttention(pe=name)`` sizes the scheme for its own heads and head size and
+    starts from its ``causal_defaults`` when causal, as ``Encoder(pe=name)`` does; additive
+    schemes are refused (they act on the input)."""
+    if posenc.entry(name).family == "additive":
+        with pytest.raises(TypeError, match="additive"):
+            MultiHeadAttention(24, 2, pe=name)
+        return
+    attn = MultiHeadAttention(24, 2, pe=name, causal=causal, head_dim=head_dim)
+    want = posenc.Encoder(24, 1, 2, pe=name, causal=causal, head_dim=head_dim).pe
+    assert repr(attn.pe) == repr(want)
+    same = MultiHeadAttention(24, 2, pe=want, causal=causal, head_dim=head_dim)
+    same.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 5, 24)
+    axes = posenc.entry(name).cls.axes
+    positions = torch.stack([torch.arange(5) + a for a in range(axes)], -1) if axes > 1 else None
+    assert_close(attn(x, positions=positions), same(x, positions=positions), rtol=0, atol=0)

@@ -50,6 +50,7 @@ from .errors import PosencValueError
 from .heads import check_attention_pe, check_heads, check_reach
 from .masks import check_key_padding_mask
 from .query_scale import QueryScale
+from .schedule import resolve_pe
 from .sdpa import scaled_dot_product_attention
 
 __all__ = [
@@ -101,7 +102,9 @@ class MultiHeadAttention(nn.Module):
             Default ``h``. The KV cache stores the ``g`` grouped heads.
         head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
             ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
-        pe: a rotary, bias or none encoding (additive ones belong on the input).
+        pe: a rotary, bias or none encoding (additive ones belong on the input), or its
+            registry name, built as :class:`~posenc.Encoder` builds it: for ``num_heads``
+            heads of ``head_dim``, from the scheme's ``causal_defaults`` when ``causal``.
         window: a sliding window: each query reads the keys less than ``window`` positions
             away (with ``causal``: keys ``i - window + 1 … i``), as Mistral's and Gemma's
             local layers do. ``None``: every key.
@@ -146,7 +149,7 @@ class MultiHeadAttention(nn.Module):
         dim: int,
         num_heads: int,
         *,
-        pe: PositionalEncoding | None = None,
+        pe: str | PositionalEncoding | None = None,
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
@@ -176,6 +179,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.backend = Backend(backend)
         self.compile_flex = check_bool("compile_flex", compile_flex)
+        if isinstance(pe, str):
+            pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         # one fused projection: h query heads, then g key and g value heads (3·D by default)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)

@@ -8,6 +8,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from torch import Tensor
 from .encodings.base import check_probability, compute_dtype
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
-__all__ = ["fused_attention", "kernel_dtype", "scaled_dot_product_attention"]
+__all__ = ["autocast_off", "fused_attention", "kernel_dtype", "scaled_dot_product_attention"]
 
 
 def kernel_dtype(t: Tensor) -> torch.dtype:
@@ -56,7 +57,8 @@ def scaled_dot_product_attention(
 
     Scores, bias, softmax and the weights are float32 for half-precision inputs, and the
     output is cast back once; the two products take :func:`kernel_dtype` (the inputs' own
-    on a GPU, float32 on the CPU).
+    on a GPU, float32 on the CPU). Autocast is switched off here (it would run ``q kᵀ`` in the
+    low precision on the CPU too, and round the softmax).
 
     Returns:
         ``(output (..., nq, dv), weights (..., nq, nk))``.
@@ -83,17 +85,26 @@ def scaled_dot_product_attention(
             3 * lead * nq * nk * work.itemsize,  # scores, masked scores, weights
             device=q.device,
         )
-    products = kernel_dtype(q)
-    q, k, v = q.to(products), k.to(products), v.to(products)
-    scores = (q @ k.transpose(-2, -1)).to(work) / math.sqrt(q.shape[-1])  # (..., nq, nk)
-    if bias is not None:
-        scores = scores + bias.to(work)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool(), torch.finfo(work).min)
-    weights = scores.softmax(dim=-1)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
+    with autocast_off(q.device):
+        products = kernel_dtype(q)
+        q, k, v = q.to(products), k.to(products), v.to(products)
+        scores = (q @ k.transpose(-2, -1)).to(work) / math.sqrt(q.shape[-1])  # (..., nq, nk)
+        if bias is not None:
+            scores = scores + bias.to(work)
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
+
+
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
+    """A context in which autocast is off on ``device``'s type (nothing where that type has
+    no autocast, e.g. ``meta``): arithmetic meant for float32 stays in float32."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def fused_attention(
@@ -146,9 +157,12 @@ def fused_attention(
         return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
 
     additive = additive_mask() if keep is None else keep(additive_mask)
-    if work != q.dtype:
-        out = F.scaled_dot_product_attention(
-            q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
-        )
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)
+    # autocast off: it would round the float32 mask to half precision, where its most negative
+    # value becomes -inf and a fully masked row zeros instead of uniform weights
+    with autocast_off(q.device):
+        if work != q.dtype:
+            out = F.scaled_dot_product_attention(
+                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
+            )
+            return out.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)
