@@ -5,6 +5,7 @@ print the tables, and optionally write them (with PNG plots) as markdown.
     posenc bench rope encoder                      # some suites
     posenc bench --quick                           # tiny sizes: checks that it runs (CI)
     posenc bench --output benchmarks/RESULTS.md    # also write the tables and plots
+    posenc bench bias encoder --device cuda        # bias attention, training step on a GPU
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
+from .attention_cuda import CUDA_SUITES
 from .suites import SUITES, run_suites, settings_for
 
 
@@ -37,6 +39,11 @@ def add_subcommand(subparsers: Any) -> None:
     p.add_argument("--output", default=None, help="write the tables here as markdown (.md)")
     p.add_argument("--repeats", default=None, help="timed calls per case (default 10)")
     p.add_argument("--threads", default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help=f"where to time: cpu (default) or cuda (suites: {', '.join(CUDA_SUITES)})",
+    )
     p.add_argument(
         "--max-call-seconds",
         default=None,
@@ -61,10 +68,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen suites, print them, and write ``--output`` (markdown and PNGs)."""
     import torch
 
-    names = list(args.suites) or list(SUITES)
+    names = list(args.suites) or list(CUDA_SUITES if args.device == "cuda" else SUITES)
     for name in names:
         if name not in SUITES:
             raise PosencValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
+    _check_device(args.device, names)
     output = None if args.output is None else Path(args.output)
     if output is not None and output.suffix.lower() != ".md":
         raise PosencValueError(
@@ -100,7 +108,10 @@ def run(args: argparse.Namespace) -> int:
     sections = []
     for name in names:
         print(f"\n[{name}] running ...", file=sys.stderr, flush=True)
-        (section,) = run_suites([name], settings)
+        if args.device == "cuda":
+            section = CUDA_SUITES[name](quick=args.quick, repeats=settings.repeats)
+        else:
+            (section,) = run_suites([name], settings)
         sections.append(section)
         print("\n" + section.markdown(), flush=True)
     total = time.perf_counter() - start
@@ -114,6 +125,24 @@ def run(args: argparse.Namespace) -> int:
         _write(output, header, sections, footer)
         print(f"\nwrote {output}")
     return 0
+
+
+def _check_device(device: str, names: list[str]) -> None:
+    """Raise unless ``--device`` is cpu, or cuda with a GPU present and only suites that run
+    there."""
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise PosencValueError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cpu":
+        return
+    others = [name for name in names if name not in CUDA_SUITES]
+    if others:
+        raise PosencValueError(
+            f"--device cuda runs the suites {', '.join(CUDA_SUITES)} only, got {', '.join(others)}"
+        )
+    if not torch.cuda.is_available():
+        raise PosencValueError("--device cuda: torch sees no CUDA device on this machine")
 
 
 def _command_line() -> str:
