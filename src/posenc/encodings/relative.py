@@ -236,8 +236,9 @@ class FIRE(BiasEncoding):
         padded with ``+inf`` to one less than a power of two ``P > H``, for a binary search
         of ``log2 P`` steps.
         """
-        w1, b1 = self.mlp[0].weight[:, 0], self.mlp[0].bias  # (H,)
-        w2, b2 = self.mlp[2].weight, self.mlp[2].bias  # (h, H), (h,)
+        # in ``dtype`` (fp32 for half-precision weights): the sums are formed once, exactly
+        w1, b1 = self.mlp[0].weight[:, 0].to(dtype), self.mlp[0].bias.to(dtype)  # (H,)
+        w2, b2 = self.mlp[2].weight.to(dtype), self.mlp[2].bias.to(dtype)  # (h, H), (h,)
         slope = w1.detach()
         flat = slope == 0  # such a unit never bends: active everywhere or nowhere
         kink = torch.where(flat, torch.inf, -b1.detach() / torch.where(flat, 1.0, slope))
@@ -254,7 +255,7 @@ class FIRE(BiasEncoding):
         size = 1 << len(order).bit_length()  # P > H
         padded = kinks.new_full((size - 1,), torch.inf)
         padded[: len(order)] = kinks
-        return intercept.to(dtype), gradient.to(dtype), padded.to(dtype)
+        return intercept, gradient, padded
 
     def score_mod(
         self,
