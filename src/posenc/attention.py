@@ -19,13 +19,11 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from . import flex
+from .attention_checks import check_attention_pe, check_heads, check_reach
 from .backends import (
     BACKEND_FUNCTIONS,
     FLEX_AUTO_MIN_ELEMENTS,
@@ -38,8 +36,8 @@ from .backends import (
 )
 from .cache import KVCache
 from .context import SequenceContext
-from .encodings.base import (
-    PositionalEncoding,
+from .encodings.base import PositionalEncoding
+from .encodings.checks import (
     check_bool,
     check_input,
     check_positive_int,
@@ -47,44 +45,19 @@ from .encodings.base import (
 )
 from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencValueError
-from .heads import check_attention_pe, check_heads, check_reach
 from .masks import check_key_padding_mask
 from .query_scale import QueryScale
 from .schedule import resolve_pe
-from .sdpa import scaled_dot_product_attention
 
 __all__ = [
     "BACKENDS",
     "FLEX_AUTO_MIN_ELEMENTS",
     "Backend",
     "MultiHeadAttention",
-    "check_attention_pe",
-    "check_heads",
-    "scaled_dot_product_attention",
 ]
 
 
 BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
-
-#: Moved to :mod:`posenc.flex`; importable from here, with a ``DeprecationWarning``, until 0.3.
-_MOVED_TO_FLEX = (
-    "FLEX_BLOCK_SIZE",
-    "flex_attention_forward",
-    "flex_available",
-    "flex_block_mask",
-    "flex_cache_clear",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_FLEX:
-        warnings.warn(
-            f"posenc.attention.{name} moved to posenc.flex.{name}; the old name is removed in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(flex, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- module
@@ -197,7 +170,6 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         pe: PositionalEncoding | None = None,
         state: PositionState | None = None,
-        residual: Tensor | None = None,
         cache: KVCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -213,8 +185,7 @@ class MultiHeadAttention(nn.Module):
         values join the cache and they attend to every cached token (``nk`` keys in all).
         ``pe`` overrides the module's own encoding. ``state`` is that encoding's
         :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
-        layers (the Encoder does); ``positions`` are then not read. ``residual`` is
-        deprecated: add the output to it instead.
+        layers (the Encoder does); ``positions`` are then not read.
         """
         check_input(x, self.dim)  # bad input fails before the encoding does any work
         b, n, _ = x.shape
@@ -240,14 +211,6 @@ class MultiHeadAttention(nn.Module):
         if context is not None:
             context.commit()
         out = self.out(heads)  # (b, n, D)
-        if residual is not None:
-            warnings.warn(
-                "MultiHeadAttention(residual=...) is deprecated and will be removed in 0.3; "
-                "add the output to the residual instead",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            out = residual + out
         return (out, weights) if need_weights else out
 
     @property

@@ -31,7 +31,8 @@ from torch import Tensor
 
 from . import flex
 from .context import SequenceContext
-from .encodings.base import BiasEncoding, ScoreMod, compute_dtype
+from .encodings.base import BiasEncoding, ScoreMod
+from .encodings.checks import compute_dtype
 from .encodings.state import BiasState
 from .masks import attention_mask
 from .sdpa import fused_attention, scaled_dot_product_attention

@@ -99,7 +99,8 @@ def _cell(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple
 
 def fused_schemes() -> list[str]:
     """The registered bias schemes with a ``score_mod`` (and no value term)."""
-    from ..encodings.base import BiasEncoding, available, entry
+    from ..encodings.base import BiasEncoding
+    from ..encodings.registry import available, entry
 
     names = []
     for name in available():
@@ -110,8 +111,8 @@ def fused_schemes() -> list[str]:
 
 
 def _scheme(name: str, device: torch.device) -> Any:
-    from ..encodings.base import build_for_model
-    from ..encodings.relative_qk import ShawRelativeBias
+    from ..encodings.bias.relative_qk import ShawRelativeBias
+    from ..encodings.registry import build_for_model
 
     if name == "shaw-values":
         return ShawRelativeBias(HEADS, HEAD_DIM, values=True).to(device)
@@ -289,7 +290,7 @@ class _TorchEncoder(nn.Module):
 
 def cuda_encoder(*, quick: bool, device: str = "cuda", repeats: int = 10) -> Section:
     """The ``encoder`` section on ``device``: training steps per scheme against torch's."""
-    from ..encodings.relative_qk import ShawRelativeBias
+    from ..encodings.bias.relative_qk import ShawRelativeBias
     from ..model import Encoder
 
     start = time.perf_counter()
