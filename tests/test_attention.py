@@ -349,7 +349,6 @@ MISUSE = [
            ValueError, "num_heads", 8),
     Misuse("pe-head-dim", lambda: MultiHeadAttention(8, 2, pe=RotaryEmbedding(8)), ValueError,
            "head_dim", 8),
-    Misuse("pe-str", lambda: MultiHeadAttention(8, 2, pe="rope"), TypeError, "pe", "str"),
     Misuse("causal-str", lambda: MultiHeadAttention(8, 2, causal="yes"), TypeError, "causal",
            "yes"),
     Misuse("mask-shape",

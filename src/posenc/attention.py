@@ -48,12 +48,14 @@ from .errors import PosencValueError
 from .masks import check_key_padding_mask
 from .query_scale import QueryScale
 from .schedule import resolve_pe
+from .sdpa import scaled_dot_product_attention
 
 __all__ = [
     "BACKENDS",
     "FLEX_AUTO_MIN_ELEMENTS",
     "Backend",
     "MultiHeadAttention",
+    "scaled_dot_product_attention",
 ]
 
 
