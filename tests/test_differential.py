@@ -35,7 +35,7 @@ ATTENTION = [n for n in SEQUENCE if posenc.entry(n).family in ("rotary", "bias",
 BACKENDS = ["auto", "sdpa", "math", "flex"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CASES = ["window", "decode"]
-DIM, HEADS, N, PROMPT = 24, 2, 9, 5
+DIM, HEADS, N, PROMPT = 24, 2, 9, 7
 
 
 @functools.cache
