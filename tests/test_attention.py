@@ -21,14 +21,13 @@ from posenc import (
     SinusoidalPositionalEncoding,
     scaled_dot_product_attention,
 )
-from posenc.attention import Backend
+from posenc.backends import Backend
 from posenc.encodings.base import BiasEncoding
 from posenc.encodings.bias.alibi import ALiBi
 from posenc.encodings.bias.relative_qk import ShawRelativeBias
-from posenc.encodings.state import BiasState
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
-from tests.schemes import BIAS, FACTS
+from tests.schemes import BIAS, FACTS, NAMES
 
 #: Every bias scheme, no scheme, and Shaw with its value-side term as well.
 SCHEMES = ["none", *BIAS, "shaw-values"]
@@ -246,23 +245,6 @@ def test_compiled_flex_matches_math_with_masks() -> None:
 # --------------------------------------------------------------------------- backend choice
 
 
-def test_auto_picks_flex_only_when_large_and_inference(monkeypatch: pytest.MonkeyPatch) -> None:
-    attn = MultiHeadAttention(16, 4, pe=ALiBi(4))
-    q = torch.randn(1, 4, 64, 4, requires_grad=True)
-    assert isinstance(attn.pe, BiasEncoding)
-    pe = attn.pe.position_state(None, torch.zeros(1, 64, 16))
-    assert isinstance(pe, BiasState)
-    sdpa, math_ = (Backend.SDPA, False), (Backend.MATH, False)
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.0) == sdpa  # 4 * 64² < 2**24
-    monkeypatch.setattr(attention_module, "FLEX_AUTO_MIN_ELEMENTS", 1000)
-    # flex, for the fused score_mod only (no compilation around a materialised bias)
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.0) == (Backend.FLEX, True)
-    assert attn._choose_backend(q, q, pe, False, 0.0) == sdpa  # gradients on a CPU
-    assert attn._choose_backend(q.detach(), q.detach(), pe, False, 0.1) == sdpa  # dropout
-    assert attn._choose_backend(q.detach(), q.detach(), pe, True, 0.0) == math_  # weights wanted
-    assert attn._choose_backend(q.detach(), q.detach(), None, False, 0.0) == sdpa  # no bias to fuse
-
-
 def test_explicit_flex_falls_back_while_training() -> None:
     attn = MultiHeadAttention(8, 2, pe=ALiBi(2), backend="flex", compile_flex=False)
     x = torch.randn(1, 5, 8)
@@ -367,7 +349,6 @@ MISUSE = [
            ValueError, "num_heads", 8),
     Misuse("pe-head-dim", lambda: MultiHeadAttention(8, 2, pe=RotaryEmbedding(8)), ValueError,
            "head_dim", 8),
-    Misuse("pe-str", lambda: MultiHeadAttention(8, 2, pe="rope"), TypeError, "pe", "str"),
     Misuse("causal-str", lambda: MultiHeadAttention(8, 2, causal="yes"), TypeError, "causal",
            "yes"),
     Misuse("mask-shape",
@@ -450,3 +431,26 @@ def test_attention_validates_its_input_once_per_call(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(attention_module, "check_input", counting)
     MultiHeadAttention(8, 2, pe=ALiBi(2))(torch.randn(1, 5, 8))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize(("causal", "head_dim"), [(False, None), (True, None), (True, 24)])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_registry_name_builds_what_the_encoder_builds(
+    name: str, causal: bool, head_dim: int | None
+) -> None:
+    """``MultiHeadAttention(pe=name)`` sizes the scheme for its own heads and head size and
+    starts from its ``causal_defaults`` when causal, as ``Encoder(pe=name)`` does; additive
+    schemes are refused (they act on the input)."""
+    if posenc.entry(name).family == "additive":
+        with pytest.raises(TypeError, match="additive"):
+            MultiHeadAttention(24, 2, pe=name)
+        return
+    attn = MultiHeadAttention(24, 2, pe=name, causal=causal, head_dim=head_dim)
+    want = posenc.Encoder(24, 1, 2, pe=name, causal=causal, head_dim=head_dim).pe
+    assert repr(attn.pe) == repr(want)
+    same = MultiHeadAttention(24, 2, pe=want, causal=causal, head_dim=head_dim)
+    same.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 5, 24)
+    axes = posenc.entry(name).cls.axes
+    positions = torch.stack([torch.arange(5) + a for a in range(axes)], -1) if axes > 1 else None
+    assert_close(attn(x, positions=positions), same(x, positions=positions), rtol=0, atol=0)

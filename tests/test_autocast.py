@@ -1,6 +1,8 @@
-"""Mixed-precision evaluation: the validation loop of a mixed-precision training script,
+"""Mixed precision: the validation loop of a mixed-precision training script,
 ``torch.no_grad()`` or ``torch.inference_mode()`` around ``torch.autocast``, for every
-registered scheme, eagerly and (one scheme per family) compiled.
+registered scheme, eagerly and (one scheme per family) compiled; and every scheme on every
+CPU backend (``auto``, ``sdpa``, ``math``, ``flex``) with every kind of mask, in evaluation,
+with the attention weights, and in a training step.
 
 Autocast runs the projections in the low precision and keeps the rest in float32; the
 encoder's no-grad fast path (in-place GEMMs, which autocast does not convert) must step
@@ -9,6 +11,7 @@ aside. Each output must be within 2% (of its largest value) of the float32 outpu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -93,3 +96,111 @@ def test_compiled_autocast_evaluation_is_close_to_float32(name: str) -> None:
         out = compiled(x, **kwargs)
     _check_close(out, want, f"{name} compiled under autocast")
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- every backend
+
+#: The backends a CPU has; ``flex`` runs its eager reference (``compile_flex=False``), which
+#: posenc runs below 128 tokens, and becomes SDPA under autograd (no CPU backward).
+BACKENDS = ["auto", "sdpa", "math", "flex"]
+#: The masks: none (bidirectional), causal, padding (causal, right and left: the first queries
+#: of a left-padded row read no key), packed documents (causal).
+MASKS = ["none", "causal", "padding", "packed"]
+
+
+@functools.cache
+def _grid_model(name: str, backend: str, causal: bool) -> posenc.Encoder:
+    """A one-layer encoder, the same weights on every backend (shared by the grid's cases)."""
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(24, 1, 2, pe=name, causal=causal, backend=backend)
+    for layer in encoder.layers:
+        layer.attn.compile_flex = False
+    return encoder
+
+
+def _grid_inputs(name: str, mask: str) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 8, 24, generator=generator)
+    axes = posenc.entry(name).cls.axes
+    kwargs: dict[str, torch.Tensor | None] = {}
+    if axes > 1:  # N-D schemes need coordinates
+        kwargs["positions"] = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+    if mask == "padding":
+        padding = torch.zeros(2, 8, dtype=torch.bool)
+        padding[0, 6:] = True  # right padding
+        padding[1, :2] = True  # left padding
+        kwargs["key_padding_mask"] = padding
+    elif mask == "packed":
+        kwargs["document_ids"] = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [5, 5, 5, 5, 5, 2, 2, 2]])
+    return x, kwargs
+
+
+def _grid_cases(name: str, backend: str, *, training: bool = False):
+    """``(mask, model, x, kwargs, float32 output)`` for every mask the scheme takes, the model
+    in training or evaluation mode (and autograd on or off: on a CPU flex falls back to SDPA
+    under autograd, whose fully masked rows read uniform weights where flex's are zero).
+    Packing needs 1-D positions: an N-D scheme refuses it, which is checked here instead."""
+    for mask in MASKS:
+        model = _grid_model(name, backend, causal=mask != "none").train(training)
+        x, kwargs = _grid_inputs(name, mask)
+        if mask == "packed" and posenc.entry(name).cls.axes > 1:
+            with pytest.raises(posenc.PosencValueError, match="1-D positions"):
+                model(x, **kwargs)
+            continue
+        try:
+            yield mask, model, x, kwargs, _grid_reference(name, backend, mask, training)
+        finally:
+            model.eval()
+
+
+@functools.cache
+def _grid_reference(name: str, backend: str, mask: str, training: bool) -> torch.Tensor:
+    """The float32 output of :func:`_grid_model` for a case (shared by both dtypes)."""
+    model = _grid_model(name, backend, causal=mask != "none")
+    x, kwargs = _grid_inputs(name, mask)
+    with torch.set_grad_enabled(training):
+        return model(x, **kwargs).detach()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_autocast_every_backend_and_mask_evaluation(name: str, backend: str, dtype: str) -> None:
+    """Evaluation under autocast on every backend and mask, and ``need_weights`` (the math
+    path on every backend): within 2% of float32, the weights too."""
+    for mask, model, x, kwargs, want in _grid_cases(name, backend):
+        what = f"{name} on {backend}, {mask} mask, autocast({dtype})"
+        with torch.no_grad(), torch.autocast("cpu", dtype=DTYPES[dtype]):
+            out = model(x, **kwargs)
+        _check_close(out, want, what)
+        attn = model.layers[0].attn
+        if backend == "flex":  # its eager reference ran, not a fallback
+            assert attn.last_backend == "flex", what
+        if mask == "packed":  # attend without a context takes no documents
+            continue
+        state = None
+        if model.pe.family != "additive":
+            state = model.pe.position_state(kwargs.get("positions"), x)
+        padding = kwargs.get("key_padding_mask")
+        with torch.no_grad():
+            want_weights = attn.attend(x, state, key_padding_mask=padding, need_weights=True)[1]
+        with torch.no_grad(), torch.autocast("cpu", dtype=DTYPES[dtype]):
+            weights = attn.attend(x, state, key_padding_mask=padding, need_weights=True)[1]
+        _check_close(weights, want_weights, what + ", weights")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_autocast_every_backend_and_mask_training(name: str, backend: str, dtype: str) -> None:
+    """A training forward and backward under autocast on every backend and mask: the output
+    within 2% of float32, and every gradient finite."""
+    for mask, model, x, kwargs, want in _grid_cases(name, backend, training=True):
+        what = f"{name} on {backend}, {mask} mask, autocast({dtype}), training"
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=DTYPES[dtype]):
+            out = model(x, **kwargs)
+        _check_close(out.detach(), want, what)
+        out.float().square().mean().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), what

@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "posenc.schedule",
         "posenc.sdpa",
     ),
-    ("posenc.attention",),
+    ("posenc.backends", "posenc.attention"),
     ("posenc.model", "posenc.layers", "posenc.fused", "posenc.generation", "posenc.hf_models"),
     ("posenc.analysis",),
     ("posenc.plots",),

@@ -7,7 +7,8 @@ torch.Size([1, 6, 32])
 """
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
-from .attention import Backend, MultiHeadAttention
+from .attention import MultiHeadAttention
+from .backends import Backend
 from .cache import KVCache
 from .encodings.absolute.learned import LearnedPositionalEncoding
 from .encodings.absolute.sinusoidal import (

@@ -10,69 +10,48 @@ ways:
   adds the bias inside its kernel, block by block, so no ``n × n`` tensor ever exists
   (backend ``flex``; the machinery is in :mod:`posenc.flex`).
 
+The backends are functions of one signature in :mod:`posenc.backends`, with the one pure
+function that chooses between them.
+
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`` head dim,
 ``D`` model width.
 """
 
 from __future__ import annotations
 
-import functools
-from enum import Enum
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from . import flex
 from .attention_checks import check_attention_pe, check_heads, check_reach
+from .backends import (
+    BACKEND_FUNCTIONS,
+    AttentionCall,
+    Backend,
+    Request,
+    choose_backend,
+    learns,
+    sdpa_backend,
+)
 from .cache import KVCache
 from .context import SequenceContext
-from .encodings.base import PositionalEncoding, ScoreMod
+from .encodings.base import PositionalEncoding
 from .encodings.checks import (
     check_bool,
     check_input,
     check_positive_int,
     check_probability,
-    compute_dtype,
 )
 from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencValueError
-from .masks import attention_mask, check_key_padding_mask
+from .masks import check_key_padding_mask
 from .query_scale import QueryScale
-from .sdpa import fused_attention, scaled_dot_product_attention
+from .schedule import resolve_pe
 
-__all__ = [
-    "BACKENDS",
-    "FLEX_AUTO_MIN_ELEMENTS",
-    "Backend",
-    "MultiHeadAttention",
-]
-
-
-class Backend(str, Enum):
-    """Where :class:`MultiHeadAttention` runs the softmax (see its ``backend`` argument). A
-    ``str`` enum: ``Backend.SDPA == "sdpa"``, and the plain strings are accepted wherever a
-    backend is."""
-
-    AUTO = "auto"
-    FLEX = "flex"
-    SDPA = "sdpa"
-    MATH = "math"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+__all__ = ["BACKENDS", "MultiHeadAttention"]
 
 
 BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
-
-#: ``auto`` switches a bias scheme to compiled flex attention once a materialised bias would
-#: hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32, e.g.
-#: 16 heads at n = 1024). Below it, compiling (tens of seconds per shape on a CPU) costs more
-#: than materialising saves.
-FLEX_AUTO_MIN_ELEMENTS = 2**24
 
 
 # --------------------------------------------------------------------------- module
@@ -90,7 +69,9 @@ class MultiHeadAttention(nn.Module):
             Default ``h``. The KV cache stores the ``g`` grouped heads.
         head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
             ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
-        pe: a rotary, bias or none encoding (additive ones belong on the input).
+        pe: a rotary, bias or none encoding (additive ones belong on the input), or its
+            registry name, built as :class:`~posenc.Encoder` builds it: for ``num_heads``
+            heads of ``head_dim``, from the scheme's ``causal_defaults`` when ``causal``.
         window: a sliding window: each query reads the keys less than ``window`` positions
             away (with ``causal``: keys ``i - window + 1 … i``), as Mistral's and Gemma's
             local layers do. ``None``: every key.
@@ -108,12 +89,17 @@ class MultiHeadAttention(nn.Module):
             * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, a bias
               materialised as its float mask;
             * ``"flex"``: ``torch.nn.attention.flex_attention`` with the scheme's
-              ``score_mod`` (compiled, cached per shape), so the bias is never materialised;
-              schemes without a score_mod are read from a materialised bias. It falls back to
-              ``sdpa`` where flex cannot run: dropout while training, gradients on a CPU
-              (flex has no CPU backward), or a failed compilation (warned once);
-            * ``"auto"``: ``flex`` for a bias scheme with a score_mod once the bias would
-              hold ``FLEX_AUTO_MIN_ELEMENTS`` elements and flex can run, else ``sdpa``.
+              ``score_mod`` (compiled once per scheme, with symbolic lengths after the first
+              change of length), so the bias is never materialised; schemes without a
+              score_mod are read from a materialised bias. It falls back to ``sdpa`` where
+              flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
+              backward), a cached decoding step, or a failed compilation (warned once);
+            * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
+              or chunk mask) where flex can run: on a GPU always, on the CPU once the bias
+              would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
+
+            The choice is :func:`posenc.backends.choose_backend`, one pure function of the
+            call (device, dtype, sizes, bias, mask, autograd, dropout, compilation).
         compile_flex: compile flex_attention (the fast path). ``False`` runs its eager
             reference, which is correct but materialises the scores.
 
@@ -130,7 +116,7 @@ class MultiHeadAttention(nn.Module):
         dim: int,
         num_heads: int,
         *,
-        pe: PositionalEncoding | None = None,
+        pe: str | PositionalEncoding | None = None,
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
@@ -160,6 +146,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.backend = Backend(backend)
         self.compile_flex = check_bool("compile_flex", compile_flex)
+        if isinstance(pe, str):
+            pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         # one fused projection: h query heads, then g key and g value heads (3·D by default)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
@@ -294,23 +282,12 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
         context: SequenceContext | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """:meth:`attend` on a checked ``x`` and mask."""
+        """:meth:`attend` on a checked ``x`` and mask: project, apply the position state,
+        join the cache, share key/value heads, choose a backend and run it."""
         b, n, _ = x.shape
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if g == h:
-            q, k, v = self.qkv(x).view(b, n, 3, h, d).unbind(2)
-        else:
-            q, k, v = self.qkv(x).view(b, n, h + 2 * g, d).split([h, g, g], dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, n, d); k, v (b, g, n, d)
-        bias_state: BiasState | None = None
-        if isinstance(state, RotaryState):
-            # q and k are fresh projections: rotate them in their own storage where autograd
-            # is off (under autograd they are unbind views, which must not change in place);
-            # inside torch.compile inductor fuses the out-of-place rotation instead
-            fresh = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            q, k = state(q, k, inplace=fresh)
-        elif isinstance(state, BiasState):
-            bias_state = state
+        q, k, v = self._project(x)  # (b, h, n, d); k, v (b, g, n, d)
+        q, k, bias_state = self._apply_state(q, k, state)
         if self.query_scale is not None:
             assert context is not None  # forward made one: reads_positions
             q = self.query_scale.apply(q, context.positions)
@@ -319,132 +296,66 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask = context.last_keys(k.shape[2])[1]
         if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
             k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
-        nk = k.shape[2]
-
-        dropout_p = self.dropout if self.training else 0.0
-        packed = self.windowed or (context is not None and context.q_runs is not None)
-        backend, fused_only = self._choose_backend(
-            q, k, bias_state, need_weights, dropout_p, packed=packed
+        call = AttentionCall(
+            batch=b,
+            nq=n,
+            state=bias_state,
+            causal=self.causal,
+            key_padding_mask=key_padding_mask,
+            context=context,
+            window=self.window,
+            chunk=self.chunk,
+            dropout_p=self.dropout if self.training else 0.0,
+            compile_flex=self.compile_flex,
         )
-        out: Tensor | None = None
-        if backend == Backend.FLEX:
-            out = self._flex(q, k, v, bias_state, key_padding_mask, context, fused_only=fused_only)
-            backend = Backend.SDPA if out is None else Backend.FLEX
-        weights = None
-        if out is None:
-            bias = None if bias_state is None else bias_state.bias(q, k)  # (h|b·h, n, nk)
-            if context is None:
-                mask = attention_mask(
-                    b, n, nk, causal=self.causal, key_padding_mask=key_padding_mask, device=x.device
-                )
-            else:
-                mask = context.mask(self.causal, n, nk, x.device, self.window, self.chunk)
-            if backend == Backend.MATH:
-                out, weights = scaled_dot_product_attention(
-                    q, k, v, mask, bias=bias, dropout_p=dropout_p
-                )
-                if bias_state is not None and bias_state.has_value_term:
-                    extra = bias_state.value_term(weights.to(compute_dtype(q.dtype)))
-                    out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, n, d)
-            else:
-                plain = key_padding_mask is None and not self.windowed
-                plain = plain and (context is None or context.q_runs is None)
-                plain_causal = self.causal and plain and n == nk
-                keep = None  # the additive mask is the same in every layer: make it once
-                memo = context if bias_state is None else bias_state
-                if memo is not None:
-                    # the context keeps one mask per kind of layer; else the padding decides
-                    key = ("sdpa mask", self.causal, mask if context else key_padding_mask, q.dtype)
-                    keep = functools.partial(memo.keep, key)
-                out = fused_attention(
-                    q, k, v, mask, bias, dropout_p, plain_causal=plain_causal, keep=keep
-                )
+        backend, call.fused_only = choose_backend(self._request(q, k, call, need_weights))
+        out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
+        if out is None:  # flex could not run here (warned where it matters)
+            backend = Backend.SDPA
+            out, weights = sdpa_backend(q, k, v, call)
+        assert out is not None
         self.last_backend = backend.value
         return out.transpose(1, 2).reshape(b, n, h * d), weights  # (b, n, h·d)
 
-    def _choose_backend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        pe: BiasState | None,
-        need_weights: bool,
-        dropout_p: float,
-        *,
-        packed: bool = False,
-    ) -> tuple[Backend, bool]:
-        """The backend to run (``auto`` resolved, and the cases where the requested one cannot
-        run), and whether flex runs only for a fused ``score_mod`` (``auto``: a scheme without
-        one falls back to SDPA rather than compile flex around a materialised bias). ``packed``
-        (a document mask) lets ``auto`` pick flex without a bias too: its block mask skips
-        other documents instead of materialising an ``n × n`` mask."""
-        if need_weights or self.backend == Backend.MATH or (pe is not None and pe.has_value_term):
-            return Backend.MATH, False
-        if self.backend == Backend.SDPA:
-            return Backend.SDPA, False
-        nq, nk = q.shape[-2], k.shape[-2]
-        flex_runs = flex.flex_available() and dropout_p == 0.0 and not self._needs_cpu_grad(q, pe)
-        # a compiled kernel per shape: a decoding step (keys beyond its queries) would compile
-        # anew at every length, so cached steps run on SDPA
-        flex_runs = flex_runs and (nq == nk or not self.compile_flex)
-        if self.backend == Backend.FLEX:
-            return (Backend.FLEX if flex_runs else Backend.SDPA), False
-        # auto: fuse only a real bias (or a document mask) big enough to be worth compiling
-        if (pe is None and not packed) or not flex_runs or not self.compile_flex:
-            return Backend.SDPA, False
-        if self.num_heads * nq * nk >= FLEX_AUTO_MIN_ELEMENTS:
-            return Backend.FLEX, pe is not None
-        return Backend.SDPA, False
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused projection split into heads: q ``(b, h, n, d)``, k and v ``(b, g, n, d)``."""
+        b, n, _ = x.shape
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if g == h:
+            q, k, v = self.qkv(x).view(b, n, 3, h, d).unbind(2)
+        else:
+            q, k, v = self.qkv(x).view(b, n, h + 2 * g, d).split([h, g, g], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
-    def _needs_cpu_grad(q: Tensor, state: BiasState | None) -> bool:
-        """flex_attention has no backward on CPU: avoid it whenever autograd is recording."""
-        if q.device.type != "cpu" or not torch.is_grad_enabled():
-            return False
-        params = () if state is None else state.pe.parameters()
-        return q.requires_grad or any(p.requires_grad for p in params)
+    def _apply_state(
+        q: Tensor, k: Tensor, state: PositionState | None
+    ) -> tuple[Tensor, Tensor, BiasState | None]:
+        """A rotary state rotates ``q`` and ``k``; a bias state is handed on to the softmax."""
+        if isinstance(state, RotaryState):
+            # q and k are fresh projections: rotate them in their own storage where autograd
+            # is off (under autograd they are unbind views, which must not change in place);
+            # inside torch.compile inductor fuses the out-of-place rotation instead
+            fresh = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            q, k = state(q, k, inplace=fresh)
+        return q, k, state if isinstance(state, BiasState) else None
 
-    def _flex(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        state: BiasState | None,
-        key_padding_mask: Tensor | None,
-        context: SequenceContext | None,
-        *,
-        fused_only: bool,
-    ) -> Tensor | None:
-        """Flex attention, or ``None`` when it cannot run (the caller falls back to SDPA):
-        compilation failed, or ``fused_only`` and the scheme has no score_mod here."""
-        b, _, nq, _ = q.shape
-        nk = k.shape[2]
-        score_mod: ScoreMod | None = None
-        if state is not None:
-            score_mod = state.score_mod(q, k)
-            if score_mod is None:
-                if fused_only:
-                    return None
-                # no fused form: the kernel reads a materialised bias
-                score_mod = flex.bias_score_mod(state.bias(q, k))
-        where: dict[str, Any] = {}
-        if context is not None:
-            k_positions, _, k_runs = context.last_keys(nk)
-            where = {"q_documents": context.q_runs, "k_documents": k_runs}
-            if self.windowed:
-                positions = context.positions.expand(b, nq), k_positions.expand(b, nk)
-                where.update(q_positions=positions[0], k_positions=positions[1])
-                where.update(window=self.window, chunk=self.chunk)
-        block_mask = flex.flex_block_mask(
-            b,
-            nq,
-            nk,
-            causal=self.causal,
-            key_padding_mask=key_padding_mask,
-            device=q.device,
-            **where,
-        )
-        return flex.flex_attention_forward(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, compile=self.compile_flex
+    def _request(self, q: Tensor, k: Tensor, call: AttentionCall, need_weights: bool) -> Request:
+        """What :func:`~posenc.backends.choose_backend` reads about this call."""
+        return Request(
+            requested=self.backend,
+            device=q.device.type,
+            dtype=q.dtype,
+            heads=self.num_heads,
+            nq=q.shape[-2],
+            nk=k.shape[-2],
+            bias=Request.kind_of(call.state),
+            mask=call.mask_kind(),
+            grad=learns(q, call.state),
+            dropout=call.dropout_p > 0.0,
+            need_weights=need_weights,
+            compile_flex=self.compile_flex,
+            flex_available=flex.flex_available(),
         )
 
     def extra_repr(self) -> str:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .encodings.base import ScoreMod
-from .encodings.checks import compute_dtype
+from .sdpa import kernel_dtype
 
 __all__ = [
     "FLEX_BLOCK_SIZE",
@@ -214,9 +214,12 @@ def bias_score_mod(bias: Tensor) -> ScoreMod:
     return lambda score, b, h, q_idx, kv_idx: score + bias[b, h, q_idx, kv_idx].to(score.dtype)
 
 
-# Compiled flex attention, one wrapper per (shapes, dtype, device, score_mod and mask_mod
-# code): each wrapper gets its own code object, hence its own dynamo cache, so a model that
-# meets many shapes never exhausts torch's recompile limit and falls back to eager.
+# Compiled flex attention, one wrapper per (rank, heads, head dims, dtype, device, score_mod
+# and mask_mod code), compiled with automatic dynamic shapes: the first length gets a static
+# kernel, the second a kernel with symbolic lengths that serves every later one, so a run
+# whose batches vary in length, or an evaluation at L..16L, compiles each wrapper at most
+# twice (``tests/test_flex_compile.py`` counts). Each wrapper gets its own code object, hence
+# its own dynamo cache, so many wrappers never exhaust torch's recompile limit.
 _FLEX_COMPILED: dict[tuple[Any, ...], Callable[..., Tensor]] = {}
 _FLEX_FAILED: dict[tuple[Any, ...], str] = {}
 
@@ -230,9 +233,15 @@ def _compiled_flex(key: tuple[Any, ...]) -> Callable[..., Tensor]:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
         run.__code__ = run.__code__.replace()  # a fresh code object: a cache of its own
-        fn = torch.compile(run, dynamic=False)
+        fn = torch.compile(run, dynamic=None)  # static first, then symbolic lengths
         _FLEX_COMPILED[key] = fn
     return fn
+
+
+def compile_key(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, ...]:
+    """What a compiled flex kernel is keyed by besides dtype, device and code: the heads and
+    head sizes, not the batch or the lengths (those are symbolic after the first change)."""
+    return (q.dim(), q.shape[-3], k.shape[-3], q.shape[-1], v.shape[-1])
 
 
 def flex_cache_clear() -> None:
@@ -250,15 +259,18 @@ def flex_attention_forward(
     block_mask: Any,
     compile: bool = True,
 ) -> Tensor | None:
-    """``flex_attention(q, k, v)`` computed in the compute dtype; ``None`` when compilation
-    failed (the caller then uses another backend; the failure is warned about once per key).
+    """``flex_attention(q, k, v)`` with the inputs in :func:`~posenc.sdpa.kernel_dtype`
+    (bf16/fp16 stay so on a GPU: flex's kernel computes the scores, runs the ``score_mod``
+    and keeps the softmax statistics in fp32 itself; fp32 on the CPU); ``None`` when
+    compilation failed (the caller then uses another backend; the failure is warned about
+    once per key).
 
     ``compile=False`` runs flex_attention's eager reference, which is correct but
     materialises the scores; it exists for tests and for platforms without a compiler.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
-    out_dtype, work = q.dtype, compute_dtype(q.dtype)
+    out_dtype, work = q.dtype, kernel_dtype(q)
     q, k, v = q.to(work), k.to(work), v.to(work)
     if torch.compiler.is_compiling():  # inside a user's torch.compile: let it fuse
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask).to(out_dtype)
@@ -272,8 +284,7 @@ def flex_attention_forward(
             out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
         return out.to(out_dtype)
     key = (
-        tuple(q.shape),
-        tuple(k.shape),
+        compile_key(q, k, v),
         work,
         q.device.type,
         getattr(score_mod, "__code__", None),

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fused
-from .attention import Backend, MultiHeadAttention
+from .attention import MultiHeadAttention
+from .backends import Backend
 from .context import SequenceContext
 from .encodings.base import PositionalEncoding
 from .encodings.checks import check_bool, check_input, check_positive_int, check_probability

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import Backend
 from .attention_checks import check_attention_pe, check_heads
+from .backends import Backend
 from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import AdditiveEncoding, PositionalEncoding

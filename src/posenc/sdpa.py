@@ -8,6 +8,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -18,7 +19,19 @@ from torch import Tensor
 from .encodings.checks import check_probability, compute_dtype
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
-__all__ = ["fused_attention", "scaled_dot_product_attention"]
+__all__ = ["autocast_off", "fused_attention", "kernel_dtype", "scaled_dot_product_attention"]
+
+
+def kernel_dtype(t: Tensor) -> torch.dtype:
+    """The dtype the attention kernels take ``q``, ``k`` and ``v`` in.
+
+    On a GPU (any device but the CPU) the inputs' own: bf16/fp16 products run on tensor cores
+    and the kernels keep the scores, the bias and the softmax statistics in fp32 themselves
+    (flash attention and flex do; posenc's ``math`` backend upcasts the ``(nq, nk)`` scores,
+    never ``q``, ``k`` or ``v``). On the CPU the compute dtype (fp32 for half types): its
+    half-precision kernels are no faster and round more, so posenc keeps the exact path there.
+    """
+    return t.dtype if t.device.type != "cpu" else compute_dtype(t.dtype)
 
 
 def scaled_dot_product_attention(
@@ -42,7 +55,10 @@ def scaled_dot_product_attention(
         bias: added to the logits, broadcastable to ``(..., nq, nk)``.
         dropout_p: dropout on the weights.
 
-    Half-precision inputs are computed in float32 and the output cast back once.
+    Scores, bias, softmax and the weights are float32 for half-precision inputs, and the
+    output is cast back once; the two products take :func:`kernel_dtype` (the inputs' own
+    on a GPU, float32 on the CPU). Autocast is switched off here (it would run ``q kᵀ`` in the
+    low precision on the CPU too, and round the softmax).
 
     Returns:
         ``(output (..., nq, dv), weights (..., nq, nk))``.
@@ -69,16 +85,26 @@ def scaled_dot_product_attention(
             3 * lead * nq * nk * work.itemsize,  # scores, masked scores, weights
             device=q.device,
         )
-    q, k, v = q.to(work), k.to(work), v.to(work)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., nq, nk)
-    if bias is not None:
-        scores = scores + bias.to(work)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool(), torch.finfo(work).min)
-    weights = scores.softmax(dim=-1)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    return (weights @ v).to(out_dtype), weights.to(out_dtype)
+    with autocast_off(q.device):
+        products = kernel_dtype(q)
+        q, k, v = q.to(products), k.to(products), v.to(products)
+        scores = (q @ k.transpose(-2, -1)).to(work) / math.sqrt(q.shape[-1])  # (..., nq, nk)
+        if bias is not None:
+            scores = scores + bias.to(work)
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
+
+
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
+    """A context in which autocast is off on ``device``'s type (nothing where that type has
+    no autocast, e.g. ``meta``): arithmetic meant for float32 stays in float32."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def fused_attention(
@@ -97,12 +123,17 @@ def fused_attention(
     documents, as many queries as keys): SDPA's ``is_causal`` then stands for it. Other masks
     and biases become one additive float mask whose masked entries are the most negative
     finite value, so a fully padded row cannot produce NaN; ``keep`` (a memo of the forward)
-    makes it once for every layer."""
+    makes it once for every layer.
+
+    ``q``, ``k`` and ``v`` enter the kernel in :func:`kernel_dtype`: on a GPU bf16/fp16 stay
+    bf16/fp16 and the additive mask is rounded to that dtype (SDPA takes its float mask in
+    the query's dtype; the bias is formed in fp32 and rounded once, its only loss), on the
+    CPU they are computed in fp32."""
     if bias is None and mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
     if bias is None and plain_causal:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-    work = compute_dtype(q.dtype)
+    work = kernel_dtype(q)
 
     def additive_mask() -> Tensor:  # (b|1, h|1, nq, nk)
         b, h, nq, _ = q.shape
@@ -114,19 +145,24 @@ def fused_attention(
                 2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
                 device=q.device,
             )
-        zero = torch.zeros((), dtype=work, device=q.device)
-        additive = zero if bias is None else bias.to(work)
+        exact = compute_dtype(work)  # bias and mask combined in fp32, rounded once
+        zero = torch.zeros((), dtype=exact, device=q.device)
+        additive = zero if bias is None else bias.to(exact)
         if mask is not None:
-            blocked = torch.tensor(torch.finfo(work).min, dtype=work, device=q.device)
+            blocked = torch.tensor(torch.finfo(work).min, dtype=exact, device=q.device)
             additive = torch.where(mask, additive, blocked)
+        additive = additive.to(work)
         # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
         # 2-3x slower and materialises the scores
         return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
 
     additive = additive_mask() if keep is None else keep(additive_mask)
-    if work != q.dtype:
-        out = F.scaled_dot_product_attention(
-            q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
-        )
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)
+    # autocast off: it would round the float32 mask to half precision, where its most negative
+    # value becomes -inf and a fully masked row zeros instead of uniform weights
+    with autocast_off(q.device):
+        if work != q.dtype:
+            out = F.scaled_dot_product_attention(
+                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
+            )
+            return out.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)

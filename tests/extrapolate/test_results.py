@@ -242,3 +242,40 @@ def test_the_checks_read_the_numbers_they_state() -> None:
     assert [c["holds"] for c in press_checks(only)] == [None, True, None, None, None, None, None]
     text = markdown_report(results)
     assert "**does not hold**" in text and "**not measured**" not in text
+
+
+def test_checks_without_their_lengths_are_not_measured() -> None:
+    """A check whose lengths were not evaluated (L left out of ``--eval-lens``, or one label
+    short of a length) reads "not measured", and the others still read their numbers."""
+    results = synthetic(
+        {
+            "alibi": [2.0, 1.95, 1.9, 1.9, 1.9],
+            "rope": [2.0, 2.2, 2.6, 3.0, 3.5],
+            "rope+linear": [2.0, 2.5, 3.0, 3.5, 4.0],
+            "rope+yarn": [2.0, 2.1, 2.4, 2.9, 3.6],
+            "t5": [2.0, 2.1, 2.3, 2.5, 2.7],
+        }
+    )
+    for run in results["runs"]:
+        run["eval"] = [row for row in run["eval"] if row["length"] != 8]  # no L = 8
+    results["runs"][3]["eval"].pop()  # yarn not at 128
+    checks = press_checks(results)
+    verdicts = [c["holds"] for c in checks]
+    assert verdicts == [None, None, None, None, True, None, True]
+    assert "t5 at 8: not measured" in checks[-1]["numbers"]
+    text = markdown_report(results)
+    assert "alibi: bits per byte at 128 no worse than at 8: **not measured**" in text
+
+
+def test_eval_lens_without_the_training_length(tmp_path: Path) -> None:
+    """``--eval-lens`` leaving out L: the command finishes (it crashed formatting a missing
+    number) and writes results.md, whose checks that need L read "not measured"."""
+    out = tmp_path / "out"
+    argv = ["extrapolate", "--text", str(write_text(tmp_path / "text", files=20)),
+            "--pe", "rope,alibi,t5", "--steps", "2", "--eval-lens", "16,32",
+            "--out", str(out), *TINY]  # fmt: skip
+    assert main(argv) == 0
+    text = (out / "results.md").read_text()
+    assert "alibi: bits per byte at 32 no worse than at 8: **not measured**" in text
+    assert "t5 at 8: not measured" in text
+    assert (out / "extrapolate.png").stat().st_size > 10_000

@@ -6,6 +6,7 @@ print the tables, and optionally write them (with PNG plots) as markdown.
     posenc bench --quick                           # tiny sizes: checks that it runs (CI)
     posenc bench --output benchmarks/RESULTS.md    # also write the tables and plots
     posenc bench rope --device cuda                # RoPE on a GPU (CUDA-event timings)
+    posenc bench bias encoder --device cuda        # bias attention, training step on a GPU
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosencValueError
+from .attention_cuda import CUDA_SUITES as ATTENTION_CUDA_SUITES
 from .suites import SUITES, run_suites
 from .suites.settings import settings_for
 
-#: The suites that run on a GPU with ``--device cuda``.
-CUDA_SUITES = ("rope",)
+#: The suites that run on a GPU with ``--device cuda``: ``rope`` through its own suite (which
+#: reads the settings' device), ``bias`` and ``encoder`` through :mod:`.attention_cuda`.
+CUDA_SUITES = ("rope", *ATTENTION_CUDA_SUITES)
 
 
 def add_subcommand(subparsers: Any) -> None:
@@ -75,13 +78,13 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         if name not in SUITES:
             raise PosencValueError(f"unknown bench suite {name!r}; known: {', '.join(SUITES)}")
+    _check_device(args.device, names)
     output = None if args.output is None else Path(args.output)
     if output is not None and output.suffix.lower() != ".md":
         raise PosencValueError(
             f"--output must be a markdown file ending in .md, got {args.output!r}"
         )
     threads = _positive("--threads", args.threads, int)
-    _check_device(args.device, names)
     settings = settings_for(
         args.quick,
         device=args.device,
@@ -112,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
     sections = []
     for name in names:
         print(f"\n[{name}] running ...", file=sys.stderr, flush=True)
-        (section,) = run_suites([name], settings)
+        if args.device == "cuda" and name in ATTENTION_CUDA_SUITES:
+            section = ATTENTION_CUDA_SUITES[name](quick=args.quick, repeats=settings.repeats)
+        else:
+            (section,) = run_suites([name], settings)
         sections.append(section)
         print("\n" + section.markdown(), flush=True)
     total = time.perf_counter() - start

@@ -180,8 +180,9 @@ def _cell(values: Sequence[float] | None) -> str:
 
 def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Each statement of the issue's item 5 (Press et al. 2022, Fig. 1; Chen et al. 2023;
-    Peng et al. 2023) with ``holds`` (True, False, or None when the sweep lacks the runs) and
-    the numbers behind it, from the mean over seeds."""
+    Peng et al. 2023) with ``holds`` (True, False, or None when the sweep lacks the runs or
+    the lengths it needs: "not measured") and the numbers behind it, from the mean over
+    seeds."""
     L = results["config"]["train_len"]
     c = {label: {n: mean(v) for n, v in per.items()} for label, per in curves(results).items()}
     lengths = lengths_of(results)
@@ -193,6 +194,10 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     def bpb(label: str, n: int) -> float | None:
         return c.get(label, {}).get(n)
+
+    def measured(labels: Sequence[str], ns: Sequence[int]) -> bool:
+        """Whether every label was evaluated at every length (and there is a length)."""
+        return bool(ns) and all(bpb(x, n) is not None for x in labels for n in ns)
 
     def fmt(label: str, ns: Sequence[int]) -> str:
         return ", ".join(f"{n}: {bpb(label, n):.3f}" for n in ns if bpb(label, n) is not None)
@@ -219,7 +224,7 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     far = [n for n in lengths if n >= 8 * L]
     statement = "rope between alibi and sinusoidal at 8L and beyond"
-    if not far or any(bpb(x, n) is None for x in ("rope", "alibi", "sinusoidal") for n in far):
+    if not measured(("rope", "alibi", "sinusoidal"), far):
         add(statement, None, "needs rope, alibi and sinusoidal at 8L or longer")
     else:
         holds = all(bpb("alibi", n) < bpb("rope", n) < bpb("sinusoidal", n) for n in far)  # type: ignore[operator]
@@ -233,7 +238,7 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
     beyond = [n for n in lengths if n >= 4 * L]
     statement = "YaRN or dynamic NTK (zero-shot) below plain rope at 4L and beyond"
     scaled = [x for x in ("rope+yarn", "rope+dynamic") if x in c]
-    if not beyond or "rope" not in c or not scaled:
+    if not scaled or not measured(("rope", *scaled), beyond):
         add(statement, None, "needs rope and rope+yarn or rope+dynamic at 4L or longer")
     else:
         holds = all(min(bpb(x, n) for x in scaled) < bpb("rope", n) for n in beyond)  # type: ignore[type-var,operator]
@@ -246,7 +251,7 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     longer = [n for n in lengths if n > L]
     statement = "linear PI without fine-tuning worse than plain rope (every length past L)"
-    if not longer or "rope" not in c or "rope+linear" not in c:
+    if not measured(("rope", "rope+linear"), longer):
         add(statement, None, "needs rope and rope+linear past L")
     else:
         holds = all(bpb("rope+linear", n) > bpb("rope", n) for n in longer)  # type: ignore[operator]
@@ -264,15 +269,16 @@ def press_checks(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(statement, got < plain, f"at {4 * L}: rope {plain:.3f}, {tuned[0]} {got:.3f}")  # type: ignore[operator]
 
     statement = f"t5 bias at {longest}: between alibi and rope (Press et al.'s order)"
-    if any(bpb(x, longest) is None for x in ("t5", "alibi", "rope")):
+    if not measured(("t5", "alibi", "rope"), [longest]):
         add(statement, None, f"needs t5, alibi and rope at {longest}")
     else:
         t5, alibi, rope = (bpb(x, longest) for x in ("t5", "alibi", "rope"))
+        t5_short = bpb("t5", L)
         add(
             statement,
             alibi <= t5 <= rope,  # type: ignore[operator]
             f"{longest}: alibi {alibi:.3f}, t5 {t5:.3f}, rope {rope:.3f}; t5 at {L}: "
-            f"{bpb('t5', L):.3f}",
+            + ("not measured" if t5_short is None else f"{t5_short:.3f}"),
         )
     return checks
 

@@ -140,6 +140,27 @@ def gather_fn(positions: Tensor) -> _Gather:
     return lambda b, idx: batched[b, idx]
 
 
+def table_reader(table: Tensor) -> _Gather:
+    """``at(b, idx)`` reading a per-position ``table`` inside a score_mod, ``(n,)`` or
+    ``(b, n)`` (``(1, n)`` ignores the batch index): one indexing operation per call, whatever
+    the values (:func:`gather_fn` may replace a read by arithmetic on the index, which a
+    table that requires gradients must not get)."""
+    if table.dim() == 2 and table.shape[0] == 1:
+        table = table[0]
+    if table.dim() == 1:
+        flat = table
+        return lambda b, idx: flat[idx]
+    batched = table
+    return lambda b, idx: batched[b, idx]
+
+
+def distance_range(q_positions: Tensor, k_positions: Tensor) -> tuple[int, int]:
+    """The smallest and largest ``q_pos - k_pos`` over every pair of integer positions
+    (read eagerly: one host sync)."""
+    q_pos, k_pos = q_positions.long(), k_positions.long()
+    return int(q_pos.min()) - int(k_pos.max()), int(q_pos.max()) - int(k_pos.min())
+
+
 def distance_table_score_mod(
     table_fn: Callable[[Tensor], Tensor], q_positions: Tensor, k_positions: Tensor
 ) -> ScoreMod | None:
@@ -154,8 +175,7 @@ def distance_table_score_mod(
     if not (is_integral(q_positions) and is_integral(k_positions)):
         return None
     q_pos, k_pos = q_positions.long(), k_positions.long()
-    lo = int(q_pos.min()) - int(k_pos.max())
-    hi = int(q_pos.max()) - int(k_pos.min())
+    lo, hi = distance_range(q_pos, k_pos)
     distances = torch.arange(lo, hi + 1, device=q_pos.device)
     table = table_fn(distances)  # (h, R)
     at_q, at_k = gather_fn(q_pos - lo), gather_fn(k_pos)  # shifted so the index is >= 0

@@ -8,6 +8,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` query/key length, ``d`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import torch
@@ -21,8 +22,11 @@ from .common import (
     DistanceBias,
     check_bias_bytes,
     check_pair_positions,
+    distance_range,
     gather_fn,
+    is_integral,
     relative_distance,
+    table_reader,
     work_dtype,
 )
 
@@ -214,6 +218,42 @@ class FIRE(BiasEncoding):
         out = self.mlp(x.unsqueeze(-1).to(self.c.dtype)).to(dtype)  # (..., nq, nk, h)
         return out.movedim(-1, -3)  # (h, nq, nk) | (b, h, nq, nk)
 
+    def mlp_segments(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """The MLP as the piecewise-linear function it is: ``f(x) = A[:, s] + B[:, s] · x``
+        on segment ``s``, the ``x`` with exactly ``s`` of the sorted ``kinks`` at or below it.
+
+        A hidden unit ``relu(w1 x + b1)`` bends once, at ``x = -b1 / w1``, so the ``H`` kinks
+        split the line into ``H + 1`` segments on each of which the set of active units, hence
+        ``f``, is affine: ``A = b2 + Σ_active w2 · b1``, ``B = Σ_active w2 · w1``. Exact (the
+        same function, and the same gradients for the weights and for ``x``, up to the order
+        of the float sums); ``A`` and ``B`` are differentiable in the weights, the kinks are
+        not (they only choose the segment).
+
+        Returns ``(A (h, H+1), B (h, H+1), kinks (P - 1,))``: the kinks sorted, detached and
+        padded with ``+inf`` to one less than a power of two ``P > H``, for a binary search
+        of ``log2 P`` steps.
+        """
+        # in ``dtype`` (fp32 for half-precision weights): the sums are formed once, exactly
+        w1, b1 = self.mlp[0].weight[:, 0].to(dtype), self.mlp[0].bias.to(dtype)  # (H,)
+        w2, b2 = self.mlp[2].weight.to(dtype), self.mlp[2].bias.to(dtype)  # (h, H), (h,)
+        slope = w1.detach()
+        flat = slope == 0  # such a unit never bends: active everywhere or nowhere
+        kink = torch.where(flat, torch.inf, -b1.detach() / torch.where(flat, 1.0, slope))
+        kinks, order = kink.sort()  # (H,)
+        rank = torch.empty_like(order).scatter_(
+            0, order, torch.arange(len(order), device=order.device)
+        )
+        segment = torch.arange(len(order) + 1, device=w1.device).unsqueeze(-1)  # (H+1, 1)
+        rising = (slope > 0) & (rank < segment)  # active right of its kink
+        falling = (slope < 0) & (rank >= segment)  # active left of it
+        active = (rising | falling | (flat & (b1.detach() > 0))).to(w2.dtype)  # (H+1, H)
+        intercept = b2.unsqueeze(-1) + w2 @ (active * b1).T  # (h, H+1)
+        gradient = w2 @ (active * w1).T  # (h, H+1)
+        size = 1 << len(order).bit_length()  # P > H
+        padded = kinks.new_full((size - 1,), torch.inf)
+        padded[: len(order)] = kinks
+        return intercept, gradient, padded
+
     def score_mod(
         self,
         q_positions: Tensor,
@@ -222,28 +262,51 @@ class FIRE(BiasEncoding):
         q: Tensor | None = None,
         k: Tensor | None = None,
     ) -> ScoreMod | None:
-        """The whole bias inside the kernel: the normalised distance, then the MLP with its
-        ``H`` hidden units unrolled (``H`` multiply-adds per score), in the queries' compute
-        dtype."""
+        """The whole bias inside the kernel, exactly, with every tensor that carries a
+        gradient read once per score (what compiled flex_attention's backward requires):
+
+        * the normaliser ``ψ(max(L, i))`` from a per-query table ``(nq,)``/``(b, nq)``;
+        * ``sign(d) · ψ(|d|)`` from a table over every distance ``d = i - j`` that occurs
+          (integer positions), else computed in the kernel from ``c`` (read once);
+        * the MLP as its :meth:`mlp_segments`: a binary search over the ``H`` kinks (``log2
+          H`` reads of a detached tensor), then ``A[h, s] + B[h, s] · x``.
+
+        The segments replace ``H`` multiply-adds per score by ``log2 H`` comparisons. All in
+        the queries' compute dtype.
+        """
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        if not (q_pos.numel() and k_pos.numel()):
+            return None
         dtype = work_dtype(q, self)
-        at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype))
         c, L = self.c.abs().to(dtype), self.threshold.abs().to(dtype)
-        w1 = self.mlp[0].weight[:, 0].to(dtype)  # (H,)
-        b1 = self.mlp[0].bias.to(dtype)  # (H,)
-        w2 = self.mlp[2].weight.to(dtype)  # (h, H)
-        b2 = self.mlp[2].bias.to(dtype)  # (h,)
-        hidden = self.mlp_dim
+        query = q_pos.to(dtype)
+        normaliser = table_reader(torch.log1p(c * torch.maximum(query, L)).clamp(min=1e-6))
+        intercept, gradient, kinks = self.mlp_segments(dtype)
+        steps = [1 << e for e in reversed(range(kinks.shape[0].bit_length()))]
+        signed_psi: Callable[[Tensor, Tensor, Tensor], Tensor]
+        if is_integral(q_pos) and is_integral(k_pos):
+            lo, hi = distance_range(q_pos, k_pos)
+            d = torch.arange(lo, hi + 1, device=q_pos.device).to(dtype)
+            table = torch.sign(d) * torch.log1p(c * d.abs())  # (R,)
+            at_q, at_k = gather_fn(q_pos.long() - lo), gather_fn(k_pos.long())
+
+            def signed_psi(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                return table[at_q(b, q_idx) - at_k(b, kv_idx)]
+
+        else:
+            at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype))
+            c_once = c.reshape(1)
+
+            def signed_psi(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+                d = at_q(b, q_idx) - at_k(b, kv_idx)
+                return torch.sign(d) * torch.log1p(c_once[0] * d.abs())
 
         def fire(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            i, j = at_q(b, q_idx), at_k(b, kv_idx)
-            d = i - j
-            normaliser = torch.log1p(c * torch.maximum(i, L)).clamp(min=1e-6)
-            x = torch.sign(d) * torch.log1p(c * d.abs()) / normaliser
-            out = b2[h]
-            for m in range(hidden):
-                out = out + w2[h, m] * torch.relu(w1[m] * x + b1[m])
-            return score + out.to(score.dtype)
+            x = signed_psi(b, q_idx, kv_idx) / normaliser(b, q_idx)
+            s = torch.zeros_like(q_idx)  # how many kinks lie at or below x
+            for step in steps:
+                s = torch.where(kinks[s + (step - 1)] <= x, s + step, s)
+            return score + (intercept[h, s] + gradient[h, s] * x).to(score.dtype)
 
         return fire
 
