@@ -1,5 +1,6 @@
-"""docs/architecture.md stays true: its "add a scheme" example runs, in order, and the scheme
-it registers appears in every surface it names."""
+"""The docs stay true: docs/architecture.md's "add a scheme" example runs, in order, and the
+scheme it registers appears in every surface it names; docs/multimodal.md's examples run as
+written."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from posenc.encodings.registry import _unregister, available
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", ARCHITECTURE, flags=re.S)
+MULTIMODAL = (ROOT / "docs" / "multimodal.md").read_text()
+MULTIMODAL_BLOCKS = re.findall(r"```python\n(.*?)```", MULTIMODAL, flags=re.S)
 
 
 @pytest.mark.slow
@@ -44,3 +47,23 @@ def test_add_a_scheme_example_runs(
     finally:
         if "learned-slope" in available():
             _unregister("learned-slope")
+
+
+@pytest.mark.parametrize("index", range(len(MULTIMODAL_BLOCKS)))
+def test_multimodal_block_runs(index: int) -> None:
+    """Each block alone, as a reader pastes it (the padded-batch one passed ``attention_mask=``
+    with ``cache_length=``, which is refused)."""
+    assert len(MULTIMODAL_BLOCKS) == 3
+    exec(compile(MULTIMODAL_BLOCKS[index], f"docs/multimodal.md block {index}", "exec"), {})
+
+
+def test_multimodal_doc_says_what_is_refused() -> None:
+    import torch
+
+    import posenc
+
+    assert "*instead of* `cache_length=` (the two together are refused)" in MULTIMODAL
+    with pytest.raises(ValueError, match="exactly one of cache_length and attention_mask"):
+        posenc.continue_multimodal_positions(
+            torch.tensor([[-3]]), 1, cache_length=11, attention_mask=torch.ones(1, 12)
+        )
