@@ -476,9 +476,9 @@ def test_encoder_with_rope2d_takes_coordinates() -> None:
     shifted = enc(x, positions=batched)
     assert_close(shifted, out, rtol=1e-4, atol=1e-4)  # a 2-D shift changes nothing
     assert not torch.allclose(enc(x, positions=coords.flip(-1)), out, atol=1e-3)
-    # no coordinates: one row, (t, 0) for token t
-    row = torch.stack((torch.arange(12), torch.zeros(12, dtype=torch.long)), dim=-1)
-    assert_close(enc(x), enc(x, positions=row), rtol=0, atol=0)
+    # no coordinates: refused (it rotated every token as if on one row), as sinusoidal-2d is
+    with pytest.raises(ValueError, match=r"Rotary2DEmbedding needs positions.*\(seq, 2\)"):
+        enc(x)
 
 
 # --------------------------------------------------------------------------- drop-in proof
