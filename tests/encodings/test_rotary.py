@@ -307,8 +307,13 @@ def test_apply_rotary_gradcheck(interleaved: bool, r: int) -> None:
 
 def test_modules_gradcheck() -> None:
     q, k = (t.requires_grad_() for t in qk(1, 2, 4, 8, dtype=torch.float64))
-    for module in (RotaryEmbedding(8), XPos(8), AxialRotaryEmbedding(8, ndim=2)):
-        assert torch.autograd.gradcheck(lambda q, k, m=module: m(q, k), (q, k))
+    coords = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]])  # a 2 x 2 grid
+    for module, positions in (
+        (RotaryEmbedding(8), None),
+        (XPos(8), None),
+        (AxialRotaryEmbedding(8, ndim=2), coords),
+    ):
+        assert torch.autograd.gradcheck(lambda q, k, m=module, p=positions: m(q, k, p), (q, k))
     learned = RotaryEmbedding(8, learned_freq=True).double()
     assert torch.autograd.gradcheck(
         lambda f: torch.func.functional_call(learned, {"freq": f}, (q, k))[0],
