@@ -14,7 +14,6 @@ from torch.testing import assert_close
 
 import posenc
 import posenc.attention as attention_module
-import posenc.flex as flex_module
 from posenc import (
     Encoder,
     MultiHeadAttention,
@@ -23,7 +22,9 @@ from posenc import (
     scaled_dot_product_attention,
 )
 from posenc.attention import Backend
-from posenc.encodings import ALiBi, BiasEncoding, ShawRelativeBias
+from posenc.encodings.base import BiasEncoding
+from posenc.encodings.bias.alibi import ALiBi
+from posenc.encodings.bias.relative_qk import ShawRelativeBias
 from posenc.encodings.state import BiasState
 from posenc.errors import MemoryBudgetError
 from tests.misuse import Misuse, cases, check
@@ -149,16 +150,6 @@ def test_need_weights_equals_fused_path() -> None:
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)
     want = (q @ k.transpose(-2, -1) / 2.0).masked_fill(future, float("-inf")).softmax(-1)
     assert_close(weights, want)
-
-
-def test_attention_residual_is_deprecated_and_added_once() -> None:
-    attn = MultiHeadAttention(16, 4).double()
-    x = torch.randn(2, 5, 16, dtype=torch.float64)
-    r = torch.randn(2, 5, 16, dtype=torch.float64)
-    plain = attn(x)
-    for grad in (True, False):
-        with torch.set_grad_enabled(grad), pytest.warns(DeprecationWarning, match="residual"):
-            assert_close(attn(x, residual=r), r + plain, rtol=0, atol=1e-14)
 
 
 # --------------------------------------------------------------------------- every bias scheme
@@ -348,7 +339,7 @@ def test_relative_schemes_ignore_a_shift_of_every_position(name: str) -> None:
 
 
 def test_fire_depends_on_the_query_position() -> None:
-    enc = Encoder(16, 1, 4, pe=posenc.encodings.FIRE(4, threshold=1.0)).double()
+    enc = Encoder(16, 1, 4, pe=posenc.FIRE(4, threshold=1.0)).double()
     x = torch.randn(1, 7, 16, dtype=torch.float64)
     assert not torch.allclose(enc(x), enc(x, positions=torch.arange(7) + 11))
 
@@ -450,12 +441,6 @@ def test_backend_is_a_str_enum_and_strings_still_work() -> None:
         assert MultiHeadAttention(8, 2, backend=Backend(name)).backend is Backend(name)
         assert f"{Backend(name)}" == str(Backend(name)) == name
     assert "backend='sdpa'" in repr(MultiHeadAttention(8, 2, backend="sdpa"))
-
-
-def test_flex_names_moved_to_posenc_flex_with_a_warning() -> None:
-    for name in ("flex_block_mask", "flex_attention_forward", "flex_available", "flex_cache_clear"):
-        with pytest.warns(DeprecationWarning, match=f"posenc.flex.{name}"):
-            assert getattr(attention_module, name) is getattr(flex_module, name)
 
 
 def test_attention_validates_its_input_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:

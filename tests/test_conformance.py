@@ -52,9 +52,9 @@ from posenc.conformance_cases import (  # noqa: E402
     ConformanceCase,
     conformance_cases,
 )
-from posenc.encodings.rope_scaling import (  # noqa: E402
+from posenc.encodings.rope_types.builtin import default_inv_freq  # noqa: E402
+from posenc.encodings.rope_types.registry import (  # noqa: E402
     _unregister_rope_type,
-    default_inv_freq,
     register_rope_type,
 )
 

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 import posenc.flex as flex
 from posenc import MultiHeadAttention
-from posenc.encodings import ALiBi
+from posenc.encodings.bias.alibi import ALiBi
 
 
 def test_flex_compile_failure_falls_back_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,7 @@ def test_residual_blocks_equal_residual_plus_sublayer(activation: str) -> None:
     with torch.no_grad():
         want_attn = r + layer.attn(h, key_padding_mask=padding)
         state = layer.attn.state_for(h)
-        attention, feed_forward = fused.residual_blocks(layer, state, padding)
+        attention, feed_forward = fused.residual_steps(layer, state, padding)
         assert_close(attention(h, r), want_attn, rtol=0, atol=1e-12)
         assert_close(feed_forward(h, r), want_ffn, rtol=0, atol=1e-12)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.generation import sample_next
+from posenc.generation import check_tokens, ids_checked, sample_next
 from tests.schemes import SEQUENCE
 
 VOCAB, DIM, HEADS = 24, 16, 2
@@ -167,3 +167,20 @@ def test_the_result_is_an_ordinary_tensor() -> None:
     out = _model().generate(torch.ones(1, 3, dtype=torch.long), 3)
     assert not out.is_inference()
     out[0, 0] = 2  # an inference tensor would refuse this outside inference mode
+
+
+def test_ids_checked_leaves_out_only_the_range() -> None:
+    """Within ``ids_checked`` (a caller that checked the ids on the host) the range is not
+    read from the tensor, so a GPU forward does not wait for the device; the dtype and shape
+    are still checked, and outside it the range is checked again."""
+    bad = torch.tensor([[0, 7]])
+    with pytest.raises(ValueError, match=r"range \[0, 7\]"):
+        check_tokens(bad, 5)
+    with ids_checked():
+        check_tokens(bad, 5)  # not read
+        with pytest.raises(TypeError, match="int64 or int32"):
+            check_tokens(bad.float(), 5)
+        with pytest.raises(ValueError, match="shape"):
+            check_tokens(bad[0], 5)
+    with pytest.raises(ValueError, match=r"range \[0, 7\]"):
+        check_tokens(bad, 5)

@@ -269,7 +269,7 @@ def _latent_and_per_layer_configs() -> dict[str, object]:
 def test_latent_attention_and_per_layer_sizes_are_refused_by_name(family: str, match: str) -> None:
     """posenc's attention has no latent projections and one head size for every layer: these
     schedules are refused, naming the model type and the fields (their rotations are read by
-    RotaryEmbedding.from_hf_config: tests/encodings/test_hf_config.py)."""
+    RotaryEmbedding.from_hf_config: tests/encodings/hf/test_config.py)."""
     config = _latent_and_per_layer_configs()[family]
     with pytest.raises(posenc.PosencValueError, match=match) as info:
         posenc.Encoder.from_hf_config(config, device="meta")

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "posenc.positions",
         "posenc.cache",
         "posenc.context",
-        "posenc.heads",
+        "posenc.attention_checks",
         "posenc.query_scale",
         "posenc.schedule",
         "posenc.sdpa",
@@ -66,7 +66,21 @@ APART = (("posenc.lengthgen", "posenc.extrapolate"),)
 #: Within ``encodings``: the family protocol and its helpers (with ``state``, the per-forward
 #: position state, where present) import none of the scheme files.
 ENCODINGS_GROUND = frozenset(
-    f"posenc.encodings.{name}" for name in ("base", "checks", "registry", "blocks", "state")
+    f"posenc.encodings.{name}" for name in ("base", "checks", "registry", "tiles", "state")
+)
+
+#: The folders of ``encodings``, lowest first, as :data:`LAYERS` orders the package: the ground
+#: (the family protocol and its helpers); the rotation kernels, the rope types and the
+#: additive tables, which need only the ground; the transformers readers (which know the rope
+#: types) and the bias schemes (Transformer-XL's sinusoids are the additive table); the rotary
+#: schemes, which stand on kernels, rope types and readers; and the package itself, whose
+#: imports register every scheme.
+ENCODINGS_LAYERS: tuple[tuple[str, ...], ...] = (
+    tuple(sorted(ENCODINGS_GROUND)),
+    ("posenc.encodings.kernels", "posenc.encodings.rope_types", "posenc.encodings.absolute"),
+    ("posenc.encodings.hf", "posenc.encodings.bias"),
+    ("posenc.encodings.rotary",),
+    ("posenc.encodings",),
 )
 
 Graph = Mapping[str, Mapping[str, int]]  # module -> imported module -> line of the import
@@ -331,10 +345,28 @@ def test_encodings_import_nothing_above_them(graph: Graph) -> None:
 
 def test_the_family_protocol_imports_no_scheme(graph: Graph) -> None:
     present = ENCODINGS_GROUND & set(graph)
-    assert {f"posenc.encodings.{n}" for n in ("base", "checks", "registry", "blocks")} <= present
+    assert {f"posenc.encodings.{n}" for n in ("base", "checks", "registry", "tiles")} <= present
     for module in present:
         others = set(graph[module]) - ENCODINGS_GROUND - {"posenc.errors"}
         assert not others, f"{module} imports {sorted(others)}"
+
+
+def test_the_encodings_folders_point_down(graph: Graph) -> None:
+    """Inside ``encodings`` the folders are layers of their own: every module sits in one
+    (only the package's ``__init__`` in the top one), and no import points up."""
+    inner = {m: edges for m, edges in graph.items() if _inside(m, "posenc.encodings")}
+    assert {f"posenc.encodings.{n}" for n in ("kernels.select", "rotary.rope", "hf.config")} <= (
+        set(inner)
+    )
+    top = len(ENCODINGS_LAYERS) - 1
+    placed = {m: layer_of(m, ENCODINGS_LAYERS) for m in inner}
+    assert [m for m, layer in placed.items() if layer == top] == ["posenc.encodings"]
+    within = {
+        m: {t: line for t, line in edges.items() if _inside(t, "posenc.encodings")}
+        for m, edges in inner.items()
+    }
+    upward = upward_imports(within, ENCODINGS_LAYERS)
+    assert not upward, "imports that point up inside encodings:\n" + "\n".join(upward)
 
 
 # --------------------------------------------------------------------------- the checker

@@ -86,16 +86,12 @@ def test_layer_matches_torch_transformer_encoder_layer(norm_first: bool, grad: b
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_feed_forward_equals_its_equation(activation: str) -> None:
-    """``ffn(x) = act(x W1ᵀ + b1) W2ᵀ + b2``; the deprecated ``residual=`` adds ``r`` once and
-    warns."""
+    """``ffn(x) = act(x W1ᵀ + b1) W2ᵀ + b2``."""
     ffn = FeedForward(6, 10, activation=activation).double()  # type: ignore[arg-type]
     x = torch.randn(2, 3, 6, dtype=torch.float64)
-    r = torch.randn(2, 3, 6, dtype=torch.float64)
     act = torch.relu if activation == "relu" else torch.nn.functional.gelu
     expected = act(x @ ffn.up.weight.T + ffn.up.bias) @ ffn.down.weight.T + ffn.down.bias
     assert_close(ffn(x), expected, rtol=0, atol=1e-14)
-    with pytest.warns(DeprecationWarning, match="residual"):
-        assert_close(ffn(x, residual=r), r + expected, rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])

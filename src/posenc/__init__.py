@@ -7,10 +7,51 @@ torch.Size([1, 6, 32])
 """
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
-from .attention import Backend, MultiHeadAttention, scaled_dot_product_attention
+from .attention import Backend, MultiHeadAttention
 from .cache import KVCache
-from .encodings import *  # noqa: F403  (re-exported below through __all__)
-from .encodings import __all__ as _encodings_all
+from .encodings.absolute.learned import LearnedPositionalEncoding
+from .encodings.absolute.sinusoidal import (
+    ScaledSinusoidalPositionalEncoding,
+    Sinusoidal2DPositionalEncoding,
+    Sinusoidal3DPositionalEncoding,
+    SinusoidalNDPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_encode,
+    sinusoidal_nd_table,
+    sinusoidal_table,
+    sinusoidal_table_np,
+)
+from .encodings.base import (
+    FAMILIES,
+    AdditiveEncoding,
+    BiasEncoding,
+    NoPE,
+    PositionalEncoding,
+    RotaryEncoding,
+)
+from .encodings.bias.alibi import ALiBi, alibi_slopes
+from .encodings.bias.cope import CoPE
+from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
+from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
+from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
+from .encodings.kernels.rotate import apply_rotary, apply_rotary_
+from .encodings.registry import Entry, available, build, build_for_model, entry, register
+from .encodings.rope_types.registry import (
+    ROPE_TYPES,
+    RopeType,
+    register_rope_type,
+    rope_parameters,
+    validate_rope_scaling,
+)
+from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
+from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
+from .encodings.rotary.multimodal_positions import (
+    continue_multimodal_positions,
+    multimodal_positions,
+)
+from .encodings.rotary.rope import InterleavedRotaryEmbedding, RotaryEmbedding
+from .encodings.rotary.xpos import XPos
+from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import (
     MemoryBudgetError,
     PosencError,
@@ -22,26 +63,77 @@ from .errors import (
 from .model import Encoder, EncoderLayer, FeedForward, TransformerModel
 from .positions import positions_from_padding, randomize_positions
 from .query_scale import QueryScale
+from .sdpa import scaled_dot_product_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
-    *_encodings_all,
+    "FAMILIES",
+    "FIRE",
+    "KERPLE",
+    "ROPE_TYPES",
+    "ALiBi",
+    "AdditiveEncoding",
+    "AxialRotaryEmbedding",
     "Backend",
+    "BiasEncoding",
+    "BiasState",
+    "CoPE",
+    "DynamicPositionBias",
     "Encoder",
     "EncoderLayer",
+    "Entry",
     "FeedForward",
+    "InterleavedRotaryEmbedding",
     "KVCache",
+    "LearnedPositionalEncoding",
     "MemoryBudgetError",
     "MultiHeadAttention",
+    "MultimodalRotaryEmbedding",
+    "NoPE",
     "PosencError",
     "PosencTypeError",
     "PosencValueError",
+    "PositionState",
+    "PositionalEncoding",
     "QueryScale",
+    "RopeType",
+    "Rotary2DEmbedding",
+    "Rotary3DEmbedding",
+    "RotaryEmbedding",
+    "RotaryEncoding",
+    "RotaryState",
+    "ScaledSinusoidalPositionalEncoding",
+    "ShawRelativeBias",
+    "Sinusoidal2DPositionalEncoding",
+    "Sinusoidal3DPositionalEncoding",
+    "SinusoidalNDPositionalEncoding",
+    "SinusoidalPositionalEncoding",
+    "T5RelativeBias",
     "TransformerModel",
+    "TransformerXLRelativeBias",
+    "XPos",
+    "alibi_slopes",
+    "apply_rotary",
+    "apply_rotary_",
+    "available",
+    "build",
+    "build_for_model",
+    "continue_multimodal_positions",
+    "entry",
     "get_memory_budget",
+    "multimodal_positions",
     "positions_from_padding",
     "randomize_positions",
+    "register",
+    "register_rope_type",
+    "rope_parameters",
     "scaled_dot_product_attention",
     "set_memory_budget",
+    "sinusoidal_encode",
+    "sinusoidal_nd_table",
+    "sinusoidal_table",
+    "sinusoidal_table_np",
+    "t5_relative_position_bucket",
+    "validate_rope_scaling",
 ]

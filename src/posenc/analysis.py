@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from .attention import scaled_dot_product_attention
+from .encodings.absolute.sinusoidal import inverse_frequencies, sinusoidal_table
 from .encodings.base import AdditiveEncoding, PositionalEncoding
 from .encodings.checks import check_positive_int
 from .encodings.registry import build_for_model, entry
-from .encodings.sinusoidal import inverse_frequencies, sinusoidal_table
 from .errors import PosencValueError, check_bytes
 from .model import Encoder
 
@@ -98,7 +98,7 @@ def permutation_test(
     x = torch.tensor([list(table[w]) for w in words], dtype=torch.float64).unsqueeze(0)
     x_shuffled = x[:, list(order)]
     if encoding is None:
-        from .encodings.sinusoidal import SinusoidalPositionalEncoding
+        from .encodings.absolute.sinusoidal import SinusoidalPositionalEncoding
 
         encoding = SinusoidalPositionalEncoding(x.shape[-1])
 

@@ -17,7 +17,6 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`
 from __future__ import annotations
 
 import functools
-import warnings
 from enum import Enum
 from typing import Any
 
@@ -25,11 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from . import flex
+from .attention_checks import check_attention_pe, check_heads, check_reach
 from .cache import KVCache
 from .context import SequenceContext
-from .encodings.base import (
-    PositionalEncoding,
-    ScoreMod,
+from .encodings.base import PositionalEncoding, ScoreMod
+from .encodings.checks import (
     check_bool,
     check_input,
     check_positive_int,
@@ -38,7 +37,6 @@ from .encodings.base import (
 )
 from .encodings.state import BiasState, PositionState, RotaryState
 from .errors import PosencValueError
-from .heads import check_attention_pe, check_heads, check_reach
 from .masks import attention_mask, check_key_padding_mask
 from .query_scale import QueryScale
 from .schedule import resolve_pe
@@ -49,9 +47,6 @@ __all__ = [
     "FLEX_AUTO_MIN_ELEMENTS",
     "Backend",
     "MultiHeadAttention",
-    "check_attention_pe",
-    "check_heads",
-    "scaled_dot_product_attention",
 ]
 
 
@@ -73,27 +68,6 @@ class Backend(str, Enum):
 
 
 BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
-
-#: Moved to :mod:`posenc.flex`; importable from here, with a ``DeprecationWarning``, until 0.3.
-_MOVED_TO_FLEX = (
-    "FLEX_BLOCK_SIZE",
-    "flex_attention_forward",
-    "flex_available",
-    "flex_block_mask",
-    "flex_cache_clear",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_FLEX:
-        warnings.warn(
-            f"posenc.attention.{name} moved to posenc.flex.{name}; the old name is removed in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(flex, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 #: ``auto`` switches a bias scheme to compiled flex attention once a materialised bias would
 #: hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32, e.g.
@@ -207,7 +181,6 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         pe: PositionalEncoding | None = None,
         state: PositionState | None = None,
-        residual: Tensor | None = None,
         cache: KVCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -223,8 +196,7 @@ class MultiHeadAttention(nn.Module):
         values join the cache and they attend to every cached token (``nk`` keys in all).
         ``pe`` overrides the module's own encoding. ``state`` is that encoding's
         :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
-        layers (the Encoder does); ``positions`` are then not read. ``residual`` is
-        deprecated: add the output to it instead.
+        layers (the Encoder does); ``positions`` are then not read.
         """
         check_input(x, self.dim)  # bad input fails before the encoding does any work
         b, n, _ = x.shape
@@ -250,14 +222,6 @@ class MultiHeadAttention(nn.Module):
         if context is not None:
             context.commit()
         out = self.out(heads)  # (b, n, D)
-        if residual is not None:
-            warnings.warn(
-                "MultiHeadAttention(residual=...) is deprecated and will be removed in 0.3; "
-                "add the output to the residual instead",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            out = residual + out
         return (out, weights) if need_weights else out
 
     @property

@@ -90,7 +90,7 @@ def _figure_path(text: str) -> Path:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .encodings import available, entry
+    from .encodings.registry import available, entry
 
     rows = [
         (name, entry(name).family, entry(name).paper, entry(name).summary)
@@ -150,7 +150,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .analysis import ANALYSIS_COLUMNS, analyze, format_analysis
-    from .encodings import available, entry
+    from .encodings.registry import available, entry
 
     names = args.names or available()
     for name in names:
@@ -192,7 +192,9 @@ def cmd_tour(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="posenc", description="Positional encodings for Transformers.")
     from . import __version__
-    from .encodings import FAMILIES, ROPE_TYPES, available
+    from .encodings.base import FAMILIES
+    from .encodings.registry import available
+    from .encodings.rope_types.registry import ROPE_TYPES
 
     names = ", ".join(available())
 

@@ -26,7 +26,7 @@ from torch import Tensor
 import posenc
 
 from .conformance_cases import ConformanceCase, conformance_cases
-from .encodings.hf_model_types import CHECKED_TRANSFORMERS_VERSION
+from .encodings.hf.model_types import CHECKED_TRANSFORMERS_VERSION
 from .errors import PosencTypeError, PosencValueError
 
 __all__ = [

@@ -9,7 +9,7 @@ YaRN's attention factor and ``mscale``, Gemma 3's two tables, partial rotary, th
 layout; HunYuan's ``ntk_alpha`` and multimodal RoPE once posenc has them).
 
 A case's table, with ``inv_freq`` from :meth:`RotarySpec.frequencies
-<posenc.encodings.rotary_spec.RotarySpec.frequencies>` (float64) and its attention factor ``a``::
+<posenc.encodings.rotary.spec.RotarySpec.frequencies>` (float64) and its attention factor ``a``::
 
     cos[j, i] = a * cos(positions[j] * inv_freq[i])      (n, r/2), float64
     sin[j, i] = a * sin(positions[j] * inv_freq[i])
@@ -36,9 +36,9 @@ from torch import Tensor
 
 import posenc
 
-from .encodings.hf_model_types import CHECKED_TRANSFORMERS_VERSION
-from .encodings.rope_scaling import ROPE_TYPES
-from .encodings.rotary_spec import RotarySpec
+from .encodings.hf.model_types import CHECKED_TRANSFORMERS_VERSION
+from .encodings.rope_types.registry import ROPE_TYPES
+from .encodings.rotary.spec import RotarySpec
 from .errors import PosencValueError
 
 __all__ = ["ConformanceCase", "conformance_cases"]

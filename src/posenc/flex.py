@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .encodings.base import ScoreMod, compute_dtype
+from .encodings.base import ScoreMod
+from .encodings.checks import compute_dtype
 
 __all__ = [
     "FLEX_BLOCK_SIZE",

@@ -1,10 +1,10 @@
-"""The encoder layer's inference fast path: its two residual blocks computed with the same sums
-as :meth:`posenc.EncoderLayer.residual_blocks`, with fewer passes over memory. The layer's
-topology (pre- or post-norm) is written once, in :meth:`posenc.EncoderLayer.apply_blocks`,
+"""The encoder layer's inference fast path: its two residual steps computed with the same sums
+as :meth:`posenc.EncoderLayer.residual_steps`, with fewer passes over memory. The layer's
+topology (pre- or post-norm) is written once, in :meth:`posenc.EncoderLayer.apply_residual_steps`,
 which takes either pair of blocks; ``EncoderLayer.forward`` picks these outside autograd and
 outside autocast (whose conversions the in-place GEMMs would escape).
 
-With autograd off, each residual block ``x + W h + b`` starts its output buffer as ``x + b``
+With autograd off, each residual step ``x + W h + b`` starts its output buffer as ``x + b``
 and lets the GEMM accumulate ``W h`` into it (``addmm_``), and the feed-forward's ReLU runs
 inside the up-projection's GEMM (``torch._addmm_activation``, the kernel that torch's own
 ``TransformerEncoderLayer`` fast path uses). That saves a full read and write of the
@@ -25,13 +25,14 @@ from torch import Tensor, nn
 _FUSED_RELU = hasattr(torch, "_addmm_activation")
 
 
-def residual_blocks(
+def residual_steps(
     layer: Any, state: Any, key_padding_mask: Tensor | None, context: Any = None
 ) -> tuple[Any, Any]:
-    """The two residual blocks of an :class:`~posenc.EncoderLayer` (``layer``) for inference,
-    each ``(h, residual) -> residual + sublayer(h)`` as :meth:`~posenc.EncoderLayer.apply_blocks`
-    takes them: the same sums as :meth:`~posenc.EncoderLayer.residual_blocks`, for use without
-    autograd, without active dropout and outside autocast. ``state`` is the encoding's
+    """The two residual steps of an :class:`~posenc.EncoderLayer` (``layer``) for inference,
+    each ``(h, residual) -> residual + sublayer(h)`` as
+    :meth:`~posenc.EncoderLayer.apply_residual_steps` takes them: the same sums as
+    :meth:`~posenc.EncoderLayer.residual_steps`, for use without autograd, without active dropout
+    and outside autocast. ``state`` is the encoding's
     position state and ``key_padding_mask`` the layer's mask, both already checked;
     ``context`` the forward's :class:`~posenc.context.SequenceContext` when it is cached or
     packed."""
@@ -62,12 +63,12 @@ def encoder_layer(
     state: Any,
 ) -> Tensor:
     """One :class:`~posenc.EncoderLayer` (``layer``) applied to ``x`` ``(b, n, D)`` through
-    :func:`residual_blocks`, without autograd and without active dropout; the other arguments
+    :func:`residual_steps`, without autograd and without active dropout; the other arguments
     as for its ``forward``."""
     if state is None:
         state = layer.attn.state_for(x, positions, pe)
-    attention, feed_forward = residual_blocks(layer, state, key_padding_mask)
-    return layer.apply_blocks(x, attention, feed_forward)
+    attention, feed_forward = residual_steps(layer, state, key_padding_mask)
+    return layer.apply_residual_steps(x, attention, feed_forward)
 
 
 def residual_linear(linear: nn.Linear, h: Tensor, residual: Tensor) -> Tensor:

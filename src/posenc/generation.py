@@ -10,7 +10,10 @@ Dimension legend: ``b`` batch, ``n`` prompt length, ``V`` vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -58,14 +61,32 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+#: Set within :func:`ids_checked`: the caller checked the token ids' range on the host.
+_IDS_CHECKED: ContextVar[bool] = ContextVar("posenc_ids_checked", default=False)
+
+
+@contextlib.contextmanager
+def ids_checked() -> Iterator[None]:
+    """Within it :func:`check_tokens` leaves out the range of the ids, which the caller has
+    checked on the host before copying them to the device (a training loop whose windows
+    come from a corpus of the model's vocabulary): on a GPU reading that range makes the
+    host wait for the device at every forward."""
+    token = _IDS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _IDS_CHECKED.reset(token)
+
+
 def check_tokens(tokens: object, vocab_size: int, name: str = "tokens") -> None:
-    """``tokens`` checked to be ``(batch, seq)`` int64/int32 ids in ``[0, vocab_size)``."""
+    """``tokens`` checked to be ``(batch, seq)`` int64/int32 ids in ``[0, vocab_size)`` (the
+    range not within :func:`ids_checked`)."""
     if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
         got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
         raise PosencTypeError(f"{name} must be an int64 or int32 tensor of token ids, got {got}")
     if tokens.dim() != 2:
         raise PosencValueError(f"{name} must have shape (batch, seq), got {tuple(tokens.shape)}")
-    if not torch.compiler.is_compiling() and tokens.numel():
+    if not torch.compiler.is_compiling() and tokens.numel() and not _IDS_CHECKED.get():
         low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer
         if low < 0 or high >= vocab_size:
             raise PosencValueError(

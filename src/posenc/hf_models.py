@@ -14,7 +14,7 @@ What each family does, as its modeling file says (transformers 5.24):
   are refused (:data:`ROTATION_DECIDED_BY_THE_MODEL`), as are bidirectional configs. Llama 4
   scales the queries of its NoPE layers (``attn_temperature_tuning``); Ministral 3 those of
   every layer (``llama_4_scaling_beta``, read by
-  :func:`~posenc.encodings.hf_config.query_scale_from_hf_config`).
+  :func:`~posenc.encodings.hf.config.query_scale_from_hf_config`).
 * Refused by name: multi-head latent attention (``qk_rope_head_dim`` / ``kv_lora_rank``:
   DeepSeek-V2/V3/V4, Mistral 4, dots3, ...), which posenc's attention has no latent
   projections for, and configs that size layers differently (``per_layer_config``: the Gemma 4
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from .encodings.base import PositionalEncoding
-from .encodings.hf_config import query_scale_from_hf_config
-from .encodings.hf_fields import per_layer_keys
-from .encodings.rotary import RotaryEmbedding
+from .encodings.hf.config import query_scale_from_hf_config
+from .encodings.hf.fields import per_layer_keys
+from .encodings.rotary.rope import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
 

@@ -7,7 +7,6 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -18,23 +17,18 @@ from torch import Tensor, nn
 from . import fused
 from .attention import Backend, MultiHeadAttention
 from .context import SequenceContext
-from .encodings.base import (
-    PositionalEncoding,
-    check_bool,
-    check_input,
-    check_positive_int,
-    check_probability,
-)
+from .encodings.base import PositionalEncoding
+from .encodings.checks import check_bool, check_input, check_positive_int, check_probability
 from .encodings.state import PositionState
 from .errors import PosencValueError
 from .masks import check_key_padding_mask
 from .query_scale import QueryScale
 
-__all__ = ["Activation", "Block", "EncoderLayer", "FeedForward"]
+__all__ = ["Activation", "EncoderLayer", "FeedForward", "ResidualStep"]
 
 Activation = Literal["relu", "gelu"]
-#: A residual block of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
-Block = Callable[[Tensor, Tensor], Tensor]
+#: A residual step of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
+ResidualStep = Callable[[Tensor, Tensor], Tensor]
 _ACTIVATIONS = ("relu", "gelu")
 
 
@@ -63,19 +57,9 @@ class FeedForward(nn.Module):
         not its output)."""
         return F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
 
-    def forward(self, x: Tensor, *, residual: Tensor | None = None) -> Tensor:
-        """Shapes: x ``(..., D)`` -> ``(..., D)``. ``residual`` is deprecated: add the output
-        to it instead."""
-        out = self.down(self.dropout(self.act(self.up(x))))
-        if residual is not None:
-            warnings.warn(
-                "FeedForward(residual=...) is deprecated and will be removed in 0.3; add the "
-                "output to the residual instead",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            out = residual + out
-        return out
+    def forward(self, x: Tensor) -> Tensor:
+        """Shapes: x ``(..., D)`` -> ``(..., D)``."""
+        return self.down(self.dropout(self.act(self.up(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -155,12 +139,14 @@ class EncoderLayer(nn.Module):
             and not torch.is_autocast_enabled(x.device.type)
         )
         if fast:
-            attention, feed_forward = fused.residual_blocks(self, state, key_padding_mask, context)
+            attention, feed_forward = fused.residual_steps(self, state, key_padding_mask, context)
         else:
-            attention, feed_forward = self.residual_blocks(state, key_padding_mask, context)
-        return self.apply_blocks(x, attention, feed_forward)
+            attention, feed_forward = self.residual_steps(state, key_padding_mask, context)
+        return self.apply_residual_steps(x, attention, feed_forward)
 
-    def apply_blocks(self, x: Tensor, attention: Block, feed_forward: Block) -> Tensor:
+    def apply_residual_steps(
+        self, x: Tensor, attention: ResidualStep, feed_forward: ResidualStep
+    ) -> Tensor:
         """The layer's residual topology, written once: ``attention(h, r)`` and
         ``feed_forward(h, r)`` each return ``r + sublayer(h)``."""
         if self.norm_first:
@@ -169,14 +155,14 @@ class EncoderLayer(nn.Module):
         x = self.norm1(attention(x, x))
         return self.norm2(feed_forward(x, x))
 
-    def residual_blocks(
+    def residual_steps(
         self,
         state: PositionState | None,
         key_padding_mask: Tensor | None,
         context: SequenceContext | None = None,
-    ) -> tuple[Block, Block]:
-        """The two residual blocks ``r + sublayer(h)`` as autograd computes them (dropout on
-        each sublayer's output); :func:`posenc.fused.residual_blocks` is the inference form."""
+    ) -> tuple[ResidualStep, ResidualStep]:
+        """The two residual steps ``r + sublayer(h)`` as autograd computes them (dropout on
+        each sublayer's output); :func:`posenc.fused.residual_steps` is the inference form."""
 
         def attention(h: Tensor, residual: Tensor) -> Tensor:
             heads, _ = self.attn.attend(

@@ -20,17 +20,12 @@ from torch import Tensor, nn
 from .attention import Backend, check_attention_pe, check_heads
 from .cache import KVCache
 from .context import SequenceContext
-from .encodings.base import (
-    AdditiveEncoding,
-    PositionalEncoding,
-    check_bool,
-    check_input,
-    check_positive_int,
-)
+from .encodings.base import AdditiveEncoding, PositionalEncoding
+from .encodings.checks import check_bool, check_input, check_positive_int
 from .errors import PosencTypeError, PosencValueError, check_bytes
 from .generation import check_tokens, generate
 from .hf_models import build_from_hf_config
-from .layers import Activation, Block, EncoderLayer, FeedForward
+from .layers import Activation, EncoderLayer, FeedForward, ResidualStep
 from .masks import check_key_padding_mask
 from .positions import randomize_positions
 from .query_scale import QueryScale
@@ -44,10 +39,10 @@ from .schedule import (
 
 __all__ = [
     "Activation",
-    "Block",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "ResidualStep",
     "TransformerModel",
 ]
 

@@ -14,7 +14,6 @@ import html
 import io
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,22 +21,9 @@ from rich.console import Console
 
 from . import __version__
 from .analysis import analysis_html, analyze
-from .encodings import FAMILIES, available, entry
+from .encodings.base import FAMILIES
+from .encodings.registry import available, entry
 from .plots import build_for_plot, default_kind, figure_to_data_uri, plot_encoding
-
-
-def __getattr__(name: str) -> object:
-    """``DEFAULT_NAMES``, the hand-written default this module kept, is deprecated: the report
-    shows every registered encoding unless names are given (``posenc.available()``)."""
-    if name == "DEFAULT_NAMES":
-        warnings.warn(
-            "posenc.report.DEFAULT_NAMES is deprecated; the default is posenc.available()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return tuple(available())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 STYLE = """
 :root { color-scheme: light; --ink: #1d232a; --muted: #5a6470; --line: #d9dee4; }

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .encodings.base import NoPE, PositionalEncoding, build_for_model, entry
+from .encodings.base import NoPE, PositionalEncoding
+from .encodings.registry import build_for_model, entry
 from .errors import PosencTypeError, PosencValueError
 
 __all__ = [

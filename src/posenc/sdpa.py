@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .encodings.base import check_probability, compute_dtype
+from .encodings.checks import check_probability, compute_dtype
 from .errors import PosencTypeError, PosencValueError, check_bytes
 
 __all__ = ["autocast_off", "fused_attention", "scaled_dot_product_attention"]

@@ -22,8 +22,8 @@ from rich.table import Table
 
 from . import analysis, plots
 from .bench.suites import torch_table_fp32
-from .encodings import available, build_for_model, entry
-from .encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from .encodings.absolute.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+from .encodings.registry import available, build_for_model, entry
 from .model import Encoder, TransformerModel
 
 

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.encodings.base import build_for_model, compute_dtype
+from posenc.encodings.checks import compute_dtype
+from posenc.encodings.registry import build_for_model
 from tests.fuzzing import examples
 from tests.misuse import Misuse, check
 from tests.misuse import cases as misuse_cases

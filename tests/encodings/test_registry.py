@@ -317,18 +317,3 @@ def test_bench_times_the_toys() -> None:
     assert rows[ADDITIVE][1] == "additive" and rows[BIAS][1] == "bias"
     assert rows["none"][-1] == "1.00"
     assert set(rows) == {n for n in available() if entry(n).cls.axes == 1}
-
-
-# --------------------------------------------------------------------------- deprecated lists
-
-
-def test_hand_written_lists_are_deprecated_aliases_of_the_registry() -> None:
-    import posenc.plots.bias as bias_plots
-    from posenc import report
-
-    with pytest.warns(DeprecationWarning, match="available"):
-        assert tuple(available("bias")) == bias_plots.BIAS_SCHEMES
-    with pytest.warns(DeprecationWarning, match="available"):
-        assert tuple(available()) == report.DEFAULT_NAMES
-    with pytest.raises(AttributeError):
-        _ = bias_plots.NO_SUCH_NAME

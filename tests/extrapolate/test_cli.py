@@ -42,7 +42,7 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture[str], *fragments: str) 
     ("argv", "fragments"),
     [
         (["--pe", "ropee"], ["ropee"]),
-        (["--pe", "rope+random"], ["registry names only", "rope+random"]),
+        (["--pe", "rope+random"], ["registry names and schedules only", "rope+random"]),
         (["--pe", "rope2d"], ["rope2d", "sequence positions"]),
         (["--seeds", "0"], ["seeds", "0"]),
         (["--steps", "0"], ["steps", "0"]),

@@ -20,7 +20,7 @@ from posenc.cli import main
 from posenc.errors import PosencValueError
 from posenc.extrapolate import cli as ex_cli
 from posenc.extrapolate import train
-from posenc.extrapolate.config import DEFAULT_PES, ExtrapolateConfig
+from posenc.extrapolate.config import DEFAULT_PES, SCHEDULES, ExtrapolateConfig
 from posenc.extrapolate.retrieval import (
     DEPTHS,
     RETRIEVAL_STREAM,
@@ -223,7 +223,13 @@ def test_the_scale_preset_trains_with_needles_and_scores_retrieval(
     args = parser.parse_args(["extrapolate", "--preset", "scale"])
     settings = ex_cli.resolve_settings(args)
     configs, evaluation = ex_cli.build_configs(settings)
-    assert [c.pe for c in configs] == list(DEFAULT_PES) and settings["out"].endswith("-scale")
+    assert [c.pe for c in configs] == [*DEFAULT_PES, *SCHEDULES]
+    assert settings["out"].endswith("-scale")
+    assert (configs[0].steps, configs[0].checkpoint_every, evaluation.batch_tokens) == (
+        3000,
+        0,
+        32768,
+    )
     config = configs[0]
     assert (config.dim, config.depth, config.heads, config.train_len) == (512, 8, 8, 256)
     assert (config.needle_share, config.needle_len, config.precision) == (0.5, 16, "bf16")

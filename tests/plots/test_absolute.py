@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posenc.analysis import PermutationResult
-from posenc.encodings import sinusoidal_table
+from posenc.encodings.absolute.sinusoidal import sinusoidal_table
 from posenc.errors import PosencValueError
 from posenc.plots.absolute import dimension_waves, heatmap, permutation_weights
 

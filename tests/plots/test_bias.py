@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from torch.testing import assert_close
 
 import posenc
-from posenc.encodings import ALiBi, CoPE
+from posenc.encodings.bias.alibi import ALiBi
+from posenc.encodings.bias.cope import CoPE
 from posenc.plots.bias import bias_against_distance, bias_gallery, bias_matrices, bias_values
 from tests.misuse import Misuse, cases, check
 from tests.schemes import BIAS

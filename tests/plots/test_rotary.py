@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from posenc.encodings.rope_scaling import ROPE_TYPES, rope_parameters
+from posenc.encodings.rope_types.registry import ROPE_TYPES, rope_parameters
 from posenc.plots.rotary import (
     default_scalings,
     relative_upper_bound,

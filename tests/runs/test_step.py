@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc.runs.step import scored_step
+from posenc.runs.step import scored_step, to_device
 from posenc.runs.trainer import make_optimizer
 
 V = 7
@@ -54,8 +54,9 @@ def test_the_loss_the_accuracy_and_the_update_match_a_plain_loop() -> None:
         logits = reference(tokens)[scored].double()  # (t, V)
     want_loss = F.cross_entropy(logits, targets[scored])
     hits = (logits.argmax(-1) == targets[scored]).double().mean()
-    assert loss == pytest.approx(float(want_loss), rel=1e-6)
-    assert accuracy == pytest.approx(float(hits), rel=1e-6)  # a float32 mean
+    assert (loss.dtype, accuracy.dtype) == (torch.float64, torch.float32)  # read later
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-6)
+    assert float(accuracy) == pytest.approx(float(hits), rel=1e-6)  # a float32 mean
     ref_optimizer.zero_grad()
     F.cross_entropy(reference(tokens)[scored], targets[scored]).backward()
     nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
@@ -81,7 +82,7 @@ def test_the_mean_is_over_the_global_batch() -> None:
     loss, _ = scored_step(
         model, optimizer, scheduler, forward, total=2 * count, grad_clip=0.0, world_size=1
     )
-    assert loss == pytest.approx(float(summed) / (2 * count), rel=1e-6)
+    assert float(loss) == pytest.approx(float(summed) / (2 * count), rel=1e-6)
 
 
 def test_bf16_autocasts_the_forward_and_keeps_everything_else_fp32() -> None:
@@ -109,10 +110,10 @@ def test_bf16_autocasts_the_forward_and_keeps_everything_else_fp32() -> None:
             grad_clip=1.0,
             precision=precision,
         )
-        results[precision] = loss
+        results[precision] = float(loss)
         assert seen == [torch.bfloat16 if precision == "bf16" else torch.float32]
         if precision == "bf16":
-            assert loss == pytest.approx(float(want), rel=1e-6)
+            assert float(loss) == pytest.approx(float(want), rel=1e-6)
         assert all(p.dtype == torch.float32 for p in net.parameters())
         assert all(p.grad is None or p.grad.dtype == torch.float32 for p in net.parameters())
         moments = [v for s in optimizer.state.values() for v in s.values() if v.dim()]
@@ -120,3 +121,10 @@ def test_bf16_autocasts_the_forward_and_keeps_everything_else_fp32() -> None:
         assert not torch.is_autocast_enabled("cpu")  # nothing left switched on
     assert results["bf16"] != results["fp32"]
     assert results["bf16"] == pytest.approx(results["fp32"], rel=2e-2)
+
+
+def test_to_device_copies_the_batch() -> None:
+    """On the CPU a plain copy (on a GPU: pinned and queued, see ``to_device``)."""
+    batch = torch.arange(12).view(3, 4)
+    moved = to_device(batch, torch.device("cpu"))
+    assert torch.equal(moved, batch) and moved.device.type == "cpu"

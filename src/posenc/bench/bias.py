@@ -70,7 +70,7 @@ def run_size(scheme: str, n: int, backends: list[str], repeats: int) -> list[dic
 
     from posenc.attention import scaled_dot_product_attention
     from posenc.bench.timing import Timing
-    from posenc.encodings import build_for_model
+    from posenc.encodings.registry import build_for_model
     from posenc.flex import flex_attention_forward, flex_block_mask
 
     torch.manual_seed(0)

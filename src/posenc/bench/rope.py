@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..encodings import rotate
-from ..encodings.rotary import RotaryEmbedding
+from ..encodings.kernels import native, pytorch
+from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
 from .rope_calls import FORWARD, IN_PLACE, decode_cases, decode_table, first_call_table, first_calls
 from .timing import Timing, copy_floor
@@ -126,7 +126,7 @@ def rope_cases(
             rope(q, k)  # builds the table
         cases.append((FORWARD, layout, lambda rope=rope: rope(q, k)))
         cases.append((IN_PLACE, layout, lambda rope=rope: rope(q, k, inplace=True)))
-        if rotate._native is not None:  # what the same calls cost without the native kernel
+        if native._native is not None:  # what the same calls cost without the native kernel
             cases += _torch_path_rows(rope, q, k, layout)
         if compile:
             for name, inplace in ((COMPILED, False), (COMPILED_IN_PLACE, True)):
@@ -153,13 +153,13 @@ def _torch_path_rows(
         outs = []
         for x in (q, k):
             out = torch.empty_like(x)
-            rotate._rotate_torch(x, out, cos, sin, interleaved)
+            pytorch._rotate_torch(x, out, cos, sin, interleaved)
             outs.append(out)
         return outs
 
     def in_place() -> object:
         for x in (q, k):
-            rotate._rotate_torch(x, x, cos, sin, interleaved)
+            pytorch._rotate_torch(x, x, cos, sin, interleaved)
         return q, k
 
     return [(TORCH_PATH, layout, new), (TORCH_PATH_IN_PLACE, layout, in_place)]
@@ -302,11 +302,11 @@ def _add_rows(
     floor = t[0]
     ours = {layout: x for (name, layout, _), x in zip(triples, t, strict=True) if name == FORWARD}
     medians = {(name, layout): x.median for (name, layout, _), x in zip(triples, t, strict=True)}
-    for fallback, native in ((TORCH_PATH, FORWARD), (TORCH_PATH_IN_PLACE, IN_PLACE)):
+    for fallback, fast in ((TORCH_PATH, FORWARD), (TORCH_PATH_IN_PLACE, IN_PLACE)):
         for layout in ("half", "interleaved"):
             if (fallback, layout) in medians:
-                speedup = medians[(fallback, layout)] / medians[(native, layout)]
-                spans.setdefault(f"native speed-up|{native}", []).append(speedup)
+                speedup = medians[(fallback, layout)] / medians[(fast, layout)]
+                spans.setdefault(f"native speed-up|{fast}", []).append(speedup)
     for (name, layout, _), x in zip(triples, t, strict=True):
         if name in GOALS:
             spans.setdefault(name, []).append(x.median / floor.median)

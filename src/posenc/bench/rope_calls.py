@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from ..encodings.rotary import RotaryEmbedding
+from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Table, ratio
 from .timing import Timing, copy_floor
 

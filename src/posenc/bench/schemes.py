@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..encodings import available, entry
+from ..encodings.registry import available, entry
 from ..model import Encoder
 from .harness import Case, Section, Table, ms, ratio, round_robin, spread
 

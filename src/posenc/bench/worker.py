@@ -160,7 +160,7 @@ def attention_predicted_mib(spec: dict[str, Any], variant: str, n: int) -> float
 def rope_calls(spec: dict[str, Any], n: int) -> dict[str, Callable[[], object]]:
     """posenc ``RotaryEmbedding`` (half layout, fp32, tables included), the copy floor and
     transformers' ``apply_rotary_pos_emb`` (tables precomputed) on q, k ``(1, h, n, d)``."""
-    from ..encodings.rotary import RotaryEmbedding
+    from ..encodings.rotary.rope import RotaryEmbedding
     from .rope import rope_peers
     from .timing import copy_floor
 

@@ -1,109 +1,23 @@
-"""Every positional encoding, one module per family; importing this package registers them."""
+"""Every positional encoding, in a folder per family: the family protocol (:mod:`.base`), the
+registry (:mod:`.registry`), the per-forward state (:mod:`.state`) and argument checks
+(:mod:`.checks`) here at the top; ``absolute/`` (tables added to the embeddings), ``bias/``
+(terms added to the attention logits), ``rotary/`` (rotations of queries and keys),
+``rope_types/`` (RoPE's frequency rules and context extensions), ``hf/`` (reading transformers
+configs) and ``kernels/`` (where a rotation runs). Importing this package registers every
+built-in scheme (in the order they were registered before the folders); the public names are
+re-exported by :mod:`posenc` alone.
+"""
 
-from .alibi import ALiBi, alibi_slopes
-from .base import (
-    FAMILIES,
-    AdditiveEncoding,
-    BiasEncoding,
-    Entry,
-    NoPE,
-    PositionalEncoding,
-    RotaryEncoding,
-    available,
-    build,
-    build_for_model,
-    entry,
-    register,
+from . import base  # noqa: F401
+from .absolute import (
+    learned,  # noqa: F401
+    sinusoidal,  # noqa: F401
 )
-from .cope import CoPE
-from .learned import LearnedPositionalEncoding
-from .mrope_positions import continue_multimodal_positions, multimodal_positions
-from .relative import FIRE, KERPLE, DynamicPositionBias
-from .relative_qk import ShawRelativeBias, TransformerXLRelativeBias
-from .rope_scaling import (
-    ROPE_TYPES,
-    RopeType,
-    register_rope_type,
-    rope_parameters,
-    validate_rope_scaling,
+from .bias import (  # noqa: F401
+    alibi,
+    cope,
+    relative,
+    relative_qk,
+    t5,
 )
-from .rotary import (
-    AxialRotaryEmbedding,
-    InterleavedRotaryEmbedding,
-    Rotary2DEmbedding,
-    Rotary3DEmbedding,
-    RotaryEmbedding,
-    XPos,
-    apply_rotary,
-    apply_rotary_,
-    set_rotary_compile,
-)
-from .rotary_multimodal import MultimodalRotaryEmbedding
-from .sinusoidal import (
-    ScaledSinusoidalPositionalEncoding,
-    Sinusoidal2DPositionalEncoding,
-    Sinusoidal3DPositionalEncoding,
-    SinusoidalNDPositionalEncoding,
-    SinusoidalPositionalEncoding,
-    sinusoidal_encode,
-    sinusoidal_nd_table,
-    sinusoidal_table,
-    sinusoidal_table_np,
-)
-from .state import BiasState, PositionState, RotaryState
-from .t5 import T5RelativeBias, t5_relative_position_bucket
-
-__all__ = [
-    "FAMILIES",
-    "FIRE",
-    "KERPLE",
-    "ROPE_TYPES",
-    "ALiBi",
-    "AdditiveEncoding",
-    "AxialRotaryEmbedding",
-    "BiasEncoding",
-    "BiasState",
-    "CoPE",
-    "DynamicPositionBias",
-    "Entry",
-    "InterleavedRotaryEmbedding",
-    "LearnedPositionalEncoding",
-    "MultimodalRotaryEmbedding",
-    "NoPE",
-    "PositionState",
-    "PositionalEncoding",
-    "RopeType",
-    "Rotary2DEmbedding",
-    "Rotary3DEmbedding",
-    "RotaryEmbedding",
-    "RotaryEncoding",
-    "RotaryState",
-    "ScaledSinusoidalPositionalEncoding",
-    "ShawRelativeBias",
-    "Sinusoidal2DPositionalEncoding",
-    "Sinusoidal3DPositionalEncoding",
-    "SinusoidalNDPositionalEncoding",
-    "SinusoidalPositionalEncoding",
-    "T5RelativeBias",
-    "TransformerXLRelativeBias",
-    "XPos",
-    "alibi_slopes",
-    "apply_rotary",
-    "apply_rotary_",
-    "available",
-    "build",
-    "build_for_model",
-    "continue_multimodal_positions",
-    "entry",
-    "multimodal_positions",
-    "register",
-    "register_rope_type",
-    "rope_parameters",
-    "set_rotary_compile",
-    "sinusoidal_encode",
-    "sinusoidal_nd_table",
-    "sinusoidal_table",
-    "sinusoidal_table_np",
-    "t5_relative_position_bucket",
-    "validate_rope_scaling",
-]
+from .rotary import multimodal, rope  # noqa: F401

@@ -15,7 +15,7 @@ Attention and the model only ever call these hooks; a new scheme is a new subcla
 registered under a name (:mod:`.registry`), and nothing else changes.
 
 The validation helpers (:mod:`.checks`), the registry (:mod:`.registry`) and the
-half-precision row blocking (:mod:`.blocks`) live in their own modules; their names are
+half-precision row blocking (:mod:`~.tiles`) live in their own modules; their names are
 re-exported here, so ``from posenc.encodings.base import build`` keeps working.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk`` query/key),
@@ -31,28 +31,17 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from .blocks import BLOCK_ELEMENTS, add_encoding, block_rows, row_blocks
 from .checks import (
-    check_bool,
-    check_finite,
-    check_float_dtype,
     check_input,
-    check_positive_float,
-    check_positive_int,
-    check_probability,
     compute_dtype,
     resolve_positions,
 )
 from .registry import (
     _REGISTRY,
-    Entry,
-    available,
-    build,
-    build_for_model,
-    entry,
     register,
 )
 from .state import BiasState, PositionState, RotaryState
+from .tiles import add_encoding
 
 Family = Literal["additive", "rotary", "bias", "none"]
 FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
@@ -273,32 +262,13 @@ class NoPE(PositionalEncoding):
 register("none", "no positional information (NoPE)")(NoPE)
 
 __all__ = [
-    "BLOCK_ELEMENTS",
     "FAMILIES",
     "AdditiveEncoding",
     "BiasEncoding",
-    "Entry",
     "Family",
     "NoPE",
     "PositionalEncoding",
     "RotaryEncoding",
     "ScoreMod",
-    "add_encoding",
-    "available",
-    "block_rows",
-    "build",
-    "build_for_model",
-    "check_bool",
-    "check_finite",
-    "check_float_dtype",
-    "check_input",
-    "check_positive_float",
-    "check_positive_int",
-    "check_probability",
-    "compute_dtype",
-    "entry",
-    "register",
-    "resolve_positions",
-    "row_blocks",
     "set_html_figure",
 ]

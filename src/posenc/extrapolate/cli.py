@@ -27,10 +27,12 @@ from ..runs.cli import (
     MODEL_FLAGS,
     add_device_flag,
     add_field_flags,
+    options_for,
     parse_jobs,
     parse_pe_list,
     parse_pe_option,
     parse_seeds,
+    pe_names,
     read_field_flags,
     sweep_options,
 )
@@ -54,6 +56,7 @@ _OPTIONS = (
     ("--needle-len", "needle_len", int, "tokens per needle (training and --retrieval)"),
     ("--context-blocks", "context_blocks", int, "target blocks of the context gain, 0 = off"),
     ("--retrieval-trials", "retrieval_trials", int, "windows per length and depth of --retrieval"),
+    ("--checkpoint-minutes", "checkpoint_minutes", float, "checkpoint every N minutes, 0 = off"),
 )
 
 
@@ -64,7 +67,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         help="train short, test long on real text: bits per byte past the trained length",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("--pe", help=f"encodings, comma-separated (default {','.join(DEFAULT_PES)})")
+    p.add_argument(
+        "--pe",
+        help="encodings, comma-separated; each a registry name or a per-layer schedule of "
+        "names joined by '/', repeated to the depth (rope/rope/rope/none: Llama 4's 3:1; "
+        f"none:temp a NoPE layer with Llama 4's query temperature) (default "
+        f"{','.join(DEFAULT_PES)})",
+    )
     p.add_argument("--seeds", help="number of seeds (3 = 0,1,2) or a list (0,5,7); default 1")
     p.add_argument(
         "--preset",
@@ -78,6 +87,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="also score copying a needle back from depths of every evaluation length",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train through torch.compile (compiled once per model: pays on long GPU runs)",
     )
     p.add_argument("--text", help="a UTF-8 file or a folder (default: the Python stdlib)")
     p.add_argument("--tokenizer", default="bytes", help="bytes (default) or bpe:N")
@@ -97,7 +112,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME.KEY=VALUE",
-        help="constructor argument for an encoding, e.g. t5.max_distance=64",
+        help="constructor argument for an encoding (every entry of that name in a schedule), "
+        "e.g. t5.max_distance=64",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads per model (0: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -150,11 +166,12 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["eval_lens"] = parse_lengths(args.eval_lens)
     if args.scalings is not None:
         settings["scalings"] = parse_scalings(args.scalings)
-    if args.retrieval is not None:
-        settings["retrieval"] = args.retrieval
+    for key in ("retrieval", "compile"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     settings.update(read_field_flags(args, _OPTIONS))
     # a preset's options fit the preset's encodings: keep those of the encodings still named
-    named = {name for name, _ in parse_pe_list(settings["pe"])}
+    named = pe_names(parse_pe_list(settings["pe"]))
     options = {k: dict(v) for k, v in settings["pe_options"].items() if k in named}
     for text in args.pe_option:
         name, key, value = parse_pe_option(text)
@@ -169,11 +186,14 @@ def build_configs(
     """One :class:`ExtrapolateConfig` per (encoding, seed), and the evaluation settings."""
     pes = parse_pe_list(settings["pe"])
     if any(suffix for _, suffix in pes):
-        raise PosencValueError(f"--pe takes registry names only, got {settings['pe']!r}")
+        raise PosencValueError(
+            f"--pe takes registry names and schedules only (no +random, +coupled), got "
+            f"{settings['pe']!r}"
+        )
     names = [name for name, _ in pes]
     seeds = parse_seeds(settings["seeds"])
     options = settings["pe_options"]
-    unknown = sorted(set(options) - set(names))
+    unknown = sorted(set(options) - pe_names(pes))
     if unknown:
         raise PosencValueError(f"pe options for {', '.join(unknown)}, which is not in the pe list")
     fields = {
@@ -186,7 +206,7 @@ def build_configs(
     eval_settings = EvalSettings(**evaluation)
     configs = [
         ExtrapolateConfig.from_dict(
-            {**base.to_dict(), "pe": name, "seed": seed, "pe_options": dict(options.get(name, {}))}
+            {**base.to_dict(), "pe": name, "seed": seed, "pe_options": options_for(name, options)}
         )
         for name in names
         for seed in seeds
@@ -220,8 +240,8 @@ def command_line(args: argparse.Namespace) -> str:
     defaults = {"tokenizer": "bytes", "valid_fraction": 0.05, "threads": 0}
     parts = ["posenc", "extrapolate"]
     for key, value in vars(args).items():
-        if key == "retrieval" and value is False:
-            parts.append("--no-retrieval")
+        if key in ("retrieval", "compile") and value is False:
+            parts.append(f"--no-{key}")
             continue
         if key in ("func", "command", "resume") or value in (None, False, []):
             continue
@@ -232,6 +252,54 @@ def command_line(args: argparse.Namespace) -> str:
         for item in values:
             parts += [flag] if item is True else [flag, str(item)]
     return shlex.join(parts)
+
+
+class ResultsWriter:
+    """Rewrites ``results.json``, ``results.md`` and the figures in ``out`` as each model
+    finishes (:meth:`add`, called on rank 0 in the order of ``configs``), so a sweep stopped
+    at any moment keeps every finished model's numbers; ``config["pending"]`` names the
+    models still to run (empty once the sweep is done), and ``--resume`` completes it."""
+
+    def __init__(
+        self,
+        out: Path,
+        config: dict[str, Any],
+        corpus: Any,
+        configs: list[ExtrapolateConfig],
+        *,
+        plot: bool,
+        command: str,
+    ) -> None:
+        from .results import corpus_summary
+
+        self.out, self.config, self.corpus = out, config, corpus_summary(corpus)
+        self.labels = [f"{c.pe} seed {c.seed}" for c in configs]
+        self.plot, self.command = plot, command
+        self.done: dict[int, dict[str, Any]] = {}
+        self.written: list[Path] = []
+
+    def document(self) -> dict[str, Any]:
+        """``results.json`` of the models finished so far, in the order of the configs."""
+        pending = [label for i, label in enumerate(self.labels) if i not in self.done]
+        return {
+            "config": {**self.config, "pending": pending},
+            "corpus": self.corpus,
+            "runs": [run for i in sorted(self.done) for run in self.done[i]["runs"]],
+        }
+
+    def timings(self) -> list[dict[str, Any]]:
+        return [self.done[i]["timing"] for i in sorted(self.done)]
+
+    def add(self, index: int, result: dict[str, Any]) -> None:
+        """Record model ``index``'s result and rewrite the files (rank 0's results only)."""
+        if not result:  # another rank's
+            return
+        from .results import write_results
+
+        self.done[index] = result
+        self.written = write_results(
+            self.out, self.document(), self.timings(), plot=self.plot, command=self.command
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -273,24 +341,18 @@ def run(args: argparse.Namespace) -> int:
                 f"({jobs} at a time) on {device}"
             )
         options = sweep_options(args, jobs, console, device)
-        results = run_sweep(configs, corpus, evaluation, out, **options)
+        config = sweep_config(settings, configs, evaluation)
+        config["eval_tokens"] = eval_tokens(corpus, lengths, evaluation)
+        config["device"] = str(device)  # where the numbers came from (precision: above)
+        writer = ResultsWriter(
+            out, config, corpus, configs, plot=not args.no_plot, command=command_line(args)
+        )
+        run_sweep(configs, corpus, evaluation, out, on_result=writer.add, **options)
         if rank == 0:
-            from .results import corpus_summary, markdown_report, write_results
+            from .results import markdown_report
 
-            config = sweep_config(settings, configs, evaluation)
-            config["eval_tokens"] = eval_tokens(corpus, lengths, evaluation)
-            config["device"] = str(device)  # where the numbers came from (precision: above)
-            document = {
-                "config": config,
-                "corpus": corpus_summary(corpus),
-                "runs": [run for result in results for run in result["runs"]],
-            }
-            timings = [result["timing"] for result in results]
-            written = write_results(
-                out, document, timings, plot=not args.no_plot, command=command_line(args)
-            )
-            print(markdown_report(document, timings, figure=None))
-            print("wrote " + ", ".join(str(path) for path in written))
+            print(markdown_report(writer.document(), writer.timings(), figure=None))
+            print("wrote " + ", ".join(str(path) for path in writer.written))
     finally:
         close_distributed(joined)
     return 0

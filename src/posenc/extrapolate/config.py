@@ -8,6 +8,7 @@ Every field is checked before any work (:meth:`ExtrapolateConfig.validate`,
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,9 @@ from ..runs.config import check_encoding, check_fields, check_type, config_from_
 
 #: The encodings of the preset and of a bare ``posenc extrapolate``, where registered.
 DEFAULT_PES = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+#: The per-layer schedules of the ``scale`` preset: Llama 4's 3:1 interleave of RoPE and NoPE
+#: layers, plain and with its NoPE layers' query temperature (floor at L; posenc.runs.schedules).
+SCHEDULES = ("rope/rope/rope/none", "rope/rope/rope/none:temp")
 #: RoPE context extensions applied at evaluation time, and the ones fine-tuning may use.
 SCALINGS = ("linear", "dynamic", "yarn")
 FINETUNE_SCALINGS = ("linear", "yarn")
@@ -47,13 +51,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # benchmarks/extrapolate.md for the FLOP estimate of its time). The learned table covers
     # every evaluation window (its rows past L are never trained).
     "scale": {
-        "pe": list(DEFAULT_PES),
+        "pe": [*DEFAULT_PES, *SCHEDULES],
         "seeds": [0],
         "jobs": 1,
         "dim": 512,
         "depth": 8,
         "heads": 8,
-        "steps": 6000,
+        "steps": 3000,  # where RoPE's curves settle at this size (issue #38's H200 run)
         "batch_size": 32,
         "lr": 1e-3,
         "weight_decay": 0.1,
@@ -63,6 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_lens": [256, 512, 1024, 2048, 4096],
         "scalings": list(SCALINGS),
         "eval_tokens": 65536,
+        "batch_tokens": 32768,  # evaluation in large batches: 8 windows of 16L per forward
         "finetune_steps": 0,
         "retrieval": True,
         "pe_options": {
@@ -77,8 +82,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class ExtrapolateConfig:
     """Everything that determines one trained model (and its fine-tunes)."""
 
-    pe: str = "rope"  # registry name of the positional encoding (posenc.available())
-    pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
+    pe: str = "rope"  # registry name (posenc.available()) or schedule (posenc.runs.schedules)
+    pe_options: dict[str, Any] = field(default_factory=dict)  # kwargs (a schedule's: by name)
     seed: int = 0  # model init and the order of the training windows
     dim: int = 128  # model width
     depth: int = 3  # layers
@@ -93,7 +98,9 @@ class ExtrapolateConfig:
     warmup: float = 0.05  # fraction of steps with linear warm-up from 0
     decay: str = "cosine"  # after warm-up: "cosine" or "linear" to 0, or "constant"
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables
-    checkpoint_every: int = 100  # checkpoint every N steps (and at the end)
+    checkpoint_every: int = 0  # checkpoint every N steps (0: by wall time only), and at the end
+    checkpoint_minutes: float = 5.0  # and every this many minutes of training (0: never)
+    compile: bool = False  # train through torch.compile (paid once per model; see README)
     precision: str = "fp32"  # "fp32", or "bf16": forward and loss under bfloat16 autocast
     needle_share: float = 0.0  # share of training windows with a needle and its repeat
     needle_len: int = 16  # tokens per needle (training needles and --retrieval)
@@ -111,6 +118,10 @@ class ExtrapolateConfig:
         return the rows of a learned table (``None`` for other encodings)."""
         positive = ("dim", "depth", "heads", "steps", "batch_size", "train_len")
         check_fields(self, positive, ("ffn_dim", "checkpoint_every", "seed"))
+        if not (self.checkpoint_minutes >= 0 and math.isfinite(self.checkpoint_minutes)):
+            raise PosencValueError(
+                f"checkpoint_minutes must be a finite number >= 0, got {self.checkpoint_minutes}"
+            )
         if self.train_len > MAX_LENGTH:
             raise PosencValueError(f"train_len must be <= {MAX_LENGTH}, got {self.train_len}")
         if not 0.0 <= self.needle_share <= 1.0:  # NaN fails too

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..encodings.rope_scaling import ROPE_TYPES
+from ..encodings.rope_types.registry import ROPE_TYPES
 from ..errors import PosencValueError, check_bytes
 from ..runs.device import model_device
 from .corpus import Corpus

@@ -11,6 +11,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
+from ..runs.schedules import is_schedule
 from .summary import context_curves, curves, lengths_of, mean, position_curves, retrieval_grid
 
 
@@ -134,13 +135,20 @@ def plot_retrieval(results: dict[str, Any]) -> Figure:
 
 
 def _styles(labels: list[str]) -> dict[str, dict[str, Any]]:
-    """One colour per encoding; scaled and fine-tuned RoPE curves dashed in their own colours."""
+    """One colour per encoding (20 colours past 10 curves); scaled and fine-tuned RoPE curves
+    dashed in their own colours; per-layer schedules (``rope/rope/rope/none``) with square
+    markers."""
     import matplotlib as mpl
 
-    colours = mpl.colormaps["tab10"].colors
+    colours = mpl.colormaps["tab10" if len(labels) <= 10 else "tab20"].colors
     out = {}
     for i, label in enumerate(labels):
-        style: dict[str, Any] = {"color": colours[i % len(colours)], "marker": "o", "markersize": 3}
+        marker = "s" if is_schedule(label.split("+")[0]) else "o"
+        style: dict[str, Any] = {
+            "color": colours[i % len(colours)],
+            "marker": marker,
+            "markersize": 3,
+        }
         if "+" in label:
             style["linestyle"] = "--" if " ft" not in label else "-."
         out[label] = style

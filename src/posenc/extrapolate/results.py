@@ -380,6 +380,13 @@ def markdown_report(
     ]
     if command:
         lines += ["", f"    {command}"]
+    pending = config.get("pending") or []
+    if pending:
+        lines += [
+            "",
+            f"**Partial**: {len(pending)} model(s) still to run ({', '.join(pending)}); the "
+            "same command with `--resume` completes the sweep.",
+        ]
     if figure:
         lines += ["", f"![bits per byte against evaluation length]({figure})"]
     lines += [

@@ -2,16 +2,21 @@
 every length (and, for RoPE, with each zero-shot scaling and after each fine-tune), and
 collect the runs of ``results.json``.
 
-Folders under ``out``: ``<pe>/seed<k>/`` holds the trained model's ``checkpoint.pt`` and
-``result.json`` (the training record), ``<pe>/seed<k>/finetune-<type>-<length>/`` each
-fine-tune's. With ``jobs > 1`` the (encoding, seed) pairs run in parallel processes; under
+Folders under ``out``: ``<pe>/seed<k>/`` holds the trained model's ``checkpoint.pt``,
+``result.json`` (the training record) and, once evaluated, ``evaluation.json`` (its runs
+and timing, which ``resume`` reuses instead of evaluating again);
+``<pe>/seed<k>/finetune-<type>-<length>/`` each fine-tune's. With ``jobs > 1`` the
+(encoding, seed) pairs run in parallel processes; under
 ``torchrun`` they run one after another, each trained over every rank, evaluated on rank 0.
 Every model trains and is evaluated on one device (``device``), in its config's precision.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +31,11 @@ from .corpus import Corpus, open_corpus
 from .evaluate import evaluate_model, rope_scalable, scaled_variants
 from .measures import run_measures
 from .retrieval import check_retrieval
-from .train import finetune, train_model
+from .train import RESUME_FREE, finetune, train_model
 from .windows import check_lengths, eval_budget
+
+#: A finished run's evaluation (``{"key": ..., "result": ...}``), reused by ``--resume``.
+EVALUATION = "evaluation.json"
 
 
 def run_dir_for(out: Path, config: ExtrapolateConfig) -> Path:
@@ -60,6 +68,11 @@ def run_one(
     on other ranks."""
     rank, world_size = world()
     table = config.validate()
+    key = evaluation_key(config, corpus, settings)
+    if resume and run_dir is not None:
+        stored = read_evaluation(run_dir, key)
+        if stored is not None:  # trained and evaluated by an earlier session
+            return stored if rank == 0 else {}
     lengths = settings.lengths(config.train_len)
     usable = [n for n in lengths if table is None or n <= table]
     skipped = [n for n in lengths if n not in usable]
@@ -148,7 +161,31 @@ def run_one(
         "world_size": world_size,
         "device": str(place),
     }
-    return {"runs": runs, "timing": timing}
+    result = {"runs": runs, "timing": timing}
+    if run_dir is not None:
+        path = Path(run_dir) / EVALUATION  # (keys in their order: buckets by position)
+        tmp = path.with_name(f".{EVALUATION}.tmp")
+        tmp.write_text(json.dumps({"key": key, "result": result}, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    return result
+
+
+def evaluation_key(
+    config: ExtrapolateConfig, corpus: Corpus, settings: EvalSettings
+) -> dict[str, Any]:
+    """What a stored evaluation must match to be reused: the run's configuration (less the
+    fields a resume may change), the corpus and the evaluation settings."""
+    recorded = {k: v for k, v in config.to_dict().items() if k not in RESUME_FREE}
+    return {"config": recorded, "corpus": corpus.key, "settings": settings.to_dict()}
+
+
+def read_evaluation(run_dir: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The result :func:`run_one` stored in ``run_dir`` for ``key``, else ``None``."""
+    path = Path(run_dir) / EVALUATION
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text("utf-8"))
+    return stored["result"] if stored.get("key") == key else None
 
 
 def _job(
@@ -184,10 +221,13 @@ def run_sweep(
     threads: int = 0,
     console: Any = None,
     device: str | torch.device = "auto",
+    on_result: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`run_one` for every config on ``device`` (``jobs`` at a time in separate
     processes, each with ``threads`` torch threads, default the cores divided by ``jobs``);
-    returns their results in the order of ``configs`` (empty dicts on ranks other than 0)."""
+    returns their results in the order of ``configs`` (empty dicts on ranks other than 0).
+    ``on_result(i, result)`` is called as each result arrives (the results files are
+    rewritten there), after the result is logged."""
     dirs = check_sweep(configs, corpus, settings, out)
     place = placement(device, [c.precision for c in configs])
 
@@ -202,6 +242,11 @@ def run_sweep(
             console=console,
             device=place,
         )
+
+    def done(i: int, result: dict[str, Any]) -> None:
+        log_done(console, result)
+        if on_result is not None:
+            on_result(i, result)
 
     def job_args(i: int, each: int) -> tuple[Any, ...]:
         return (
@@ -223,7 +268,7 @@ def run_sweep(
         jobs=jobs,
         resume=resume,
         threads=threads,
-        on_done=lambda i, result: log_done(console, result),
+        on_done=lambda i, result: done(i, result),
     )
 
 

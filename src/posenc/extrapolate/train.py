@@ -27,26 +27,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..encodings.rope_scaling import ROPE_TYPES
+from ..encodings.rope_types.registry import ROPE_TYPES
+from ..errors import PosencValueError
+from ..generation import ids_checked
 from ..runs.checkpoint import RESULT, prepare_run_dir, write_json
 from ..runs.config import transformer_for
 from ..runs.device import model_device, placement
 from ..runs.distributed import check_divisible, world
 from ..runs.probe import probe
 from ..runs.progress import Bar
-from ..runs.step import scored_step
+from ..runs.step import scored_step, to_device
 from ..runs.trainer import Trainer, make_optimizer, optimizer_for, seed_everything
 from .config import ExtrapolateConfig
 from .corpus import Corpus
 from .windows import Needles, add_needles, token_alphabet
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
-RESUME_FREE = frozenset({"checkpoint_every"})
+RESUME_FREE = frozenset({"checkpoint_every", "checkpoint_minutes", "compile"})
 
 
 def build_model(config: ExtrapolateConfig, vocab_size: int) -> nn.Module:
     """The causal ``TransformerModel`` of a run, its ``trained_length`` set to ``train_len``."""
-    model = transformer_for(config, vocab_size, causal=True)
+    model = transformer_for(config, vocab_size, causal=True, trained_length=config.train_len)
     model.trained_length = config.train_len
     return model
 
@@ -75,12 +77,17 @@ def lm_step(
     batch = corpus.batch(step, batch_size, length, seed)
     if needles is not None:
         batch = add_needles(batch, step, seed, needles)
+    if batch.min() < 0 or batch.max() >= corpus.vocab_size:  # here, on the host: see forward
+        raise PosencValueError(
+            f"corpus {corpus.name!r} holds token ids outside [0, {corpus.vocab_size})"
+        )
     windows = torch.from_numpy(batch)  # (b, n + 1)
     per_rank = batch_size // world_size
-    mine = windows[rank * per_rank : (rank + 1) * per_rank].to(model_device(model))
+    mine = to_device(windows[rank * per_rank : (rank + 1) * per_rank], model_device(model))
 
     def forward() -> tuple[torch.Tensor, torch.Tensor]:
-        logits = model(mine[:, :-1])  # (b / world, n, V)
+        with ids_checked():  # (above: no wait for the device to read their range)
+            logits = model(mine[:, :-1])  # (b / world, n, V)
         targets = mine[:, 1:].reshape(-1)  # (t,)
         return logits.reshape(targets.numel(), -1), targets  # (t, V)
 
@@ -240,6 +247,7 @@ def _run(
         path=path,
         resume_free=RESUME_FREE,
         extra={"trained_length": config.train_len},
+        compile=config.compile,
     )
     finished = trainer.restore()
     if finished is not None:
@@ -263,7 +271,13 @@ def _run(
             precision=config.precision,
         )
 
-    trainer.fit(steps, step, checkpoint_every=config.checkpoint_every, bar=bar)
+    trainer.fit(
+        steps,
+        step,
+        checkpoint_every=config.checkpoint_every,
+        checkpoint_seconds=60.0 * config.checkpoint_minutes,
+        bar=bar,
+    )
     record = {
         "steps": trainer.step,
         "losses": trainer.losses,

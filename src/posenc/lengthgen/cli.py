@@ -36,33 +36,12 @@ from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
 from ..runs import cli as shared
-from ..runs.moved import all_of, moved
 
 #: What ``--pe`` defaults to: these, where registered (the table of Kazemnejad et al. 2023).
 DEFAULT_PES = ("none", "t5", "alibi", "rope", "sinusoidal", "learned")
 SWEEP_KEYS = ("task", "pe", "seeds", "out", "jobs", "pe_options", "device")
 DEFAULT_OUT = "lengthgen-results"
 
-#: Moved to :mod:`posenc.runs.cli` (shared with ``posenc extrapolate``); importable from
-#: here, with a ``DeprecationWarning``, until 0.3.
-__getattr__ = moved(
-    __name__,
-    all_of(
-        shared,
-        (
-            "MAX_SEEDS",
-            "MODEL_FLAGS",
-            "POSITION_SUFFIXES",
-            "add_field_flags",
-            "parse_jobs",
-            "parse_pe_list",
-            "parse_pe_option",
-            "parse_seeds",
-            "read_field_flags",
-            "sweep_options",
-        ),
-    ),
-)
 
 #: Named settings; ``kazemnejad`` is the reproduction of Kazemnejad et al. 2023, appendix F
 #: (decoder-only, trained on lengths <= 20, tested on 21-40) at 0.1M parameters, with the
@@ -113,7 +92,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--pe",
-        help="encodings, comma-separated; NAME+random adds randomized positions, "
+        help="encodings, comma-separated; each a registry name or a per-layer schedule "
+        "(rope/rope/rope/none, repeated to the depth; none:temp a NoPE layer with Llama 4's "
+        "query temperature); NAME+random adds randomized positions, "
         "NAME+coupled coupled ones (tasks with answer_sources), NAME+random+coupled both "
         "(default: none,t5,alibi,rope,sinusoidal,learned where registered)",
     )
@@ -251,7 +232,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.preset:
         # a preset's options fit the preset's encodings: drop those for encodings the pe list
         # no longer names (options the user gave are kept, and checked in build_configs)
-        named = {name for name, _ in shared.parse_pe_list(settings["pe"])}
+        named = shared.pe_names(shared.parse_pe_list(settings["pe"]))
         given = {name for layer in layers[1:] for name in layer.get("pe_options", {})}
         settings["pe_options"] = {
             name: kw
@@ -284,7 +265,7 @@ def build_configs(settings: dict[str, Any]) -> list:
     if not pes:
         raise PosencValueError("no encodings to train: give --pe")
     seeds = shared.parse_seeds(sweep["seeds"])
-    unknown = sorted(set(sweep["pe_options"]) - {name for name, _ in pes})
+    unknown = sorted(set(sweep["pe_options"]) - shared.pe_names(pes))
     if unknown:
         raise PosencValueError(f"pe_options for {', '.join(unknown)}, which is not in the pe list")
     base = TrainConfig.from_dict(fields)
@@ -299,7 +280,7 @@ def build_configs(settings: dict[str, Any]) -> list:
                     "random_positions": "random" in suffix.split("+"),
                     "coupled_positions": "coupled" in suffix.split("+"),
                     "seed": seed,
-                    "pe_options": dict(sweep["pe_options"].get(name, {})),
+                    "pe_options": shared.options_for(name, sweep["pe_options"]),
                 }
                 configs.append(TrainConfig.from_dict(values))
     return configs

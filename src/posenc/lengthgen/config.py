@@ -3,8 +3,7 @@
 Every field is checked (type, range, the task, the encoding and its options, the memory a
 step needs) before any work, so a sweep never fails half-way on a typo; the checks every
 training config of posenc shares live in :mod:`posenc.runs.config` (``check_fields``,
-``config_from_dict``, ``check_encoding``, ``transformer_for``: importable from here, with a
-``DeprecationWarning``, until 0.3).
+``config_from_dict``, ``check_encoding``, ``transformer_for``).
 """
 
 from __future__ import annotations
@@ -18,28 +17,12 @@ import numpy as np
 
 from ..errors import PosencValueError, check_bytes
 from ..runs import config as shared
-from ..runs.moved import all_of, moved
 from .data import check_coupling, longest_model_length
 from .evaluate import VALID_THRESHOLD
 from .tasks import Task, get_task
 
 #: Longest input length a sweep may train or test on.
 MAX_INPUT_LENGTH = 4096
-
-__getattr__ = moved(
-    __name__,
-    all_of(
-        shared,
-        (
-            "DECAYS",
-            "check_encoding",
-            "check_fields",
-            "check_type",
-            "config_from_dict",
-            "transformer_for",
-        ),
-    ),
-)
 
 
 class InDistributionWarning(UserWarning):
@@ -65,11 +48,11 @@ class TrainConfig:
     """Everything that determines one run. The CLI and TOML files fill it field by field."""
 
     task: str = "copy-v1"  # registry name, or path/to/file.py:ClassName
-    pe: str = "none"  # registry name of the positional encoding (posenc.available())
+    pe: str = "none"  # registry name (posenc.available()) or schedule (posenc.runs.schedules)
     random_positions: bool = False  # randomized positions (Ruoss et al. 2023)
     random_max: int = 256  # L: randomized positions are drawn from [0, L)
     coupled_positions: bool = False  # position coupling (Cho et al. 2024; task-aware)
-    pe_options: dict[str, Any] = field(default_factory=dict)  # extra kwargs for the encoding
+    pe_options: dict[str, Any] = field(default_factory=dict)  # kwargs (a schedule's: by name)
     seed: int = 0  # model init, data and evaluation all derive from it
     dim: int = 64  # model width
     depth: int = 2  # layers

@@ -38,12 +38,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..runs import checkpoint, distributed, pool, trainer
+from ..runs import checkpoint, pool
 from ..runs import config as run_config
-from ..runs import sweep as run_sweep_module
 from ..runs.device import model_device, placement
 from ..runs.distributed import check_divisible, torch_threads, world
-from ..runs.moved import moved
 from ..runs.probe import probe
 from ..runs.progress import Bar
 from ..runs.step import scored_step
@@ -64,29 +62,6 @@ __all__ = [
     "train",
 ]
 
-#: Names this module re-exported that moved to :mod:`posenc.runs`: importable from here,
-#: with a ``DeprecationWarning``, until 0.3.
-__getattr__ = moved(
-    __name__,
-    {
-        "CHECKPOINT": checkpoint,
-        "CHECKPOINT_VERSION": checkpoint,
-        "RESULT": checkpoint,
-        "load_checkpoint": checkpoint,
-        "save_checkpoint": checkpoint,
-        "DECAYS": trainer,
-        "check_encoding": run_config,
-        "transformer_for": run_config,
-        "slug": pool,
-        "run_all": pool,
-        "prepare_run_dir": checkpoint,
-        "write_json": checkpoint,
-        "optimizer_step": trainer,
-        "check_sweep_start": run_sweep_module,
-        "all_reduce_sum": distributed,
-        "global_mean": distributed,
-    },
-)
 
 #: Fields that may differ between a run and its resumption (they do not change the numbers).
 _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
@@ -94,9 +69,19 @@ _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The model for a run: ``posenc.TransformerModel`` over the task's tokens plus the
-    harness's special tokens, causal for decoder tasks."""
+    harness's special tokens, causal for decoder tasks. A tempered NoPE entry's floor is
+    the longest training sequence (``random_max`` with randomized positions)."""
     vocab = Vocab(task.vocab_size).size
-    return run_config.transformer_for(config, vocab, causal=task.kind == "decoder")
+    trained = (
+        config.random_max
+        if config.random_positions
+        else longest_model_length(
+            task, [config.train_max_length], np.random.default_rng([config.seed, 99])
+        )
+    )
+    return run_config.transformer_for(
+        config, vocab, causal=task.kind == "decoder", trained_length=trained
+    )
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:

@@ -8,7 +8,6 @@ Schemes that read the queries and keys (Shaw, Transformer-XL, CoPE) are drawn fo
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Sequence
 
 import matplotlib
@@ -27,19 +26,6 @@ from torch import Tensor
 from ..encodings.base import BiasEncoding
 from ..encodings.checks import check_positive_int
 from ..encodings.registry import available, build_for_model
-
-
-def __getattr__(name: str) -> object:
-    """``BIAS_SCHEMES``, the hand-written list this module kept, is deprecated: the registry
-    knows every bias scheme (``posenc.available("bias")``)."""
-    if name == "BIAS_SCHEMES":
-        warnings.warn(
-            "posenc.plots.bias.BIAS_SCHEMES is deprecated; use posenc.available('bias')",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return tuple(available("bias"))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check(pe: object) -> BiasEncoding:

@@ -17,7 +17,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..encodings.checks import check_positive_float, check_positive_int
-from ..encodings.rope_scaling import ROPE_TYPES, rope_parameters, rope_type_keys
+from ..encodings.rope_types.registry import ROPE_TYPES, rope_parameters, rope_type_keys
 
 
 def _example_value(key: str, factor: float, original: int, pairs: int) -> object | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
 from .device import DEVICE_HELP, PRECISION_HELP
+from .schedules import is_schedule, parse_schedule, schedule_names
 
 #: More seeds than this is a typo, not a sweep (every seed is a full training run).
 MAX_SEEDS = 1000
@@ -63,10 +64,10 @@ def add_device_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
-    """``"none,rope+random"`` -> ``[("none", ""), ("rope", "random")]``; names are checked
-    against the registry, suffixes against :data:`POSITION_SUFFIXES`."""
-    from ..encodings import entry
-
+    """``"none,rope+random,rope/none:temp"`` -> ``[("none", ""), ("rope", "random"),
+    ("rope/none:temp", "")]``: each encoding a registry name or a per-layer schedule
+    (:mod:`posenc.runs.schedules`, checked entry by entry against the registry), then the
+    whole model's position suffix, checked against :data:`POSITION_SUFFIXES`."""
     items = text if isinstance(text, list) else str(text).split(",")
     out = []
     for raw in items:
@@ -81,11 +82,26 @@ def parse_pe_list(text: str | list[str]) -> list[tuple[str, str]]:
                 f"pe {item!r}: the only suffixes are '+random', '+coupled' and "
                 f"'+random+coupled', got '+{suffix}'"
             )
-        entry(name)  # unknown names list the known ones
+        parse_schedule(name)  # unknown names list the known ones, naming the entry
         out.append((name, suffix))
     if len(set(out)) != len(out):
         raise PosencValueError(f"pe list {text!r} names an encoding twice")
     return out
+
+
+def pe_names(pes: list[tuple[str, str]]) -> set[str]:
+    """The registry names a parsed pe list uses (a schedule's entries among them): the names
+    ``--pe-option`` may address."""
+    return {name for spec, _ in pes for name in schedule_names(spec)}
+
+
+def options_for(spec: str, options: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A run's ``pe_options`` from the sweep's table by name: a single name's own keyword
+    arguments; for a schedule, the table of each of its names that has options (every
+    entry of that name gets them)."""
+    if not is_schedule(spec):
+        return dict(options.get(spec, {}))
+    return {name: dict(options[name]) for name in schedule_names(spec) if name in options}
 
 
 def parse_seeds(value: str | int | list[int]) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .device import PRECISIONS
+from .schedules import entry_options, is_schedule, model_kwargs
 from .trainer import DECAYS
 
 C = TypeVar("C")
@@ -28,8 +29,13 @@ def check_encoding(
     naming the encoding and its options (``harness`` names the command in the message).
     Returns the number of rows of a learned table (positions past it have no embedding),
     else ``None``."""
-    from ..encodings import LearnedPositionalEncoding, build_for_model, entry
+    from ..encodings.absolute.learned import LearnedPositionalEncoding
+    from ..encodings.registry import build_for_model, entry
 
+    if is_schedule(pe):  # every distinct entry alone, with its name's options
+        for name, kwargs in entry_options(pe, options).items():
+            check_encoding(name, dim, heads, kwargs, harness)
+        return None  # a schedule holds no additive (tabled) entry
     axes = getattr(entry(pe).cls, "axes", 1)  # unknown names list the known ones
     if axes != 1:
         raise PosencValueError(
@@ -114,10 +120,13 @@ def check_fields(config: Any, positive: tuple[str, ...], non_negative: tuple[str
         )
 
 
-def transformer_for(config: Any, vocab_size: int, *, causal: bool) -> Any:
-    """``posenc.TransformerModel`` of a run's width, depth, heads, encoding and its options
-    (``config`` a lengthgen or extrapolate config), on the CPU; options the encoding refuses
-    name it."""
+def transformer_for(
+    config: Any, vocab_size: int, *, causal: bool, trained_length: int | None = None
+) -> Any:
+    """``posenc.TransformerModel`` of a run's width, depth, heads, encoding (a name or a
+    per-layer schedule, :mod:`posenc.runs.schedules`) and its options (``config`` a
+    lengthgen or extrapolate config), on the CPU; options the encoding refuses name it.
+    ``trained_length`` is the floor of a tempered NoPE entry's query temperature."""
     from ..model import TransformerModel
 
     try:
@@ -126,11 +135,18 @@ def transformer_for(config: Any, vocab_size: int, *, causal: bool) -> Any:
             config.dim,
             config.depth,
             config.heads,
-            pe=config.pe,
             causal=causal,
             ffn_dim=config.ffn_dim or None,
             dropout=config.dropout,
-            pe_kwargs=dict(config.pe_options) or None,
+            **model_kwargs(
+                config.pe,
+                config.pe_options,
+                dim=config.dim,
+                heads=config.heads,
+                depth=config.depth,
+                causal=causal,
+                trained_length=trained_length,
+            ),
         )
     except TypeError as exc:
         if config.pe_options:

@@ -8,7 +8,8 @@ hands :func:`scored_step` a ``forward`` that returns this slice's scored logits 
 (:func:`~posenc.runs.device.autocast`), computes the loss in float32 whatever the logits'
 dtype, scales it so that DDP's gradient average is the gradient of the global batch's mean
 (:func:`~posenc.runs.distributed.global_mean`), takes the optimiser step outside autocast,
-and reports the global mean loss and this slice's token accuracy.
+and reports the global mean loss and this slice's token accuracy as device tensors, without
+waiting for the device (no host synchronisation per step).
 
 Dimension legend: ``t`` scored tokens on this rank, ``V`` vocabulary.
 """
@@ -28,6 +29,16 @@ from .trainer import optimizer_step
 
 #: ``forward() -> (logits (t, V), targets (t,))`` of this rank's scored tokens.
 ScoredForward = Callable[[], tuple[Tensor, Tensor]]
+
+
+def to_device(batch: Tensor, device: torch.device) -> Tensor:
+    """``batch`` (on the CPU) on ``device`` without the host waiting for the device: on a
+    GPU the copy goes through pinned memory and is queued behind the step before it (a plain
+    ``.to("cuda")`` from pageable memory waits for the queue to drain); elsewhere a plain
+    copy."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
 
 
 def scored_step(
@@ -51,7 +62,9 @@ def scored_step(
         world_size: processes sharing the batch.
         precision: ``fp32``, or ``bf16`` (forward and loss under bfloat16 autocast).
 
-    Returns the global mean loss per scored token (nats) and this slice's token accuracy.
+    Returns the global mean loss per scored token (nats, a float64 0-d tensor) and this
+    slice's token accuracy (float32 0-d), on the model's device and not yet read: the host
+    does not wait for the step (the trainer reads many steps' numbers at once).
     """
     with autocast(model_device(model), precision):
         logits, targets = forward()  # (t, V), (t,)
@@ -59,4 +72,4 @@ def scored_step(
     optimizer_step(model, optimizer, scheduler, global_mean(loss_sum, total, world_size), grad_clip)
     summed = all_reduce_sum(loss_sum.detach(), world_size)
     accuracy = (logits.detach().argmax(-1) == targets).float().mean()
-    return float(summed) / total, float(accuracy)
+    return summed.double() / total, accuracy  # (= float(summed) / total, read later)

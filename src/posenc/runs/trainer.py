@@ -9,8 +9,12 @@ and returns the global mean loss and one more metric. The trainer owns the rest:
   and reloads the model, optimiser, scheduler, step, losses and every random state, onto
   the model's device whatever device wrote them;
 - the loop: :meth:`Trainer.fit` wraps the model in ``DistributedDataParallel`` under
-  ``torchrun``, calls the step function, updates the progress bar, runs a periodic callback
-  on rank 0, and writes an atomic checkpoint every ``checkpoint_every`` steps;
+  ``torchrun`` (and in ``torch.compile`` when asked), calls the step function, updates the
+  progress bar, runs a periodic callback on rank 0, and writes an atomic checkpoint every
+  ``checkpoint_every`` steps and every ``checkpoint_seconds`` of wall time (read from the
+  trainer's ``clock``, which tests replace). The step function's numbers stay on the
+  device: the host reads them every :data:`READ_EVERY` steps (and before a checkpoint, a
+  periodic callback and the end), so it never waits for the device once per step;
 - finishing: :meth:`Trainer.finish` writes the last checkpoint with the run's record, which
   a later ``restore`` returns without training.
 
@@ -47,10 +51,13 @@ from .distributed import world as _world
 from .progress import Bar
 
 DECAYS = ("cosine", "linear", "constant")
+#: Steps whose losses the host reads at once (one wait for the device per this many steps).
+READ_EVERY = 50
 
 #: One optimiser step on the (possibly DDP-wrapped) model: returns the global mean loss per
-#: scored token and one more metric (token accuracy, say) for the progress bar.
-StepFunction = Callable[[nn.Module], tuple[float, float]]
+#: scored token and one more metric (token accuracy, say) for the progress bar, as numbers
+#: or as 0-d tensors not yet read (the trainer reads them in bulk).
+StepFunction = Callable[[nn.Module], tuple[Tensor | float, Tensor | float]]
 #: Rank 0's periodic callback: ``(step, loss) -> (entry for the history, line to log)``.
 PeriodicFunction = Callable[[int, float], tuple[dict[str, Any], str]]
 
@@ -134,6 +141,11 @@ class Trainer:
         data_rng: a NumPy generator the step function draws data from, saved and restored.
         resume_free: config fields that may change between a run and its resumption.
         extra: more plain data for every checkpoint (read back from :attr:`saved`).
+        clock: seconds as a float (default ``time.perf_counter``), for the training time and
+            the wall-time checkpoints; tests pass a clock of their own.
+        compile: run the step's forward and backward through ``torch.compile`` (compiled
+            once per run, when :meth:`fit` starts; checkpoints hold the plain model's
+            weights).
 
     After :meth:`restore`, :attr:`step`, :attr:`elapsed` (training seconds),
     :attr:`losses` (one per step), :attr:`history` (periodic entries) and
@@ -155,6 +167,8 @@ class Trainer:
         data_rng: np.random.Generator | None = None,
         resume_free: Iterable[str] = (),
         extra: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        compile: bool = False,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.config, self.path = config, path
@@ -164,6 +178,7 @@ class Trainer:
         self.data_rng = data_rng
         self.resume_free = frozenset(resume_free)
         self.extra = dict(extra or {})
+        self.clock, self.compile = clock, compile
         self.device = model_device(model)
         self.step, self.elapsed = 0, 0.0
         self.history: list[dict[str, Any]] = []
@@ -228,12 +243,16 @@ class Trainer:
         *,
         checkpoint_every: int,
         bar: Bar,
+        checkpoint_seconds: float = 0.0,
         every: int = 0,
         periodic: PeriodicFunction | None = None,
     ) -> None:
         """Train from :attr:`step` to ``steps``: ``step_fn`` once per step, ``periodic`` on
         rank 0 every ``every`` steps (not after the last), a checkpoint every
-        ``checkpoint_every`` steps (not after the last: :meth:`finish` writes that one)."""
+        ``checkpoint_every`` steps and whenever ``checkpoint_seconds`` (0: never) have passed
+        on :attr:`clock` since the last one (not after the last step: :meth:`finish` writes
+        that one). Under ``torchrun`` a wall-time checkpoint is rank 0's alone (the ranks'
+        clocks differ, so none waits for it), a step-count one is waited for by all."""
         if self.step < steps and self.trained_on[-1:] != [str(self.device)]:
             self.trained_on.append(str(self.device))
         trained = self.model
@@ -242,30 +261,60 @@ class Trainer:
 
             ids = [self.device] if self.device.type == "cuda" else None
             trained = DistributedDataParallel(self.model, device_ids=ids)
+        if self.compile:
+            trained = torch.compile(trained)
         self.model.train()
-        started = time.perf_counter()
+        started = saved_at = self.clock()
+        unread: list[tuple[Tensor | float, Tensor | float]] = []
         with bar:
             while self.step < steps:
-                loss, metric = step_fn(trained)
+                unread.append(step_fn(trained))
                 self.step += 1
-                self.losses.append(loss)
-                bar.update(self.step, loss, metric)
-                if periodic is not None and every and self.step % every == 0 and self.step < steps:
+                last = self.step == steps
+                due_periodic = periodic is not None and every and self.step % every == 0
+                due_periodic = bool(due_periodic) and not last
+                by_count = bool(checkpoint_every) and self.step % checkpoint_every == 0
+                by_time = checkpoint_seconds > 0 and self.clock() - saved_at >= checkpoint_seconds
+                save = (by_count or by_time) and not last
+                if save or due_periodic or last or len(unread) >= READ_EVERY:
+                    self._read(unread, bar)
+                    unread = []
+                if due_periodic:
                     if self.rank == 0:
-                        entry, text = periodic(self.step, loss)
+                        entry, text = periodic(self.step, self.losses[-1])  # type: ignore[misc]
                         self.history.append(entry)
                         bar.log(text)
                     barrier(self.world)
-                due = checkpoint_every and self.step % checkpoint_every == 0
-                if due and self.step < steps:
-                    self.elapsed += time.perf_counter() - started
-                    started = time.perf_counter()
+                if save:
+                    now = self.clock()
+                    self.elapsed += now - started
+                    started = now
                     self.checkpoint()
-                    barrier(self.world)
-        self.elapsed += time.perf_counter() - started
+                    saved_at = self.clock()
+                    if by_count:
+                        barrier(self.world)
+        self.elapsed += self.clock() - started
+
+    def _read(self, unread: list[tuple[Tensor | float, Tensor | float]], bar: Bar) -> None:
+        """Read the losses and metrics of the steps in ``unread`` (one wait for the device),
+        keep the losses and show the last step's numbers."""
+        if not unread:
+            return
+        losses = _numbers([loss for loss, _ in unread])
+        metrics = _numbers([metric for _, metric in unread])
+        self.losses.extend(losses)
+        bar.update(self.step, losses[-1], metrics[-1])
 
     def finish(self, record: dict[str, Any] | None) -> None:
         """Rank 0 writes the final checkpoint holding ``record``; every rank waits for it."""
         if self.rank == 0 and record is not None:
             self.checkpoint(record)
         barrier(self.world)
+
+
+def _numbers(values: list[Tensor | float]) -> list[float]:
+    """Python floats of ``values`` (0-d tensors of one dtype and device, read in one copy, or
+    numbers)."""
+    if all(isinstance(v, Tensor) for v in values):
+        return [float(v) for v in torch.stack(values).tolist()]  # type: ignore[arg-type]
+    return [float(v) for v in values]

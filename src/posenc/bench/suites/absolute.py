@@ -50,7 +50,7 @@ def float64_table(num_positions: int, dim: int, base: float = 10000.0) -> np.nda
 
 
 def suite_table(s: Settings) -> Section:
-    from ...encodings.sinusoidal import sinusoidal_table
+    from ...encodings.absolute.sinusoidal import sinusoidal_table
 
     n, d = s.table
     section = Section("table", "Sinusoidal table generation and its accuracy")
@@ -104,7 +104,7 @@ def suite_table(s: Settings) -> Section:
 
 
 def suite_add(s: Settings) -> Section:
-    from ...encodings.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
+    from ...encodings.absolute.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 
     b, n, d = s.add
     section = Section("add", "Adding an absolute encoding to the embeddings")

@@ -17,7 +17,7 @@ from .settings import Settings
 def _torch_encoder(dim: int, depth: int, heads: int, ffn: int, dropout: float) -> nn.Module:
     """``nn.TransformerEncoder`` shaped like ``posenc.Encoder``: pre-norm, ReLU, a final
     LayerNorm, batch first, with posenc's sinusoidal encoding added to its input."""
-    from ...encodings.sinusoidal import SinusoidalPositionalEncoding
+    from ...encodings.absolute.sinusoidal import SinusoidalPositionalEncoding
 
     layer = nn.TransformerEncoderLayer(
         dim, heads, ffn, dropout, activation="relu", batch_first=True, norm_first=True

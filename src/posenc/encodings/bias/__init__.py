@@ -1,0 +1,2 @@
+"""Bias encodings: a term added to the attention logits in every layer (ALiBi, T5, KERPLE, FIRE,
+dynamic position bias, Shaw, Transformer-XL, CoPE), and what they share (:mod:`.common`)."""

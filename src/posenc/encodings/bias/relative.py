@@ -1,0 +1,251 @@
+"""Learned relative-position biases that are functions of the positions only: KERPLE, FIRE and
+dynamic position bias. Shaw et al.'s relative representations and Transformer-XL's relative
+encoding, which also read the queries (and keys), are in ``bias/relative_qk.py``.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` query/key length, ``d`` head dim,
+``R`` distinct distances, ``H`` MLP width.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ...errors import PosencValueError
+from ..base import BiasEncoding, ScoreMod
+from ..checks import check_positive_float, check_positive_int
+from ..registry import register
+from .common import (
+    DistanceBias,
+    check_bias_bytes,
+    check_pair_positions,
+    gather_fn,
+    relative_distance,
+    work_dtype,
+)
+
+# --------------------------------------------------------------------------- KERPLE
+
+
+@register("kerple", "learned log or power kernel of the distance per head (KERPLE)")
+class KERPLE(DistanceBias):
+    """Kernelized relative positional embedding (Chi et al. 2022, "KERPLE: Kernelized Relative
+    Positional Embedding for Length Extrapolation", the logarithmic and power variants):
+
+        logarithmic:  bias[h, i, j] = -r1_h · log(1 + r2_h · |i - j|)
+        power:        bias[h, i, j] = -r1_h · |i - j| ** r2_h,   0 < r2_h <= 2
+
+    Checked against a float64 transcription of both equations.
+
+    Args:
+        num_heads: number of heads.
+        kernel: ``"log"`` (the paper's best) or ``"power"``.
+        eps: the smallest value ``r1`` and ``r2`` take.
+
+    ``r1`` and ``r2`` are learned per head, initialised uniformly in ``(0, 2)`` and ``(0, 1)``;
+    :meth:`kernel_parameters` clamps them to ``[eps, ∞)`` (and ``r2``
+    to ``<= 2`` for the power kernel) on every use, without editing the stored values.
+    """
+
+    paper: ClassVar[str] = "Chi et al. 2022, KERPLE (NeurIPS), arXiv:2205.09921"
+
+    def __init__(
+        self, num_heads: int, *, kernel: Literal["log", "power"] = "log", eps: float = 1e-2
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if kernel not in ("log", "power"):
+            raise PosencValueError(f"kernel must be 'log' or 'power', got {kernel!r}")
+        self.kernel = kernel
+        self.eps = check_positive_float("eps", eps)
+        self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
+        self.r2 = nn.Parameter(torch.rand(num_heads))
+
+    def kernel_parameters(self) -> tuple[Tensor, Tensor]:
+        """The ``(r1, r2)`` used by the kernel, ``(h,)`` each, after clamping."""
+        r1 = self.r1.clamp(min=self.eps)
+        r2 = self.r2.clamp(min=self.eps, max=2.0 if self.kernel == "power" else None)
+        return r1, r2
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        r1, r2 = (
+            p.to(distance.dtype).view(-1, *([1] * distance.dim())) for p in self.kernel_parameters()
+        )
+        d = distance.abs().unsqueeze(0)  # (1, *S)
+        if self.kernel == "log":
+            return -r1 * torch.log1p(r2 * d)
+        # |d| ** r2 with a zero (and a finite gradient for r2) at d = 0
+        safe = torch.where(d > 0, d, torch.ones_like(d))
+        return -r1 * torch.where(d > 0, torch.exp(r2 * torch.log(safe)), torch.zeros_like(d))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, kernel={self.kernel!r}"
+
+
+# --------------------------------------------------------------------------- DPB
+
+
+@register("dpb", "MLP of the relative distance, one output per head (dynamic position bias)")
+class DynamicPositionBias(DistanceBias):
+    """Dynamic position bias: an MLP maps the distance ``i - j`` to one bias per head
+    (Wang et al. 2021, CrossFormer, §3.3; the layout of x-transformers'
+    ``DynamicPositionBias``, checked against it with shared weights).
+
+        bias[:, i, j] = W_out σ(... σ(W_1 x + b_1) ...) + b_out,   x = i - j
+        (x = sign(i - j) · log(1 + |i - j|) with ``log_distance``; σ = SiLU, after an optional
+        LayerNorm)
+
+    Args:
+        num_heads: number of heads.
+        mlp_dim: hidden width ``H``.
+        depth: number of hidden layers (>= 1).
+        log_distance: feed the log-scaled signed distance.
+        norm: LayerNorm before each activation.
+    """
+
+    paper: ClassVar[str] = "Wang et al. 2021, CrossFormer, §3.3 (dynamic position bias)"
+    integer_positions = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        mlp_dim: int = 64,
+        depth: int = 2,
+        log_distance: bool = False,
+        norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.depth = check_positive_int("depth", depth)
+        self.log_distance, self.norm = bool(log_distance), bool(norm)
+        layers: list[nn.Module] = []
+        for i in range(depth):
+            layers.append(nn.Linear(1 if i == 0 else mlp_dim, mlp_dim))
+            if norm:
+                layers.append(nn.LayerNorm(mlp_dim))
+            layers.append(nn.SiLU())
+        layers.append(nn.Linear(mlp_dim, num_heads))
+        self.mlp = nn.Sequential(*layers)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        x = distance
+        if self.log_distance:
+            x = torch.sign(x) * torch.log1p(x.abs())
+        mlp_dtype = self.mlp[0].weight.dtype
+        out = self.mlp(x.unsqueeze(-1).to(mlp_dtype)).to(distance.dtype)  # (*S, h)
+        return out.movedim(-1, 0)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, mlp_dim={self.mlp_dim}, depth={self.depth}, "
+            f"log_distance={self.log_distance}, norm={self.norm}"
+        )
+
+
+# --------------------------------------------------------------------------- FIRE
+
+
+@register("fire", "MLP of the log-scaled, progressively normalised distance (FIRE)")
+class FIRE(BiasEncoding):
+    """Functional interpolation for relative positions (Li et al. 2024, "Functional
+    Interpolation for Relative Positions Improves Long Context Transformers", arXiv:2310.04418):
+
+        bias[:, i, j] = f_θ( ψ(i - j) / ψ(max(L, i)) ),   ψ(x) = log(c·x + 1)
+
+    with ``f_θ`` an MLP (one ReLU hidden layer of width ``H``, one output per head), ``c > 0``
+    and the threshold ``L > 0`` learned. Checked against a float64 transcription.
+
+    The paper defines the bias for causal attention (``i >= j``). For keys after the query this
+    class feeds ``-ψ(j - i) / ψ(max(L, i))``, so the MLP can tell the two directions apart;
+    on ``j <= i`` it is exactly the paper's formula. ``c`` and ``L`` enter through their absolute
+    values, and the normaliser is kept ``>= 1e-6`` so ``L -> 0`` at ``i = 0`` cannot divide by 0.
+
+    Args:
+        num_heads: number of heads.
+        mlp_dim: hidden width ``H``.
+        c: initial ``c`` (a default chosen here, not taken from the paper).
+        threshold: initial ``L`` (likewise).
+    """
+
+    paper: ClassVar[str] = "Li et al. 2024, FIRE (ICLR), arXiv:2310.04418"
+
+    def __init__(
+        self, num_heads: int, *, mlp_dim: int = 32, c: float = 1.0, threshold: float = 512.0
+    ) -> None:
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.c = nn.Parameter(torch.tensor(check_positive_float("c", c)))
+        self.threshold = nn.Parameter(torch.tensor(check_positive_float("threshold", threshold)))
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_dim), nn.ReLU(), nn.Linear(mlp_dim, num_heads))
+
+    def normalized_distance(
+        self, q_positions: Tensor, k_positions: Tensor, dtype: torch.dtype
+    ) -> Tensor:
+        """The MLP input ``sign(i - j) · ψ(|i - j|) / ψ(max(L, i))``: ``(nq, nk)`` or
+        ``(b, nq, nk)``."""
+        c, L = self.c.abs().to(dtype), self.threshold.abs().to(dtype)
+        distance = relative_distance(q_positions, k_positions, dtype)  # i - j
+
+        def psi(x: Tensor) -> Tensor:
+            return torch.log1p(c * x)
+
+        query = q_positions.to(dtype).unsqueeze(-1)  # (..., nq, 1)
+        normaliser = psi(torch.maximum(query, L)).clamp(min=1e-6)
+        return torch.sign(distance) * psi(distance.abs()) / normaliser
+
+    def bias(
+        self,
+        q_positions: Tensor,
+        k_positions: Tensor,
+        *,
+        q: Tensor | None = None,
+        k: Tensor | None = None,
+    ) -> Tensor:
+        q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        # per pair: the distance, the MLP's hidden layer, one output per head
+        check_bias_bytes(q_pos, k_pos, self.mlp[0].out_features + self.num_heads + 2, q)
+        dtype = work_dtype(q, self)
+        x = self.normalized_distance(q_pos, k_pos, dtype)
+        out = self.mlp(x.unsqueeze(-1).to(self.c.dtype)).to(dtype)  # (..., nq, nk, h)
+        return out.movedim(-1, -3)  # (h, nq, nk) | (b, h, nq, nk)
+
+    def score_mod(
+        self,
+        q_positions: Tensor,
+        k_positions: Tensor,
+        *,
+        q: Tensor | None = None,
+        k: Tensor | None = None,
+    ) -> ScoreMod | None:
+        """The whole bias inside the kernel: the normalised distance, then the MLP with its
+        ``H`` hidden units unrolled (``H`` multiply-adds per score), in the queries' compute
+        dtype."""
+        q_pos, k_pos = check_pair_positions(q_positions, k_positions)
+        dtype = work_dtype(q, self)
+        at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype))
+        c, L = self.c.abs().to(dtype), self.threshold.abs().to(dtype)
+        w1 = self.mlp[0].weight[:, 0].to(dtype)  # (H,)
+        b1 = self.mlp[0].bias.to(dtype)  # (H,)
+        w2 = self.mlp[2].weight.to(dtype)  # (h, H)
+        b2 = self.mlp[2].bias.to(dtype)  # (h,)
+        hidden = self.mlp_dim
+
+        def fire(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            i, j = at_q(b, q_idx), at_k(b, kv_idx)
+            d = i - j
+            normaliser = torch.log1p(c * torch.maximum(i, L)).clamp(min=1e-6)
+            x = torch.sign(d) * torch.log1p(c * d.abs()) / normaliser
+            out = b2[h]
+            for m in range(hidden):
+                out = out + w2[h, m] * torch.relu(w1[m] * x + b1[m])
+            return score + out.to(score.dtype)
+
+        return fire
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, mlp_dim={self.mlp_dim}"

@@ -1,0 +1,127 @@
+"""What the rotary schemes (:mod:`~.rope`, :mod:`~.xpos`, :mod:`~.axial`) share: the
+checks of their arguments and of ``q``/``k``, and the rotation of ``q`` and ``k`` by tables a
+scheme made. Each scheme makes its own tables; this module only applies them.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ...errors import PosencTypeError, PosencValueError
+from ..checks import check_bool, check_positive_float, check_positive_int
+from ..kernels.rotate import check_inplace, rotate, rotate_pair
+from ..kernels.select import Route, select
+from ..state import RotaryState
+
+
+def check_qk(q: object, k: object, head_dim: int) -> tuple[Tensor, Tensor]:
+    """q, k: ``(b, h, n, d)`` floating tensors with equal ``b``, ``n`` and ``d = head_dim``
+    (head counts may differ, as in grouped-query attention)."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, Tensor):
+            raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise PosencTypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        if t.dim() != 4:
+            raise PosencValueError(
+                f"{name} must have shape (batch, heads, seq, head_dim), got {tuple(t.shape)}"
+            )
+        if t.shape[-1] != head_dim:
+            raise PosencValueError(f"{name} has head_dim {t.shape[-1]}, expected {head_dim}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor)
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise PosencValueError(
+            f"q and k must share batch and seq: q {tuple(q.shape)} vs k {tuple(k.shape)} "
+            "(rotate cached keys separately with .rotate(k, positions))"
+        )
+    return q, k
+
+
+def check_rotary_dim(head_dim: int, rotary_dim: int | None, multiple: int = 2) -> int:
+    check_positive_int("head_dim", head_dim)
+    r = head_dim if rotary_dim is None else check_positive_int("rotary_dim", rotary_dim)
+    if r > head_dim:
+        raise PosencValueError(f"rotary_dim ({r}) must be <= head_dim ({head_dim})")
+    if r % multiple:
+        name = "head_dim" if rotary_dim is None else "rotary_dim"
+        raise PosencValueError(
+            f"{name} ({r}) must be divisible by {multiple} for rotary embeddings"
+        )
+    return r
+
+
+def check_base(base: object) -> float:
+    base = check_positive_float("base", base)
+    if base == 1.0:
+        raise PosencValueError("base must not be 1.0 (every frequency would be equal)")
+    return base
+
+
+def rotary_state(
+    interleaved: bool, query: tuple[Tensor, Tensor], key: tuple[Tensor, Tensor]
+) -> RotaryState:
+    """A :class:`RotaryState` rotating queries by ``query`` = (cos, sin) and keys by ``key``."""
+
+    def rotate(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return rotate_qk(q, k, query, key, interleaved, inplace)
+
+    return RotaryState(rotate)
+
+
+def unsqueeze_heads(t: Tensor) -> Tensor:
+    """``(n, r/2)`` stays; ``(b, n, r/2)`` -> ``(b, 1, n, r/2)`` to broadcast over heads."""
+    return t.unsqueeze(-3) if t.dim() == 3 else t
+
+
+def rotate_one(
+    x: Tensor,
+    tables: tuple[Tensor, Tensor],
+    interleaved: bool,
+    inplace: object,
+    name: str = "x",
+    path: Route | None = None,
+) -> Tensor:
+    """Rotate ``x`` by ``tables`` (``(cos, sin)`` made by the module, in the work dtype): into
+    a new tensor, or in its own storage where :func:`check_inplace` allows; the way ``path``
+    says (``None``: :func:`select` it)."""
+    inplace = check_bool("inplace", inplace)
+    if path is None:
+        path = select(x, tables, inplace=inplace)
+    if inplace:
+        check_inplace(x, *tables, name=name, path=path)
+    return rotate(x, *tables, interleaved, inplace, path)
+
+
+def rotate_qk(
+    q: Tensor,
+    k: Tensor,
+    q_tables: tuple[Tensor, Tensor],
+    k_tables: tuple[Tensor, Tensor],
+    interleaved: bool,
+    inplace: object,
+    path: Route | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`rotate_one` for ``q`` and ``k``, the way ``path`` says (``None``: :func:`select`
+    it for the pair); in place, they must not start at the same memory (the second rotation
+    would turn the first's result). With one pair of tables and the native kernel,
+    :func:`rotate_pair` first (the eager call in one go)."""
+    inplace = check_bool("inplace", inplace)
+    if path is None:
+        path = select(q, q_tables, inplace=inplace, pair=k)
+    if path is Route.NATIVE and q_tables is k_tables:
+        pair = rotate_pair(q, k, *q_tables, interleaved, inplace, path)
+        if pair is not None:
+            return pair
+    if inplace and (
+        q is k or (path.eager and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
+    ):
+        raise PosencValueError(
+            "q and k start at the same memory: rotating both in place would turn it twice; "
+            "pass separate tensors or rotate out of place"
+        )
+    return (
+        rotate_one(q, q_tables, interleaved, inplace, "q", path),
+        rotate_one(k, k_tables, interleaved, inplace, "k", path),
+    )

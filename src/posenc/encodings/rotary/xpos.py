@@ -1,0 +1,216 @@
+"""xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", eq. 9): RoPE whose queries
+and keys are also scaled, so that scores decay with the distance.
+
+It stands beside :class:`~posenc.RotaryEmbedding`, not under it: the two share the rotation
+(:mod:`~.common`, :mod:`~posenc.encodings.kernels.rotate`) and nothing else. xPos has no
+cached tables, no
+context extension and no learned frequencies: every call forms its scaled cos and sin from
+the positions in float64.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ...errors import PosencTypeError, PosencValueError, check_bytes
+from ..base import RotaryEncoding
+from ..checks import (
+    check_bool,
+    check_positive_float,
+    check_positive_int,
+    compute_dtype,
+    resolve_positions,
+)
+from ..registry import register
+from ..rope_types.builtin import default_inv_freq
+from ..state import RotaryState
+from .common import (
+    check_base,
+    check_qk,
+    check_rotary_dim,
+    rotary_state,
+    rotate_one,
+    rotate_qk,
+    unsqueeze_heads,
+)
+
+__all__ = ["XPos"]
+
+
+@register("xpos", "RoPE with per-pair exponential decay (length-extrapolatable)")
+class XPos(RotaryEncoding):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", eq. 9): RoPE with queries
+    scaled by ``ζ_i^(m/γ)`` and keys by ``ζ_i^(-n/γ)``, so the score between positions ``m``
+    and ``n`` decays like ``ζ_i^((m-n)/γ)``, where ``ζ_i = (2i/r + 0.4) / 1.4`` and
+    ``γ = scale_base``.
+
+    The exponent is taken relative to a centre, ``(p - center) / γ``, which cancels in every
+    score but keeps the scales finite: by default ``center = (max position + 1) // 2`` of the
+    call, as rotary-embedding-torch's ``use_xpos`` and x-transformers do (checked equal to
+    rotary-embedding-torch in float32). With a KV cache, queries and keys rotated in different
+    calls must share the centre: pass a fixed ``center``.
+
+    Args:
+        head_dim: channels per head ``d``.
+        base: the wavelength base θ of the rotation, as for :class:`RotaryEmbedding`.
+        rotary_dim: channels rotated (and scaled), ``r <= d`` and even (default ``d``).
+        interleaved: pairs ``(x[2i], x[2i+1])`` instead of the half layout.
+        scale_base: ``γ`` (512 in the paper).
+        center: a fixed centre for the exponent, or ``None`` for the per-call default.
+    """
+
+    paper: ClassVar[str] = "Sun et al. 2022, A Length-Extrapolatable Transformer, eq. 9"
+    #: xPos turns each pair counter-clockwise, as RoPE does by default.
+    clockwise: ClassVar[bool] = False
+    inv_freq: Tensor
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+        scale_base: float = 512.0,
+        center: float | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("head_dim", head_dim)
+        check_bytes("head_dim", head_dim, head_dim * 8 * 4, device=device)  # the frequencies
+        self.head_dim = head_dim
+        self.rotary_dim = check_rotary_dim(head_dim, rotary_dim)
+        self.base = check_base(base)
+        self.interleaved = bool(interleaved)
+        self.scale_base = check_positive_float("scale_base", scale_base)
+        if center is not None and (
+            isinstance(center, bool) or not isinstance(center, (int, float))
+        ):
+            raise PosencTypeError(f"center must be a number or None, got {center!r}")
+        if center is not None and not math.isfinite(center):
+            raise PosencValueError(f"center must be a finite number, got {center!r}")
+        self.center = None if center is None else float(center)
+        inv_freq = default_inv_freq(self.rotary_dim, self.base, device=device)  # (r/2,) float64
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def reset_tables(self) -> None:
+        """Rebuild the float64 frequencies on the module's device (xPos has no other fixed
+        buffer); used after ``to_empty``/``.to()``."""
+        device = self.inv_freq.device
+        if device.type != "meta":
+            self.inv_freq = default_inv_freq(self.rotary_dim, self.base, device=device)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> XPos:
+        super()._apply(fn, recurse)
+        self.reset_tables()  # a cast must not degrade the float64 frequencies
+        return self
+
+    def zeta(self, device: Any = None) -> Tensor:
+        """``ζ_i = (2i + 0.4 r) / (1.4 r)`` for each pair, float64."""
+        r = self.rotary_dim
+        return (torch.arange(0, r, 2, dtype=torch.float64, device=device) + 0.4 * r) / (1.4 * r)
+
+    def scaled_cos_sin(
+        self,
+        positions: Tensor,
+        dtype: torch.dtype,
+        *,
+        key: bool,
+        center: float | Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """cos and sin times ``ζ^(±(p - center)/γ)`` (``-`` for keys): ``(n, r/2)`` or
+        ``(b, 1, n, r/2)``. ``positions`` are already validated; ``center`` (default: the
+        module's) overrides the centre."""
+        pos = positions.to(torch.float64)
+        center = self.center if center is None else center
+        if center is None:
+            # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
+            center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
+        angles = pos[..., None] * self.inv_freq.to(torch.float64)  # (..., n, r/2)
+        power = (pos[..., None] - center) / self.scale_base  # (..., n, 1)
+        scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
+        cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+        return unsqueeze_heads(cos), unsqueeze_heads(sin)
+
+    def cos_sin(
+        self,
+        positions: Tensor | None,
+        seq_len: int,
+        *,
+        dtype: torch.dtype,
+        device: Any = None,
+        key: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """The tables :meth:`forward` rotates queries by (``key=True``: keys by) at
+        ``positions`` (``None``: ``arange(seq_len)``): cos and sin times xPos's scale, from
+        :meth:`scaled_cos_sin`; ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``."""
+        batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
+        device = self.inv_freq.device if device is None else device
+        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
+        return self.scaled_cos_sin(pos, dtype, key=check_bool("key", key))
+
+    def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
+        """The scaled cos and sin of queries and of keys, computed once for every layer."""
+        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        work = compute_dtype(x.dtype)
+        query = self.scaled_cos_sin(pos, work, key=False)
+        return rotary_state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
+
+    def context_state(
+        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+    ) -> RotaryState:
+        """:meth:`position_state` with the centre fixed at the first cached call's: queries
+        and keys rotated in later calls share it (the centre cancels in every score only
+        when they do), so decoding equals one forward with ``center`` set to it."""
+        if self.center is not None:
+            return self.position_state(positions, x)
+        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        if "center" not in memo:
+            top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
+            memo["center"] = torch.floor((top + 1) / 2)
+        work = compute_dtype(x.dtype)
+        center = memo["center"]
+        query = self.scaled_cos_sin(pos, work, key=False, center=center)
+        keys = self.scaled_cos_sin(pos, work, key=True, center=center)
+        return rotary_state(self.interleaved, query, keys)
+
+    def rotate(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        key: bool = False,
+        inplace: bool = False,
+    ) -> Tensor:
+        """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``;
+        with ``inplace=True`` in its own storage. Pass a fixed ``center`` at construction when
+        queries and keys come in separate calls."""
+        x, _ = check_qk(x, x, self.head_dim)
+        pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
+        tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
+        return rotate_one(x, tables, self.interleaved, inplace)
+
+    def forward(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
+        ``inplace`` as for :meth:`RotaryEmbedding.forward`."""
+        q, k = check_qk(q, k, self.head_dim)
+        b, _, n, _ = q.shape
+        pos = resolve_positions(positions, n, batch=b, device=q.device)
+        work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
+        q_tables = self.scaled_cos_sin(pos, work, key=False)
+        k_tables = self.scaled_cos_sin(pos, work, key=True)
+        return rotate_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
+
+    def extra_repr(self) -> str:
+        text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"
+        if self.interleaved:
+            text += ", interleaved=True"
+        return text + f", scale_base={self.scale_base:g}"

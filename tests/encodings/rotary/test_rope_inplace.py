@@ -1,0 +1,489 @@
+"""The rotary modules with ``inplace=True`` (equal to out of place for every layout, dtype,
+partial rotation, offset, per-batch positions, scaling, xPos and axial RoPE), the decode path
+(one read of the positions, table rows as views), and in-place rotation inside
+``torch.compile(fullgraph=True)`` and ``torch.export``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import posenc
+from posenc import PosencValueError, RotaryEmbedding, XPos
+from posenc.encodings.rotary.tables import read_positions
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def fused_qk(
+    b: int, n: int, hq: int, hk: int, d: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q ``(b, hq, n, d)`` and k ``(b, hk, n, d)`` as views into one fused projection output
+    ``(b, n, (hq + 2 hk) d)``, the way attention slices them."""
+    fused = torch.randn(b, n, (hq + 2 * hk) * d).to(dtype)
+    q = fused[..., : hq * d].view(b, n, hq, d).transpose(1, 2)
+    k = fused[..., hq * d : (hq + hk) * d].view(b, n, hk, d).transpose(1, 2)
+    return q, k
+
+
+def modules() -> list[tuple[str, torch.nn.Module, int]]:
+    """(label, module, coordinate axes) for every rotary scheme and option."""
+    return [
+        ("rope", RotaryEmbedding(16), 0),
+        ("rope-interleaved", RotaryEmbedding(16, interleaved=True), 0),
+        ("partial", RotaryEmbedding(16, rotary_dim=6), 0),
+        ("partial-interleaved", RotaryEmbedding(16, rotary_dim=10, interleaved=True), 0),
+        ("yarn", RotaryEmbedding(16, scaling={"rope_type": "yarn", "factor": 4.0},
+                                 max_position_embeddings=32), 0),
+        ("dynamic", RotaryEmbedding(16, scaling={"rope_type": "dynamic", "factor": 2.0},
+                                    max_position_embeddings=8), 0),
+        ("llama3", RotaryEmbedding(16, scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), 0),
+        ("learned", RotaryEmbedding(16, learned_freq=True), 0),
+        ("xpos", XPos(16), 0),
+        ("xpos-interleaved-center", XPos(16, interleaved=True, center=3.0), 0),
+        ("rope2d", posenc.Rotary2DEmbedding(16), 2),
+        ("rope3d-interleaved", posenc.Rotary3DEmbedding(12, interleaved=True), 3),
+    ]  # fmt: skip
+
+
+def positions_for(kind: str, b: int, n: int, axes: int) -> torch.Tensor | None:
+    """Positions ``(n,)``/``(b, n)``, or coordinates ``(n, axes)``/``(b, n, axes)``."""
+    torch.manual_seed(1)
+    tail = (axes,) if axes else ()
+    if kind == "default":
+        return None
+    if kind == "offset":
+        return (torch.arange(37, 37 + n)[:, None] + torch.zeros(tail, dtype=torch.long)).squeeze(-1)
+    if kind == "per-batch":
+        return torch.randint(0, 50, (b, n, *tail))
+    if kind == "scattered":
+        return torch.randint(0, 5000, (n, *tail))
+    assert kind == "float"
+    return torch.rand(n, *tail, dtype=torch.float64) * 100
+
+
+@pytest.mark.parametrize(
+    "label, module, axes", modules(), ids=lambda v: v if isinstance(v, str) else ""
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["default", "offset", "per-batch", "scattered", "float"])
+def test_in_place_equals_out_of_place(
+    label: str, module: torch.nn.Module, axes: int, dtype: torch.dtype, kind: str
+) -> None:
+    """q and k from a fused projection (grouped-query head counts), rotated in place: the
+    same values as out of place, the same tensors returned, the projection's other columns
+    untouched."""
+    b, n, d = 2, 9, module.head_dim
+    q, k = fused_qk(b, n, 4, 2, d, dtype)
+    positions = positions_for(kind, b, n, axes)
+    if positions is None and axes > 1:  # N-D coordinates have no default: refused, in place too
+        for inplace in (False, True):
+            with pytest.raises(ValueError, match="needs positions"):
+                module(q, k, inplace=inplace)
+        return
+    with torch.no_grad():
+        want_q, want_k = module(q, k, positions)
+        fused_before = q._base.clone()
+        got_q, got_k = module(q, k, positions, inplace=True)
+    assert got_q is q and got_k is k
+    tolerance = {"rtol": 2 * torch.finfo(dtype).eps, "atol": 1e-6}
+    assert_close(q, want_q, **tolerance)
+    assert_close(k, want_k, **tolerance)
+    v_columns = fused_before[..., 6 * d :]
+    assert torch.equal(q._base[..., 6 * d :], v_columns)
+
+
+@pytest.mark.parametrize(
+    "label, module, axes", modules(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_rotate_one_tensor_in_place(label: str, module: torch.nn.Module, axes: int) -> None:
+    _, k = fused_qk(2, 7, 3, 3, module.head_dim, torch.float32)
+    positions = positions_for("offset" if not axes else "per-batch", 2, 7, axes)
+    with torch.no_grad():
+        want = module.rotate(k, positions)
+        assert module.rotate(k, positions, inplace=True) is k
+    assert_close(k, want, rtol=1e-6, atol=1e-6)
+
+
+def test_in_place_under_autograd_trains_like_out_of_place() -> None:
+    """Gradients through RotaryEmbedding(inplace=True) on q, k from a fused projection equal
+    those of the out-of-place call (xPos and axial too)."""
+    torch.manual_seed(0)
+    b, n, h, d = 2, 6, 2, 12
+    proj = torch.nn.Linear(h * d, 3 * h * d).double()
+    x = torch.randn(b, n, h * d, dtype=torch.float64)
+    for module, positions in (
+        (RotaryEmbedding(d, rotary_dim=8), torch.arange(3, 3 + n)),
+        (XPos(d, interleaved=True), None),
+        (posenc.Rotary3DEmbedding(d), torch.randint(0, 5, (b, n, 3))),
+    ):
+        grads = []
+        for inplace in (False, True):
+            proj.zero_grad()
+            qkv = proj(x).view(b, n, 3, h, d)
+            q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+            q, k = module(q, k, positions, inplace=inplace)
+            (q @ k.transpose(-1, -2)).square().sum().backward()
+            grads.append(proj.weight.grad.clone())
+        assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+def test_in_place_gradcheck_through_a_module() -> None:
+    rope = RotaryEmbedding(8, interleaved=True).double()
+    positions = torch.tensor([4, 9, 2])
+
+    def rotate(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope(q * 1, k * 1, positions, inplace=True)
+
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(rotate, (q, k))
+
+
+def test_in_place_refusals_in_modules() -> None:
+    learned = RotaryEmbedding(8, learned_freq=True)
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(PosencValueError, match="learned"):
+        learned(q.clone(), q.clone(), inplace=True)
+    with torch.no_grad():  # without autograd the learned frequencies are just numbers
+        learned(q.clone(), q.clone(), inplace=True)
+    with pytest.raises(PosencValueError, match="q and k start at the same memory"):
+        RotaryEmbedding(8)(q, q, inplace=True)
+    with pytest.raises(TypeError, match="inplace must be a bool"):
+        RotaryEmbedding(8)(q, q.clone(), inplace="yes")
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_decode_step_indexes_the_table_and_rotates(interleaved: bool, inplace: bool) -> None:
+    """One new token at position 4095 (grouped-query heads): no reduction over the positions
+    (they are read once), no gather (the table row is a view), only the rotation's own
+    operations; the result equals float positions (angles computed in float64)."""
+    rope = RotaryEmbedding(128, interleaved=interleaved)
+    q, k = torch.randn(8, 32, 1, 128), torch.randn(8, 8, 1, 128)
+    position = torch.tensor([4095])
+    with torch.no_grad():
+        want_q, want_k = rope(q, k, position.double())
+        rope(q, k, position)  # builds the table
+        with _CountOps() as counted:
+            got_q, got_k = rope(q.clone(), k.clone(), position, inplace=inplace)
+    assert_close(got_q, want_q, rtol=0, atol=1e-6)
+    assert_close(got_k, want_k, rtol=0, atol=1e-6)
+    ops = [op for op in counted.ops if op not in ("clone", "promote_types")]
+    assert not {"min", "max", "aminmax", "index", "index_select", "_local_scalar_dense"} & set(
+        ops
+    ), ops
+    views = {"empty", "empty_like", "slice", "narrow", "split", "view", "alias"}
+    compute = [op for op in ops if op not in views | {"view_as_complex", "unflatten"}]
+    # per tensor: a complex table and one complex multiply; or eq. 34's four operations (in
+    # place also a copy of x1)
+    assert len(compute) <= (4 if interleaved else 10), compute
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [[5], [5, 6, 7], [7, 5, 6], [5, 5, 6], list(range(100, 120)), [[3, 4], [9, 10]]],
+    ids=str,
+)
+def test_table_rows_equal_the_formula_for_runs_and_gathers(positions: list) -> None:
+    rope = RotaryEmbedding(16)
+    pos = torch.tensor(positions)
+    n = pos.shape[-1]
+    q, k = torch.randn(2, 3, n, 16), torch.randn(2, 3, n, 16)
+    exact = RotaryEmbedding(16)(q.double(), k.double(), pos)  # float64: no table
+    got = rope(q, k, pos)
+    assert_close(got[0].double(), exact[0], rtol=0, atol=2e-6)
+    assert_close(got[1].double(), exact[1], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("positions", "error", "match"),
+    [
+        (torch.tensor([3, -1]), ValueError, "positions must be >= 0, got a minimum of -1"),
+        (torch.tensor([[3, 4]] * 3), ValueError, "positions has batch size 3"),
+        (torch.tensor([3, 4, 5]), ValueError, r"positions must have shape \(seq,\)"),
+        (torch.tensor([True, False]), TypeError, "positions must be an integer or float"),
+    ],
+)
+def test_the_fast_position_check_defers_errors_to_the_full_one(
+    positions: torch.Tensor, error: type, match: str
+) -> None:
+    q = torch.randn(2, 1, 2, 8)
+    with pytest.raises(error, match=match):
+        RotaryEmbedding(8)(q, q.clone(), positions)
+
+
+#: Rows of a new RotaryEmbedding's tables.
+ROWS = RotaryEmbedding.initial_table_size
+
+
+def _lane_row(rope: RotaryEmbedding, positions: torch.Tensor | None, n: int) -> int | None:
+    """The first table row the forward's decode lane reads for ``positions``, or ``None``
+    where the full path runs (positions the full check refuses included)."""
+    try:
+        extent = read_positions(positions, n, 1, "cpu", True)[1]
+    except PosencValueError:
+        return None
+    if positions is None:
+        extent = (0, n - 1, True)
+    return rope._tables.first_row(extent, n) if rope._decode_lane else None
+
+
+@pytest.mark.parametrize(
+    ("positions", "n", "first"),
+    [
+        (None, 3, 0),
+        (torch.tensor([4095]), 1, 4095),
+        (torch.tensor([5, 6, 7], dtype=torch.int32), 3, 5),
+        (torch.tensor([7, 5, 6]), 3, None),  # not one run: gathered
+        (torch.tensor([5, 5]), 2, None),
+        (torch.tensor([-1, 0]), 2, None),  # the full check names it
+        (torch.tensor([[5, 6]]), 2, None),  # per-batch positions
+        (torch.tensor([5.0]), 1, None),  # angles computed in float64
+        (torch.arange(17), 17, None),  # more than _FEW_POSITIONS: not read whole
+        (torch.tensor([ROWS - 1]), 1, ROWS - 1),
+        (torch.tensor([ROWS]), 1, None),  # past the table: the full path grows it
+    ],
+    ids=str,
+)
+def test_the_decode_lane_takes_runs_of_rows_already_in_the_table(
+    positions: torch.Tensor | None, n: int, first: int | None
+) -> None:
+    rope = RotaryEmbedding(8)
+    assert rope.cos_cached.shape[0] == ROWS
+    assert _lane_row(rope, positions, n) == first
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 16},
+        {"scaling": {"rope_type": "longrope", "short_factor": [1.0] * 4,
+                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16},
+         "max_position_embeddings": 64},
+        {"learned_freq": True},
+        {"device": "meta"},
+    ],
+    ids=["dynamic", "longrope", "learned", "meta"],
+)  # fmt: skip
+def test_the_decode_lane_leaves_moving_or_absent_tables_to_the_full_path(options: dict) -> None:
+    rope = RotaryEmbedding(8, **options)
+    assert _lane_row(rope, torch.tensor([3]), 1) is None
+    assert _lane_row(rope, None, 1) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("positions", [None, [9], [9, 10, 11]], ids=str)
+def test_the_decode_lane_equals_the_full_path_bit_for_bit(
+    dtype: torch.dtype, interleaved: bool, inplace: bool, positions: list | None
+) -> None:
+    """The lane (1-D positions: rows of the table read where they lie) against the full path
+    (the same positions per batch, ``(b, n)``: validated, gathered), on q and k sliced from a
+    fused projection."""
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    q, k = fused_qk(2, 3 if positions is None else len(positions), 4, 2, 16, dtype)
+    pos = None if positions is None else torch.tensor(positions)
+    per_batch = torch.arange(q.shape[2]).expand(2, -1) if pos is None else pos.expand(2, -1)
+    n = q.shape[2]
+    extent = (0, n - 1, True) if pos is None else read_positions(pos, n, 1, "cpu", True)[1]
+    assert rope._tables.first_row(extent, n) is not None  # the decode lane takes it
+    want_q, want_k = rope(q, k, per_batch)
+    got_q, got_k = rope(q, k, pos, inplace=inplace)
+    assert (got_q is q) == inplace and (got_k is k) == inplace
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+# --------------------------------------------------------------------------- compile, export
+
+
+class FusedAttention(torch.nn.Module):
+    """A fused qkv projection whose q and k are rotated in place, then attention."""
+
+    def __init__(self, pe: torch.nn.Module, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.pe = pe
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.heads, self.head_dim)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (b, h, n, d) views
+        q, k = self.pe(q, k, positions, inplace=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return out.transpose(1, 2).reshape(b, n, -1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pe", ["rope", "rope-interleaved", "xpos"])
+def test_in_place_compiles_as_one_graph_and_trains(pe: str) -> None:
+    """torch.compile(fullgraph=True) with inductor: forward and backward equal eager."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = FusedAttention(posenc.build(pe, head_dim=16))
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 10, 32)
+    positions = torch.arange(5, 15)
+    with torch.no_grad():
+        assert_close(compiled(x, positions), model(x, positions), rtol=1e-5, atol=1e-5)
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        run(x, positions).square().sum().backward()
+        grads.append(model.qkv.weight.grad.clone())
+    assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_compiled_in_place_rotates_the_inputs_own_storage(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without autograd, a compiled in-place rotation calls the fast path on q's and k's own
+    storage (the ``posenc::rotary_`` operator), not a fresh tensor copied back: values equal
+    the eager in-place rotation and the tensors keep their memory."""
+    from posenc.encodings.kernels import select
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    compiled = torch.compile(lambda q, k, p: rope(q, k, p, inplace=True), fullgraph=True)
+    q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
+    want = rope(q.clone(), k.clone(), positions)
+    calls = []
+    fast = select._rotate_fast
+
+    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+        calls.append((x.data_ptr(), out.data_ptr()))
+        fast(x, out, *args)
+
+    monkeypatch.setattr(select, "_rotate_fast", counted)
+    pointers = (q.data_ptr(), k.data_ptr())
+    with torch.no_grad():
+        got = compiled(q, k, positions)
+    assert got[0] is q or got[0].data_ptr() == pointers[0]
+    assert (q.data_ptr(), k.data_ptr()) == pointers
+    assert sorted(calls) == sorted((ptr, ptr) for ptr in pointers)
+    assert_close(q, want[0], rtol=0, atol=0)
+    assert_close(k, want[1], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_compiled_out_of_place_is_one_operator_with_its_gradient(
+    interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the native kernel is built, a compiled out-of-place rotation is the
+    ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
+    eager's, and the backward is the same operator turning the gradient back."""
+    from posenc.encodings.kernels import native, select
+
+    if native._native is None:
+        pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, interleaved=interleaved)
+    compiled = torch.compile(lambda q, k, p: rope(q, k, p), fullgraph=True)
+    q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
+    calls = []
+    fast = select._rotate_fast
+
+    def counted(x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
+        calls.append(x.shape)
+        fast(x, out, *args)
+
+    monkeypatch.setattr(select, "_rotate_fast", counted)
+    grads = []
+    for run in (rope, compiled):
+        calls.clear()
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = run(qg, kg, positions)
+        (out[0].square().sum() + (out[1] * 3).sum()).backward()
+        grads.append((out[0].detach(), out[1].detach(), qg.grad, kg.grad))
+    assert len(calls) == 4  # the compiled forward (q, k) and backward (their gradients)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_in_place_exports() -> None:
+    torch.manual_seed(0)
+    model = FusedAttention(RotaryEmbedding(16)).eval()
+    x, positions = torch.randn(2, 10, 32), torch.arange(3, 13)
+    exported = torch.export.export(model, (x, positions))
+    with torch.no_grad():
+        assert_close(exported.module()(x, positions), model(x, positions), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
+def test_export_sees_the_rotation_as_one_operator() -> None:
+    """torch.export keeps ``posenc::rotary`` (where the native kernel is built) through
+    ``run_decompositions``, and the program equals the eager Encoder; an ONNX export gets the
+    formula instead (tests/test_model.py runs it in onnxruntime)."""
+    from posenc.encodings.kernels import native
+
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(16, 1, 2, pe="rope").eval()
+    x = torch.randn(2, 8, 16)
+    program = torch.export.export(encoder, (x,)).run_decompositions()
+    targets = {str(node.target) for node in program.graph.nodes}
+    assert ("posenc.rotary.default" in targets) == (native._native is not None), targets
+    with torch.no_grad():
+        assert_close(program.module()(x), encoder(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_one_call_rotates_q_and_k_inside_a_fused_projection(
+    interleaved: bool, per_batch: bool
+) -> None:
+    """The recipe for attention with a fused qkv projection: rotate the heads-last
+    ``(b, n, 2, h, d)`` slice holding q and k in one in-place call, with the module's tables
+    given two unit axes, and only then unbind; equal to rotating q and k (values and
+    gradients), and v untouched."""
+    torch.manual_seed(0)
+    b, n, h, d = 2, 7, 3, 8
+    rope = RotaryEmbedding(d, interleaved=interleaved).double()
+    proj = torch.nn.Linear(h * d, 3 * h * d).double()
+    x = torch.randn(b, n, h * d, dtype=torch.float64)
+    positions = torch.randint(0, 50, (b, n)) if per_batch else torch.arange(4, 4 + n)
+    cos, sin = rope.cos_sin(positions, n, dtype=torch.float64)  # (n, r/2) or (b, 1, n, r/2)
+    heads_last = (cos.squeeze(1) if per_batch else cos)[..., None, None, :]
+    heads_last_sin = (sin.squeeze(1) if per_batch else sin)[..., None, None, :]
+
+    def attention_inputs(fused: bool) -> tuple[torch.Tensor, ...]:
+        qkv = proj(x).view(b, n, 3, h, d)
+        if fused:
+            posenc.apply_rotary_(qkv[:, :, :2], heads_last, heads_last_sin, interleaved=interleaved)
+            return tuple(t.transpose(1, 2) for t in qkv.unbind(2))
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        return (*rope(q, k, positions), v)
+
+    grads = []
+    for fused in (False, True):
+        proj.zero_grad()
+        q, k, v = attention_inputs(fused)
+        (q @ k.transpose(-1, -2) @ v).square().sum().backward()
+        grads.append((q.detach(), k.detach(), v.detach(), proj.weight.grad.clone()))
+    for want, got in zip(*grads, strict=True):
+        assert_close(got, want, rtol=1e-12, atol=1e-12)
