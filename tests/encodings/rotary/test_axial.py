@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc import AxialRotaryEmbedding
-from posenc.encodings.base import build_for_model
+from posenc.encodings.registry import build_for_model
 from tests.encodings.rotary.test_rope import _scores, inv_freq64, qk, rope_reference
 from tests.schemes import NAMES
 
