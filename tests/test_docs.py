@@ -1,6 +1,7 @@
-"""docs/architecture.md stays true: its "add a scheme" example runs, in order, and the scheme
-it registers appears in every surface it names. The README, the docs and the benchmark notes
-name modules and files that exist, and so do the package's docstrings' cross-references."""
+"""The docs stay true: docs/architecture.md's "add a scheme" example runs, in order, and the
+scheme it registers appears in every surface it names; docs/multimodal.md's examples run as
+written. The README, the docs and the benchmark notes name modules and files that exist, and so
+do the package's docstrings' cross-references."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from posenc.encodings.registry import _unregister, available
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", ARCHITECTURE, flags=re.S)
+MULTIMODAL = (ROOT / "docs" / "multimodal.md").read_text()
+MULTIMODAL_BLOCKS = re.findall(r"```python\n(.*?)```", MULTIMODAL, flags=re.S)
 
 
 @pytest.mark.slow
@@ -110,3 +113,23 @@ def test_docstrings_refer_to_what_exists() -> None:
             if target.startswith("posenc.") and not resolves(target):
                 missing.append(f"{path.relative_to(package)}: {target}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("index", range(len(MULTIMODAL_BLOCKS)))
+def test_multimodal_block_runs(index: int) -> None:
+    """Each block alone, as a reader pastes it (the padded-batch one passed ``attention_mask=``
+    with ``cache_length=``, which is refused)."""
+    assert len(MULTIMODAL_BLOCKS) == 3
+    exec(compile(MULTIMODAL_BLOCKS[index], f"docs/multimodal.md block {index}", "exec"), {})
+
+
+def test_multimodal_doc_says_what_is_refused() -> None:
+    import torch
+
+    import posenc
+
+    assert "*instead of* `cache_length=` (the two together are refused)" in MULTIMODAL
+    with pytest.raises(ValueError, match="exactly one of cache_length and attention_mask"):
+        posenc.continue_multimodal_positions(
+            torch.tensor([[-3]]), 1, cache_length=11, attention_mask=torch.ones(1, 12)
+        )

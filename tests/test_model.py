@@ -206,8 +206,8 @@ def test_encoder_every_encoding_shape_finite_and_explicit_arange(
     name: str, heads: int, batch: int, seq: int, dtype: torch.dtype, causal: bool
 ) -> None:
     """The whole ``Encoder`` with each scheme: ``(b, n, D)`` in the input's dtype, finite,
-    explicit positions (``arange``, or coordinates for N-D schemes) equal to the default, and
-    each row of the batch equal to that row run alone."""
+    explicit positions (``arange``) equal to the default (N-D schemes take coordinates and
+    refuse to run without them), and each row of the batch equal to that row run alone."""
     cls = posenc.entry(name).cls
     head_dim = 2 * cls.axes * 2 if cls.family == "rotary" else 4
     dim = heads * head_dim
@@ -221,8 +221,11 @@ def test_encoder_every_encoding_shape_finite_and_explicit_arange(
         out = encoder(x, positions=explicit)
         assert out.shape == x.shape and out.dtype == dtype
         assert torch.isfinite(out).all()
-        if cls.axes == 1 or cls.family == "rotary":  # N-D tables need coordinates
+        if cls.axes == 1:
             torch.testing.assert_close(encoder(x), out, atol=0.0, rtol=0.0)
+        else:  # N-D schemes need coordinates
+            with pytest.raises(ValueError, match="positions"):
+                encoder(x)
         for b in range(batch):  # the batch is a batch: each row is that row run alone
             torch.testing.assert_close(encoder(x[b : b + 1], positions=explicit), out[b : b + 1])
 
@@ -271,12 +274,12 @@ OTHERS = [n for n in NAMES if n not in FAMILY_REPRESENTATIVES.values()]
 
 def _small_encoder(name: str) -> tuple[posenc.Encoder, torch.Tensor | None]:
     """A small encoder (width 24, 2 heads, head dim 12: even and divisible by 6, so the 3-D
-    axial RoPE fits) and the positions its scheme needs (coordinates for N-D tables)."""
+    axial RoPE fits) and the positions its scheme needs (coordinates for N-D schemes)."""
     torch.manual_seed(0)
     encoder = posenc.Encoder(24, 2, 2, pe=name, causal=False).eval()
     axes = encoder.pe.axes
     positions = None
-    if encoder.pe.family == "additive" and axes > 1:
+    if axes > 1:
         positions = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
     return encoder, positions
 

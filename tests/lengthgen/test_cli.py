@@ -424,3 +424,21 @@ def test_fuzz_lengthgen_toml_text(
     assert "Traceback" not in err
     if status == 2:
         assert len(err.strip().splitlines()) == 1, (text, err)
+
+
+def test_test_lengths_inside_the_trained_range_warn_once(
+    stubbed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--test-lengths`` inside ``--train-lengths`` runs, with one warning line on stderr for
+    the whole sweep (not one per run, not a Python warning's two lines)."""
+    argv = ["lengthgen", "--train-lengths", "1-20", "--test-lengths", "5-10", "--pe",
+            "none,alibi", "--seeds", "0,1", "--no-progress"]  # fmt: skip
+    status, err = run_main(argv, capsys)
+    assert status == "ran"
+    warned = [line for line in err.splitlines() if "warning" in line.lower()]
+    assert warned == [
+        "posenc lengthgen: warning: test lengths 5-10 overlap the trained range 1-20: lengths "
+        "5-10 are in distribution, so their accuracy does not measure length generalization"
+    ], err
+    status, err = run_main(["lengthgen", "--no-progress"], capsys)  # 1-20 against 21-40
+    assert status == "ran" and "warning" not in err.lower(), err

@@ -1,17 +1,19 @@
 """posenc.lengthgen.config: ``TrainConfig``. A mapping with an unknown key or a value of the
 wrong type is refused naming it; every range check names the field and the value; the
-memory estimate counts the model's weight matrices. (The checks every training config
+memory estimate counts the model's weight matrices; test lengths inside the trained range
+warn. (The checks every training config
 shares are tested in ``tests/runs/test_config.py``.)"""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 
 import posenc
 from posenc.errors import PosencTypeError, PosencValueError
-from posenc.lengthgen.config import TrainConfig
+from posenc.lengthgen.config import InDistributionWarning, TrainConfig
 from posenc.runs.config import transformer_for
 
 
@@ -79,3 +81,18 @@ def test_the_model_and_the_memory_estimate_follow_the_config() -> None:
     assert grown > 4 * batch * 32 * 3 * (12 * 16 + 3 * 24)  # activations grow with length
     with pytest.raises(PosencTypeError, match="pe 'alibi' with options"):
         transformer_for(dataclasses.replace(config, pe_options={"bogus": 1}), 11, causal=True)
+
+
+def test_test_lengths_inside_the_trained_range_warn() -> None:
+    """Test lengths overlapping the trained range are allowed, with an InDistributionWarning
+    naming the in-distribution lengths; disjoint ranges (the default) validate silently."""
+    with pytest.warns(InDistributionWarning, match=r"test lengths 5-10 overlap .* 1-20: lengths"):
+        TrainConfig(test_min_length=5, test_max_length=10).validate()
+    with pytest.warns(InDistributionWarning, match=r"length 20 is in distribution"):
+        TrainConfig(test_min_length=20, test_max_length=30).validate()
+    with pytest.warns(InDistributionWarning, match=r"lengths 3-4 are in distribution"):
+        TrainConfig(train_min_length=3, test_min_length=1, test_max_length=4).validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TrainConfig().validate()  # 1-20, tested on 21-40
+        TrainConfig(train_min_length=5, test_min_length=1, test_max_length=4).validate()

@@ -29,6 +29,8 @@ Under ``torchrun`` (``python -m torch.distributed.run --nproc_per_node N -m pose
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -300,10 +302,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.threads < 0:
         raise PosencValueError(f"--threads must be >= 0, got {args.threads}")
+    from .config import InDistributionWarning
+
     settings = resolve_settings(args)
     configs = build_configs(settings)
-    for config in configs:  # every mistake surfaces before any training
-        config.validate()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InDistributionWarning)
+        for config in configs:  # every mistake surfaces before any training
+            config.validate()
     jobs = shared.parse_jobs(settings["jobs"])
     out = Path(str(settings["out"]))
     from ..runs.device import placement
@@ -313,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
         raise PosencTypeError(f"device must be a string, got {settings['device']!r}")
     precisions = [config.precision for config in configs]
     device = placement(settings["device"], precisions)  # before any work
+    # every check passed: each warning once, one line (an error above is the only line)
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        print(f"posenc lengthgen: warning: {message}", file=sys.stderr)
     joined = init_distributed(device)
     try:
         from .train import run_sweep
@@ -324,7 +333,9 @@ def run(args: argparse.Namespace) -> int:
                 f"{len(configs)} run(s) into {out} ({jobs} at a time) on {device}, "
                 f"{', '.join(dict.fromkeys(precisions))}"
             )
-        records = run_sweep(configs, out, **shared.sweep_options(args, jobs, console, device))
+        with warnings.catch_warnings():  # said above, once
+            warnings.simplefilter("ignore", InDistributionWarning)
+            records = run_sweep(configs, out, **shared.sweep_options(args, jobs, console, device))
         if rank == 0:
             write_outputs(out, records, plot=not args.no_plot)
             from .evaluate import aggregate, wide_table

@@ -9,6 +9,7 @@ training config of posenc shares live in :mod:`posenc.runs.config` (``check_fiel
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,24 @@ from .tasks import Task, get_task
 
 #: Longest input length a sweep may train or test on.
 MAX_INPUT_LENGTH = 4096
+
+
+class InDistributionWarning(UserWarning):
+    """Some test lengths lie inside the trained range: their accuracy measures fitting, not
+    generalization to unseen lengths."""
+
+
+def in_distribution_message(train: tuple[int, int], test: tuple[int, int]) -> str | None:
+    """The warning for test lengths ``test = (min, max)`` that overlap the trained range
+    ``train``, or ``None`` when every test length lies outside it."""
+    low, high = max(train[0], test[0]), min(train[1], test[1])
+    if low > high:
+        return None
+    which = f"length {low} is" if low == high else f"lengths {low}-{high} are"
+    return (
+        f"test lengths {test[0]}-{test[1]} overlap the trained range {train[0]}-{train[1]}: "
+        f"{which} in distribution, so their accuracy does not measure length generalization"
+    )
 
 
 @dataclass
@@ -90,7 +109,8 @@ class TrainConfig:
 
     def validate(self) -> Task:
         """Check every field (types, ranges, the task, the encoding, the randomized-position
-        range) before any work; return the task."""
+        range) before any work; return the task. Test lengths inside the trained range are
+        allowed, with an :class:`InDistributionWarning`."""
         positive = ("random_max", "dim", "depth", "heads", "steps", "batch_size")
         positive += ("train_min_length", "test_min_length", "eval_samples", "test_samples")
         shared.check_fields(self, positive, ("ffn_dim", "eval_every", "checkpoint_every", "seed"))
@@ -106,6 +126,12 @@ class TrainConfig:
                 f"test_max_length ({self.test_max_length}) < test_min_length "
                 f"({self.test_min_length})"
             )
+        overlap = in_distribution_message(
+            (self.train_min_length, self.train_max_length),
+            (self.test_min_length, self.test_max_length),
+        )
+        if overlap is not None:
+            warnings.warn(overlap, InDistributionWarning, stacklevel=2)
         for name in ("train_max_length", "test_max_length"):
             if getattr(self, name) > MAX_INPUT_LENGTH:
                 raise PosencValueError(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from ..runs.progress import Bar
 from ..runs.step import scored_step
 from ..runs.sweep import run_each
 from ..runs.trainer import Trainer, lr_multiplier, optimizer_for, seed_everything
-from .config import TrainConfig
+from .config import InDistributionWarning, TrainConfig
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
 from .tasks import Task
@@ -353,9 +354,11 @@ def _train_job(
     config: dict[str, Any], run_dir: str, resume: bool, device: str, threads: int
 ) -> dict[str, Any]:
     """Entry point of a ``--jobs`` worker process (spawned: a fresh interpreter)."""
-    return train(
-        TrainConfig.from_dict(config), run_dir, resume=resume, threads=threads, device=device
-    )
+    with warnings.catch_warnings():  # run_sweep warned in the parent
+        warnings.simplefilter("ignore", InDistributionWarning)
+        return train(
+            TrainConfig.from_dict(config), run_dir, resume=resume, threads=threads, device=device
+        )
 
 
 def run_sweep(

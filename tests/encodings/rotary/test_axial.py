@@ -1,6 +1,6 @@
 """Tests of ``src/posenc/encodings/rotary/axial.py``: axial N-D RoPE against
 rotary-embedding-torch and a float64 transcription of Heo et al. 2024, eq. 12, and its
-relative property over coordinates."""
+relative property over coordinates; and every N-D scheme's refusal without coordinates."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import posenc
 from posenc import AxialRotaryEmbedding
+from posenc.encodings.registry import build_for_model
 from tests.encodings.rotary.test_rope import _scores, inv_freq64, qk, rope_reference
+from tests.schemes import NAMES
 
 
 def test_axial_matches_rotary_embedding_torch_axial_freqs() -> None:
@@ -42,3 +45,31 @@ def test_axial_scores_depend_only_on_coordinate_differences() -> None:
     shifted = _scores(*axial(q, k, coords + torch.tensor([4.0, 11.5], dtype=torch.float64)))
     assert_close(shifted, base, rtol=1e-9, atol=1e-9)
     assert not torch.allclose(_scores(*axial(q, k, coords.flip(-1))), base)
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if posenc.entry(name).cls.axes > 1])
+def test_n_d_schemes_refuse_to_run_without_coordinates(name: str) -> None:
+    """Every surface that builds an N-D scheme (rope2d, rope3d, sinusoidal-2d/3d, any later
+    one) refuses a flattened input without coordinates, naming the positions it needs; the
+    axial RoPE rotated every token along the first axis instead. With coordinates it runs."""
+    axes = posenc.entry(name).cls.axes
+    x, tokens = torch.randn(2, 6, 24), torch.randint(0, 10, (2, 6))
+    coords = torch.stack([torch.arange(6) + a for a in range(axes)], dim=-1)  # (n, axes)
+    pe = build_for_model(name, 24, 2)
+    surfaces = {
+        "Encoder": (posenc.Encoder(24, 1, 2, pe=name), x),
+        "TransformerModel": (posenc.TransformerModel(10, 24, 1, 2, pe=name), tokens),
+    }
+    if pe.family == "rotary":
+        q = torch.randn(2, 2, 6, 12)
+        surfaces["MultiHeadAttention"] = (posenc.MultiHeadAttention(24, 2, pe=name), x)
+        for call in (lambda **kw: pe(q, q, **kw)[0], lambda **kw: pe.rotate(q, **kw)):
+            with pytest.raises(ValueError, match=rf"needs positions.*\(seq, {axes}\)"):
+                call()
+            assert call(positions=coords).shape == q.shape
+    else:
+        surfaces["module"] = (pe, x)
+    for what, (module, inputs) in surfaces.items():
+        with pytest.raises(ValueError, match=rf"positions.*\(seq, {axes}\)"):
+            module(inputs)
+        assert module(inputs, positions=coords).shape[:2] == (2, 6), what

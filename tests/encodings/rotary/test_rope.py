@@ -307,8 +307,13 @@ def test_apply_rotary_gradcheck(interleaved: bool, r: int) -> None:
 
 def test_modules_gradcheck() -> None:
     q, k = (t.requires_grad_() for t in qk(1, 2, 4, 8, dtype=torch.float64))
-    for module in (RotaryEmbedding(8), XPos(8), AxialRotaryEmbedding(8, ndim=2)):
-        assert torch.autograd.gradcheck(lambda q, k, m=module: m(q, k), (q, k))
+    coords = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]])  # a 2 x 2 grid
+    for module, positions in (
+        (RotaryEmbedding(8), None),
+        (XPos(8), None),
+        (AxialRotaryEmbedding(8, ndim=2), coords),
+    ):
+        assert torch.autograd.gradcheck(lambda q, k, m=module, p=positions: m(q, k, p), (q, k))
     learned = RotaryEmbedding(8, learned_freq=True).double()
     assert torch.autograd.gradcheck(
         lambda f: torch.func.functional_call(learned, {"freq": f}, (q, k))[0],
@@ -476,9 +481,9 @@ def test_encoder_with_rope2d_takes_coordinates() -> None:
     shifted = enc(x, positions=batched)
     assert_close(shifted, out, rtol=1e-4, atol=1e-4)  # a 2-D shift changes nothing
     assert not torch.allclose(enc(x, positions=coords.flip(-1)), out, atol=1e-3)
-    # no coordinates: one row, (t, 0) for token t
-    row = torch.stack((torch.arange(12), torch.zeros(12, dtype=torch.long)), dim=-1)
-    assert_close(enc(x), enc(x, positions=row), rtol=0, atol=0)
+    # no coordinates: refused (it rotated every token as if on one row), as sinusoidal-2d is
+    with pytest.raises(ValueError, match=r"Rotary2DEmbedding needs positions.*\(seq, 2\)"):
+        enc(x)
 
 
 # --------------------------------------------------------------------------- drop-in proof

@@ -80,6 +80,11 @@ def test_in_place_equals_out_of_place(
     b, n, d = 2, 9, module.head_dim
     q, k = fused_qk(b, n, 4, 2, d, dtype)
     positions = positions_for(kind, b, n, axes)
+    if positions is None and axes > 1:  # N-D coordinates have no default: refused, in place too
+        for inplace in (False, True):
+            with pytest.raises(ValueError, match="needs positions"):
+                module(q, k, inplace=inplace)
+        return
     with torch.no_grad():
         want_q, want_k = module(q, k, positions)
         fused_before = q._base.clone()

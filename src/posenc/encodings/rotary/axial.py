@@ -49,8 +49,9 @@ class AxialRotaryEmbedding(RotaryEncoding):
         learned_freq: make the per-axis frequencies trainable (RoPE-Mixed style learning
             per pair; initialised to the axial frequencies).
 
-    Positions are coordinates, ``(n, ndim)`` or ``(b, n, ndim)``, integer or float. Without
-    them a plain sequence is taken as one row: token ``t`` sits at ``(t, 0, ..., 0)``.
+    Positions are coordinates, ``(n, ndim)`` or ``(b, n, ndim)``, integer or float; with
+    ``ndim > 1`` they are required (:meth:`grid` makes a grid's), as a flattened input has no
+    coordinates to guess.
     """
 
     paper: ClassVar[str] = "Heo et al. 2024, Rotary Position Embedding for Vision Transformer"
@@ -100,11 +101,18 @@ class AxialRotaryEmbedding(RotaryEncoding):
         return self
 
     def coordinates(self, positions: Tensor | None, n: int, batch: int, device: Any) -> Tensor:
-        """Validate coordinates ``(n, ndim)`` / ``(b, n, ndim)``, or make the one-row default."""
+        """Validate coordinates ``(n, ndim)`` / ``(b, n, ndim)``; without them only one axis
+        has a default (``arange``): N-D coordinates are refused rather than guessed, as the
+        N-D sinusoidal encodings refuse a flattened input without them."""
         if positions is None:
-            coords = torch.zeros(n, self.ndim, device=device)
-            coords[:, 0] = torch.arange(n, device=device)
-            return coords
+            if self.ndim > 1:
+                raise PosencValueError(
+                    f"{type(self).__name__} needs positions: coordinates of shape "
+                    f"(seq, {self.ndim}) or (batch, seq, {self.ndim}) with seq={n} (e.g. "
+                    f"AxialRotaryEmbedding.grid(...) for a grid); without them every token "
+                    "would sit on one row"
+                )
+            return torch.arange(n, device=device, dtype=torch.float32).unsqueeze(-1)  # (n, 1)
         if not isinstance(positions, Tensor):
             raise PosencTypeError(
                 f"positions must be a torch.Tensor, got {type(positions).__name__}"
