@@ -409,7 +409,7 @@ def _every_path() -> None:
         axes = getattr(module, "ndim", 0)
         for positions in (None, torch.arange(5, 10), torch.tensor([[40], [41]])):
             n = 5 if positions is None else positions.shape[-1]
-            if axes and positions is not None:
+            if axes:  # N-D schemes take coordinates, never the 1-D default
                 positions = torch.randint(0, 9, (n, axes))
             q, k = torch.randn(2, 4, n, module.head_dim), torch.randn(2, 2, n, module.head_dim)
             module(q, k, positions)

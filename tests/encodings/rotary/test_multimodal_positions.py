@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import re
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -366,13 +364,3 @@ MISUSE = [
 @pytest.mark.parametrize("case", cases(MISUSE))
 def test_bad_arguments_are_refused_naming_them(case: Misuse) -> None:
     check(case)
-
-
-def test_the_examples_of_docs_multimodal_run() -> None:
-    """docs/multimodal.md stays true: its code blocks run, in order, their asserts included."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "multimodal.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 2
-    namespace: dict[str, object] = {}
-    for index, block in enumerate(blocks):
-        exec(compile(block, f"docs/multimodal.md block {index}", "exec"), namespace)
