@@ -29,6 +29,7 @@ Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n``
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -161,6 +162,10 @@ class KVCache:
         self.batch_size: int | None = None
         #: Each row's next position ``(b, 1)`` (its last document's largest real position + 1).
         self.next_position: Tensor | None = None
+        #: A host number that no row's next position exceeds (``None``: unknown, after a call
+        #: whose positions were not read, e.g. float ones): the next call's rotary tables are
+        #: sized from it without reading the device (see :meth:`position_bound`).
+        self._bound: int | None = 0
         self._last_id: Tensor | None = None
         self._last_run: Tensor | None = None
         #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
@@ -204,6 +209,18 @@ class KVCache:
     def last_document(self) -> tuple[Tensor | None, Tensor | None]:
         """Each row's last document id and run number ``(b, 1)`` (``None`` when empty)."""
         return self._last_id, self._last_run
+
+    def position_bound(self) -> int | None:
+        """A number the host knows that no row's next position exceeds (0 when empty): the
+        largest position of a call continuing the cache with ``n`` default positions is at
+        most ``position_bound() + n - 1``. Kept up by :meth:`commit` from the bounds of each
+        call's positions, so it costs no read; where one was unknown (float positions), it is
+        read here once in eager mode (``None`` inside a captured graph)."""
+        if self._bound is None and self.next_position is not None:
+            if torch.compiler.is_compiling() or self.next_position.is_meta:
+                return None
+            self._bound = math.ceil(float(self.next_position.max()))
+        return self._bound
 
     def layers(self) -> list[nn.Module]:
         """The attention modules with an entry, in order of first use."""
@@ -302,11 +319,18 @@ class KVCache:
         documents: Tensor | None,
         runs: Tensor | None,
         padded: bool,
+        *,
+        largest: int | None = None,
     ) -> None:
         """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
         where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
-        the rest ``None``: a step staged with its positions alone)."""
+        the rest ``None``: a step staged with its positions alone; ``largest``: a host bound
+        on the call's positions, ``None`` where unknown)."""
         n = positions.shape[1]
+        if n and (largest is None or self._bound is None):
+            self._bound = None  # read when next asked
+        elif n:  # each row's next position is its largest position + 1, or stays
+            self._bound = max(self._bound, largest + 1)
         self._length += n
         self._positions.commit(self._length)
         if padding is not None:

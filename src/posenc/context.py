@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .cache import KVCache
-from .encodings.checks import resolve_positions
+from .encodings.checks import PositionBound, resolve_bounded_positions
 from .errors import PosencTypeError, PosencValueError
 from .masks import attention_mask, check_key_padding_mask
 
@@ -64,6 +64,8 @@ class SequenceContext:
         positions: the new tokens' positions, ``(b, n)`` (``(n,)`` when shared by every row
             and no cache is involved).
         key_positions: every key's position, ``(b, nk)``.
+        bound: a :class:`~posenc.encodings.checks.PositionBound` on ``positions``, or
+            ``None``.
         key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
         q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
             ``None`` without documents.
@@ -80,8 +82,13 @@ class SequenceContext:
         k_runs: Tensor | None,
         cache: KVCache | None,
         record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
+        bound: PositionBound | None = None,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
+        #: What the host knows of ``positions``' largest value without reading the device
+        #: (``None``: nothing): the bound continuing the cache's, or the value read once from
+        #: positions a user gave. Rotary tables are sized from it.
+        self.bound = bound
         self.key_padding_mask = key_padding_mask
         self.q_runs, self.k_runs = q_runs, k_runs
         self.cache = cache
@@ -137,6 +144,7 @@ class SequenceContext:
             and not (cache.has_documents or cache.has_padding)
         ):
             return cls._step(cache, batch, seq, device, positions)
+        bound = None
         new_padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
@@ -158,8 +166,14 @@ class SequenceContext:
             q_runs, opens = _runs(document_ids, last_id, last_run)
         if positions is None:
             positions = _default_positions(cache, q_runs, opens, last_run)
+            # counted from 0, or from a row's next position where the cache's document goes on
+            start = 0 if cache is None or last_run is None else cache.position_bound()
+            if seq and start is not None:  # exact: every row counts 0 .. seq - 1
+                bound = PositionBound(start + seq - 1, start == 0 and not given)
         else:
-            positions = resolve_positions(positions, seq, batch=batch, device=device)
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
             positions = positions.expand(batch, seq)
             if cache is not None and cache.floor is not None and last_run is not None:
                 _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
@@ -183,6 +197,7 @@ class SequenceContext:
             k_runs=k_runs if with_documents else None,
             cache=cache,
             record=record,
+            bound=bound,
         )
 
     @classmethod
@@ -200,8 +215,12 @@ class SequenceContext:
         assert following is not None
         if positions is None:
             positions = following + torch.arange(seq, device=device)  # (b, n)
+            start = cache.position_bound()  # every row's next position is at most start
+            bound = None if start is None or not seq else PositionBound(start + seq - 1, False)
         else:
-            positions = resolve_positions(positions, seq, batch=batch, device=device)
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
             positions = positions.expand(batch, seq)
             if cache.floor is not None:
                 _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
@@ -214,6 +233,7 @@ class SequenceContext:
             k_runs=None,
             cache=cache,
             record=(positions, None, None, None, False),
+            bound=bound,
         )
 
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -283,7 +303,8 @@ class SequenceContext:
     def commit(self) -> None:
         """End the forward: the cache (if any) records the new tokens."""
         if self.cache is not None and self._record is not None:
-            self.cache.commit(*self._record)
+            largest = None if self.bound is None else self.bound.largest
+            self.cache.commit(*self._record, largest=largest)
             self._record = None
 
 
