@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .encodings.checks import PositionBound
 from .errors import PosencValueError
 
 __all__ = ["KVCache"]
@@ -162,10 +163,11 @@ class KVCache:
         self.batch_size: int | None = None
         #: Each row's next position ``(b, 1)`` (its last document's largest real position + 1).
         self.next_position: Tensor | None = None
-        #: A host number that no row's next position exceeds (``None``: unknown, after a call
-        #: whose positions were not read, e.g. float ones): the next call's rotary tables are
-        #: sized from it without reading the device (see :meth:`position_bound`).
-        self._bound: int | None = 0
+        #: A host number that no row's next position exceeds, and whether one row's equals
+        #: it (``None``: unknown, after a call whose positions were not read, e.g. float
+        #: ones): the next call's rotary tables are sized from it without reading the device
+        #: (see :meth:`position_bound`).
+        self._bound: PositionBound | None = PositionBound(0, True)
         self._last_id: Tensor | None = None
         self._last_run: Tensor | None = None
         #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
@@ -210,16 +212,19 @@ class KVCache:
         """Each row's last document id and run number ``(b, 1)`` (``None`` when empty)."""
         return self._last_id, self._last_run
 
-    def position_bound(self) -> int | None:
-        """A number the host knows that no row's next position exceeds (0 when empty): the
-        largest position of a call continuing the cache with ``n`` default positions is at
-        most ``position_bound() + n - 1``. Kept up by :meth:`commit` from the bounds of each
-        call's positions, so it costs no read; where one was unknown (float positions), it is
-        read here once in eager mode (``None`` inside a captured graph)."""
-        if self._bound is None and self.next_position is not None:
-            if torch.compiler.is_compiling() or self.next_position.is_meta:
+    def position_bound(self) -> PositionBound | None:
+        """A number the host knows that no row's next position exceeds (0 when empty), and
+        whether some row's equals it: the largest position of a call continuing the cache
+        with ``n`` default positions is at most ``largest + n - 1`` (exactly that where
+        ``exact``). Kept up by :meth:`commit` from the bounds of each call's positions, so it
+        costs no read; where one was unknown (float positions), it is read here once in eager
+        mode (``None`` inside a captured graph)."""
+        following = self.next_position
+        if self._bound is None and following is not None:
+            if torch.compiler.is_compiling() or following.is_meta:
                 return None
-            self._bound = math.ceil(float(self.next_position.max()))
+            top = float(following.max())
+            self._bound = PositionBound(math.ceil(top), math.ceil(top) == top)
         return self._bound
 
     def layers(self) -> list[nn.Module]:
@@ -320,17 +325,25 @@ class KVCache:
         runs: Tensor | None,
         padded: bool,
         *,
-        largest: int | None = None,
+        bound: PositionBound | None = None,
+        keeps: bool = False,
     ) -> None:
         """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
         where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
-        the rest ``None``: a step staged with its positions alone; ``largest``: a host bound
-        on the call's positions, ``None`` where unknown)."""
+        the rest ``None``: a step staged with its positions alone). ``bound``: the host's
+        bound on the call's positions (``None``: unknown); ``keeps``: every row's document
+        went on through the call and none of its tokens is padding, so that each row's next
+        position is the larger of its old one and its largest position + 1."""
         n = positions.shape[1]
-        if n and (largest is None or self._bound is None):
+        old = self._bound
+        if n and (bound is None or old is None):
             self._bound = None  # read when next asked
-        elif n:  # each row's next position is its largest position + 1, or stays
-            self._bound = max(self._bound, largest + 1)
+        elif n:  # each row's next position is its largest position + 1, or stays, or falls
+            top = bound.largest + 1
+            exact = keeps and (
+                (bound.exact and top >= old.largest) or (old.exact and old.largest >= top)
+            )
+            self._bound = PositionBound(max(old.largest, top), exact)
         self._length += n
         self._positions.commit(self._length)
         if padding is not None:

@@ -83,6 +83,7 @@ class SequenceContext:
         cache: KVCache | None,
         record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
         bound: PositionBound | None = None,
+        keeps: bool = True,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
         #: What the host knows of ``positions``' largest value without reading the device
@@ -93,6 +94,7 @@ class SequenceContext:
         self.q_runs, self.k_runs = q_runs, k_runs
         self.cache = cache
         self._record = record  # what commit() hands the cache
+        self._keeps = keeps
         self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
         self._kept: list[tuple[tuple[Any, ...], Any]] = []
 
@@ -167,9 +169,13 @@ class SequenceContext:
         if positions is None:
             positions = _default_positions(cache, q_runs, opens, last_run)
             # counted from 0, or from a row's next position where the cache's document goes on
-            start = 0 if cache is None or last_run is None else cache.position_bound()
-            if seq and start is not None:  # exact: every row counts 0 .. seq - 1
-                bound = PositionBound(start + seq - 1, start == 0 and not given)
+            # a row's next position is at most start.largest; without new documents every
+            # token continues the cache's (or counts from 0 in a first call)
+            start = PositionBound(0, True)
+            if cache is not None and last_run is not None:
+                start = cache.position_bound()
+            if seq and start is not None:
+                bound = PositionBound(start.largest + seq - 1, start.exact and not given)
         else:
             positions, bound = resolve_bounded_positions(
                 positions, seq, batch=batch, device=device, name="positions"
@@ -198,6 +204,7 @@ class SequenceContext:
             cache=cache,
             record=record,
             bound=bound,
+            keeps=not given and key_padding_mask is None,
         )
 
     @classmethod
@@ -213,10 +220,12 @@ class SequenceContext:
         without padding or documents; only their positions are recorded."""
         following = cache.next_position
         assert following is not None
+        bound = None
         if positions is None:
             positions = following + torch.arange(seq, device=device)  # (b, n)
-            start = cache.position_bound()  # every row's next position is at most start
-            bound = None if start is None or not seq else PositionBound(start + seq - 1, False)
+            start = cache.position_bound()  # every row's next position is at most this
+            if start is not None and seq:
+                bound = PositionBound(start.largest + seq - 1, start.exact)
         else:
             positions, bound = resolve_bounded_positions(
                 positions, seq, batch=batch, device=device, name="positions"
@@ -303,8 +312,7 @@ class SequenceContext:
     def commit(self) -> None:
         """End the forward: the cache (if any) records the new tokens."""
         if self.cache is not None and self._record is not None:
-            largest = None if self.bound is None else self.bound.largest
-            self.cache.commit(*self._record, largest=largest)
+            self.cache.commit(*self._record, bound=self.bound, keeps=self._keeps)
             self._record = None
 
 

@@ -303,8 +303,9 @@ class RotaryEmbedding(RotaryEncoding):
         bound: PositionBound | None = None,
     ) -> RotaryState:
         """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`).
-        Where reading the positions would synchronise (CUDA), nothing is read: the tables
-        grow to ``bound`` (:func:`~.tables.bounded_positions`). A rope type whose frequencies
+        Nothing is read where the host knows a ``bound``: the tables grow to it
+        (:func:`~.tables.bounded_positions`), so that on CUDA a decode step does not
+        synchronise. A rope type whose frequencies
         follow the length (dynamic NTK, LongRoPE) needs the largest position itself: from an
         exact bound (a prompt, positions a user gave), else read once per forward."""
         return self._state(positions, x, bound)

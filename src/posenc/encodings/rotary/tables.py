@@ -3,9 +3,9 @@
 * :func:`read_positions` validates the positions of one call once and, for integer positions
   in eager mode, reads their extent (smallest, largest, one run ``p, p+1, ...`` or not); a
   decode step (up to :data:`FEW_POSITIONS` integer positions) costs one ``tolist``.
-* :func:`bounded_positions` stands in for it in a cached or packed forward whose positions
-  the host knows a bound of (:mod:`posenc.context`), where reading them would synchronise
-  (CUDA): the tables are sized from the bound, and nothing is read.
+* :func:`bounded_positions` stands in for it in a cached or packed forward, whose positions
+  the host knows a bound of (:mod:`posenc.context`): the tables are sized from the bound and
+  nothing is read, so that on CUDA a decode step does not synchronise.
 * :class:`RotaryTables` owns the float32 ``cos_cached``/``sin_cached`` tables (registered as
   non-persistent buffers of the module, so ``.to()``, ``to_empty``, the meta device and
   ``state_dict`` treat them as buffers), their growth, and the rows for given positions; it
@@ -30,19 +30,13 @@ from ...errors import MemoryBudgetError, check_bytes
 from ..checks import PositionBound, resolve_positions
 from .common import unsqueeze_heads
 
-__all__ = ["FEW_POSITIONS", "READ_ON_HOST", "RotaryTables", "bounded_positions", "read_positions"]
+__all__ = ["FEW_POSITIONS", "RotaryTables", "bounded_positions", "read_positions"]
 
 #: Integer dtypes whose positions :func:`read_positions` validates in one read.
 INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 #: Up to this many positions are read whole (one transfer), and a run ``p, p+1, ...`` is
 #: taken from the table as a view instead of gathered.
 FEW_POSITIONS = 16
-
-#: Device types whose positions are read on the host at no cost beyond the read itself (no
-#: synchronisation): a cached forward there still reads them (:func:`read_positions` finds a
-#: decode step's run, which the C kernel reads where it lies). Elsewhere a host-known bound
-#: stands in (:func:`bounded_positions`). The tests empty it to take that path on the CPU.
-READ_ON_HOST = frozenset({"cpu"})
 
 #: ``(smallest, largest, one run)`` of integer positions; from a bound
 #: (:func:`bounded_positions`), ``(0, the bound, False)``: every position lies in between.
@@ -107,17 +101,13 @@ def read_positions(
 def bounded_positions(
     positions: Tensor, bound: PositionBound | None, eager: bool
 ) -> tuple[Tensor, Extent] | None:
-    """What :func:`read_positions` would answer for integer ``positions`` a context validated,
-    made from the host's ``bound`` on them without reading the device, where that read would
-    synchronise (not on a device in :data:`READ_ON_HOST`); ``None`` where they are to be read.
-    The tables then grow to cover the bound, so no row a kernel gathers lies outside them."""
-    if (
-        bound is None
-        or not eager
-        or positions.device.type in READ_ON_HOST
-        or positions.is_meta
-        or positions.dtype not in INTEGER
-    ):
+    """In place of :func:`read_positions` for the ``(b, n)`` integer ``positions`` of a context
+    (validated there), made from the host's ``bound`` on them without reading the device;
+    ``None`` where they are to be read (no bound, a captured graph, float positions). The
+    tables then grow to cover the bound, so no row gathered lies outside them. The answer
+    differs from the read only in what nothing uses: a read of 2-D positions finds no run,
+    and the tables' rows do not depend on how many there are."""
+    if bound is None or not eager or positions.is_meta or positions.dtype not in INTEGER:
         return None
     return positions, (0, bound.largest, False)
 
