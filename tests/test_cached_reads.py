@@ -188,3 +188,17 @@ def test_negative_explicit_positions_in_a_cache_are_an_error() -> None:
         encoder(torch.randn(1, 2, DIM), cache=cache)
         with pytest.raises(posenc.PosencValueError, match=r"positions must be >= 0.*-3"):
             encoder(torch.randn(1, 1, DIM), cache=cache, positions=torch.tensor([[-3]]))
+
+
+def test_float_positions_leave_the_bound_unknown_and_it_is_read_once() -> None:
+    encoder = _encoder("rope", {})
+    cache = posenc.KVCache()
+    x = torch.randn(2, 3, DIM)
+    with torch.no_grad():
+        encoder(x, cache=cache)
+        assert cache.position_bound() == (3, True)
+        encoder(x[:, :2], cache=cache, positions=torch.tensor([[3.5, 7.0], [3.0, 4.0]]))
+        assert cache._bound is None  # nothing read for float positions
+        assert cache.position_bound() == (8, True)  # read once, then kept
+        encoder(x[:, :1], cache=cache)
+        assert cache.position_bound() == (9, True)

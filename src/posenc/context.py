@@ -168,9 +168,9 @@ class SequenceContext:
             q_runs, opens = _runs(document_ids, last_id, last_run)
         if positions is None:
             positions = _default_positions(cache, q_runs, opens, last_run)
-            # counted from 0, or from a row's next position where the cache's document goes on
-            # a row's next position is at most start.largest; without new documents every
-            # token continues the cache's (or counts from 0 in a first call)
+            # counted from 0, or from a row's next position (at most start.largest) where the
+            # cache's document goes on; exact where no new document opens (every row then
+            # continues the cache's, or counts 0 .. seq - 1 in a first call)
             start = PositionBound(0, True)
             if cache is not None and last_run is not None:
                 start = cache.position_bound()
