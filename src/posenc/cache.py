@@ -20,8 +20,11 @@ Storage grows by doubling, so ``N`` single-token steps copy ``O(N)`` elements in
 the backward of earlier steps). A step in a cache without padding or documents writes only
 its positions; the other token records are filled in when read. A model with windowed or
 chunked layers scans the token records after each call to find the keys they can drop
-(``O(N)`` per call, 8 bytes a token). A call that fails half-way leaves the cache as it was
-before that call: its writes lie past the committed length and are dropped by the next call.
+(``O(N)`` per call, 8 bytes a token). The host keeps a bound on each row's next position
+(:meth:`KVCache.position_bound`), which sizes the rotary tables of the next call without
+reading the device (no synchronisation on CUDA). A call that fails half-way leaves the
+cache as it was before that call: its writes lie past the committed length and are dropped
+by the next call.
 
 Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
 ``d`` head dim.

@@ -41,7 +41,10 @@ per call by :func:`~posenc.encodings.kernels.select.select`; the forward, the po
 and the tables act on its answer. Every module takes ``inplace=True`` to rotate ``q`` and
 ``k`` in their own storage (:func:`apply_rotary_`). A call with one or a few integer positions
 (decoding with a KV cache) reads the positions once and rotates with its rows of the cached
-table where they lie. See ``benchmarks/rope.md`` (CPU) and ``benchmarks/gpu.md``.
+table where they lie. In a cached or packed forward of a model nothing is read: the tables
+are sized from the bound on the positions the host knows (:meth:`context_state`), so that on
+CUDA a decode step does not synchronise. See ``benchmarks/rope.md`` (CPU) and
+``benchmarks/gpu.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
