@@ -374,7 +374,7 @@ class KVCache:
         real = runs == last_run  # (b, n)
         if padding is not None:
             real = real & ~padding
-        lowest = torch.tensor(-1, dtype=positions.dtype, device=positions.device)
+        lowest = positions.new_full((), -1)  # (not torch.tensor: a host copy, a sync on CUDA)
         following = torch.where(real, positions, lowest).amax(dim=1, keepdim=True) + 1
         if self.next_position is not None and self._last_run is not None:
             same = last_run == self._last_run  # the document went on through this call
