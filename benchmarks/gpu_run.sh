@@ -10,6 +10,8 @@
 # 2. `posenc bench rope --device cuda` (CUDA-event timings; bf16 and fp32; posenc in and out
 #    of place, transformers eager and compiled, the clone floor; a decode step): gpu_rope.md,
 #    whose tables go into the rotary section of benchmarks/gpu.md with the device name.
+# 3. `sync_check.py --decode`: cached decode steps in CUDA's sync debug mode (item 3):
+#    decode_sync.txt
 # Needs torch with CUDA, triton, pytest and transformers (any 5.x); no package index.
 set -u
 OUT=${OUT:-/tmp/posenc-gpu}
@@ -24,6 +26,9 @@ timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts= \
     tests/encodings/kernels/interpreted_triton.py tests/encodings/kernels/interpreted_modules.py \
     > "$OUT/triton_cuda_tests.txt" 2>&1
 echo "kernel tests on CUDA: exit $? ($(tail -n 1 "$OUT/triton_cuda_tests.txt"))"
+timeout 120 "$PY" benchmarks/sync_check.py --decode > "$OUT/decode_sync.txt" 2>&1
+echo "decode steps without host synchronisation: exit $?"
+grep -v "^ " "$OUT/decode_sync.txt" | head -n 20
 timeout 400 "$PY" -m posenc.cli bench rope --device cuda --output "$OUT/gpu_rope.md" \
     > "$OUT/bench.txt" 2>&1
 echo "bench rope --device cuda: exit $?"

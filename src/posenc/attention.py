@@ -272,7 +272,9 @@ class MultiHeadAttention(nn.Module):
         if context is None:
             return pe.position_state(positions, x)
         memo = {} if context.cache is None else context.cache.memo(pe)
-        return pe.context_state(context.positions, context.key_positions, x, memo)
+        return pe.context_state(
+            context.positions, context.key_positions, x, memo, bound=context.bound
+        )
 
     def _heads(
         self,

@@ -20,8 +20,11 @@ Storage grows by doubling, so ``N`` single-token steps copy ``O(N)`` elements in
 the backward of earlier steps). A step in a cache without padding or documents writes only
 its positions; the other token records are filled in when read. A model with windowed or
 chunked layers scans the token records after each call to find the keys they can drop
-(``O(N)`` per call, 8 bytes a token). A call that fails half-way leaves the cache as it was
-before that call: its writes lie past the committed length and are dropped by the next call.
+(``O(N)`` per call, 8 bytes a token). The host keeps a bound on each row's next position
+(:meth:`KVCache.position_bound`), which sizes the rotary tables of the next call without
+reading the device (no synchronisation on CUDA). A call that fails half-way leaves the
+cache as it was before that call: its writes lie past the committed length and are dropped
+by the next call.
 
 Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
 ``d`` head dim.
@@ -29,11 +32,13 @@ Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n``
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from .encodings.checks import PositionBound
 from .errors import PosencValueError
 
 __all__ = ["KVCache"]
@@ -161,6 +166,11 @@ class KVCache:
         self.batch_size: int | None = None
         #: Each row's next position ``(b, 1)`` (its last document's largest real position + 1).
         self.next_position: Tensor | None = None
+        #: A host number that no row's next position exceeds, and whether one row's equals
+        #: it (``None``: unknown, after a call whose positions were not read, e.g. float
+        #: ones): the next call's rotary tables are sized from it without reading the device
+        #: (see :meth:`position_bound`).
+        self._bound: PositionBound | None = PositionBound(0, True)
         self._last_id: Tensor | None = None
         self._last_run: Tensor | None = None
         #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
@@ -204,6 +214,21 @@ class KVCache:
     def last_document(self) -> tuple[Tensor | None, Tensor | None]:
         """Each row's last document id and run number ``(b, 1)`` (``None`` when empty)."""
         return self._last_id, self._last_run
+
+    def position_bound(self) -> PositionBound | None:
+        """A number the host knows that no row's next position exceeds (0 when empty), and
+        whether some row's equals it: the largest position of a call continuing the cache
+        with ``n`` default positions is at most ``largest + n - 1`` (exactly that where
+        ``exact``). Kept up by :meth:`commit` from the bounds of each call's positions, so it
+        costs no read; where one was unknown (float positions), it is read here once in eager
+        mode (``None`` inside a captured graph)."""
+        following = self.next_position
+        if self._bound is None and following is not None:
+            if torch.compiler.is_compiling() or following.is_meta:
+                return None
+            top = float(following.max())
+            self._bound = PositionBound(math.ceil(top), math.ceil(top) == top)
+        return self._bound
 
     def layers(self) -> list[nn.Module]:
         """The attention modules with an entry, in order of first use."""
@@ -302,11 +327,26 @@ class KVCache:
         documents: Tensor | None,
         runs: Tensor | None,
         padded: bool,
+        *,
+        bound: PositionBound | None = None,
+        keeps: bool = False,
     ) -> None:
         """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
         where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
-        the rest ``None``: a step staged with its positions alone)."""
+        the rest ``None``: a step staged with its positions alone). ``bound``: the host's
+        bound on the call's positions (``None``: unknown); ``keeps``: every row's document
+        went on through the call and none of its tokens is padding, so that each row's next
+        position is the larger of its old one and its largest position + 1."""
         n = positions.shape[1]
+        old = self._bound
+        if n and (bound is None or old is None):
+            self._bound = None  # read when next asked
+        elif n:  # each row's next position is its largest position + 1, or stays, or falls
+            top = bound.largest + 1
+            exact = keeps and (
+                (bound.exact and top >= old.largest) or (old.exact and old.largest >= top)
+            )
+            self._bound = PositionBound(max(old.largest, top), exact)
         self._length += n
         self._positions.commit(self._length)
         if padding is not None:
@@ -334,7 +374,7 @@ class KVCache:
         real = runs == last_run  # (b, n)
         if padding is not None:
             real = real & ~padding
-        lowest = torch.tensor(-1, dtype=positions.dtype, device=positions.device)
+        lowest = positions.new_full((), -1)  # (not torch.tensor: a host copy, a sync on CUDA)
         following = torch.where(real, positions, lowest).amax(dim=1, keepdim=True) + 1
         if self.next_position is not None and self._last_run is not None:
             same = last_run == self._last_run  # the document went on through this call

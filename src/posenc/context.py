@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .cache import KVCache
-from .encodings.checks import resolve_positions
+from .encodings.checks import PositionBound, resolve_bounded_positions
 from .errors import PosencTypeError, PosencValueError
 from .masks import attention_mask, check_key_padding_mask
 
@@ -64,6 +64,8 @@ class SequenceContext:
         positions: the new tokens' positions, ``(b, n)`` (``(n,)`` when shared by every row
             and no cache is involved).
         key_positions: every key's position, ``(b, nk)``.
+        bound: a :class:`~posenc.encodings.checks.PositionBound` on ``positions``, or
+            ``None``.
         key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
         q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
             ``None`` without documents.
@@ -80,12 +82,19 @@ class SequenceContext:
         k_runs: Tensor | None,
         cache: KVCache | None,
         record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
+        bound: PositionBound | None = None,
+        keeps: bool = True,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
+        #: What the host knows of ``positions``' largest value without reading the device
+        #: (``None``: nothing): the bound continuing the cache's, or the value read once from
+        #: positions a user gave. Rotary tables are sized from it.
+        self.bound = bound
         self.key_padding_mask = key_padding_mask
         self.q_runs, self.k_runs = q_runs, k_runs
         self.cache = cache
         self._record = record  # what commit() hands the cache
+        self._keeps = keeps
         self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
         self._kept: list[tuple[tuple[Any, ...], Any]] = []
 
@@ -137,6 +146,7 @@ class SequenceContext:
             and not (cache.has_documents or cache.has_padding)
         ):
             return cls._step(cache, batch, seq, device, positions)
+        bound = None
         new_padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
@@ -158,8 +168,18 @@ class SequenceContext:
             q_runs, opens = _runs(document_ids, last_id, last_run)
         if positions is None:
             positions = _default_positions(cache, q_runs, opens, last_run)
+            # counted from 0, or from a row's next position (at most start.largest) where the
+            # cache's document goes on; exact where no new document opens (every row then
+            # continues the cache's, or counts 0 .. seq - 1 in a first call)
+            start = PositionBound(0, True)
+            if cache is not None and last_run is not None:
+                start = cache.position_bound()
+            if seq and start is not None:
+                bound = PositionBound(start.largest + seq - 1, start.exact and not given)
         else:
-            positions = resolve_positions(positions, seq, batch=batch, device=device)
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
             positions = positions.expand(batch, seq)
             if cache is not None and cache.floor is not None and last_run is not None:
                 _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
@@ -183,6 +203,8 @@ class SequenceContext:
             k_runs=k_runs if with_documents else None,
             cache=cache,
             record=record,
+            bound=bound,
+            keeps=not given and key_padding_mask is None,
         )
 
     @classmethod
@@ -198,10 +220,16 @@ class SequenceContext:
         without padding or documents; only their positions are recorded."""
         following = cache.next_position
         assert following is not None
+        bound = None
         if positions is None:
             positions = following + torch.arange(seq, device=device)  # (b, n)
+            start = cache.position_bound()  # every row's next position is at most this
+            if start is not None and seq:
+                bound = PositionBound(start.largest + seq - 1, start.exact)
         else:
-            positions = resolve_positions(positions, seq, batch=batch, device=device)
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
             positions = positions.expand(batch, seq)
             if cache.floor is not None:
                 _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
@@ -214,6 +242,7 @@ class SequenceContext:
             k_runs=None,
             cache=cache,
             record=(positions, None, None, None, False),
+            bound=bound,
         )
 
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -283,7 +312,7 @@ class SequenceContext:
     def commit(self) -> None:
         """End the forward: the cache (if any) records the new tokens."""
         if self.cache is not None and self._record is not None:
-            self.cache.commit(*self._record)
+            self.cache.commit(*self._record, bound=self.bound, keeps=self._keeps)
             self._record = None
 
 

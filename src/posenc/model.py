@@ -252,6 +252,7 @@ class Encoder(nn.Module):
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
             if context is not None:
                 context.positions = context.key_positions = positions
+                context.bound = None
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
         states = []  # once per distinct encoding
@@ -260,7 +261,11 @@ class Encoder(nn.Module):
                 states.append(pe.position_state(positions, x))
             else:
                 memo = {} if cache is None else cache.memo(pe)
-                states.append(pe.context_state(context.positions, context.key_positions, x, memo))
+                states.append(
+                    pe.context_state(
+                        context.positions, context.key_positions, x, memo, bound=context.bound
+                    )
+                )
         for layer, index in zip(self.layers, self._pe_index, strict=True):
             x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
         if context is not None:

@@ -149,7 +149,8 @@ def fused_attention(
         zero = torch.zeros((), dtype=exact, device=q.device)
         additive = zero if bias is None else bias.to(exact)
         if mask is not None:
-            blocked = torch.tensor(torch.finfo(work).min, dtype=exact, device=q.device)
+            # (filled on the device: torch.tensor would copy from the host, a sync on CUDA)
+            blocked = torch.full((), torch.finfo(work).min, dtype=exact, device=q.device)
             additive = torch.where(mask, additive, blocked)
         additive = additive.to(work)
         # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import (
+    PositionBound,
     check_input,
     compute_dtype,
     resolve_positions,
@@ -89,12 +90,20 @@ class PositionalEncoding(nn.Module):
         return None
 
     def context_state(
-        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+        self,
+        positions: Tensor,
+        key_positions: Tensor,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        bound: PositionBound | None = None,
     ) -> PositionState | None:
         """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`):
-        ``positions`` ``(b, n)`` are the new tokens' (queries and new keys), ``key_positions``
-        ``(b, nk)`` every key's, the cached ones first. ``memo`` is kept for this encoding
-        across the calls of one :class:`~posenc.KVCache` (xPos keeps its centre there).
+        ``positions`` ``(b, n)`` are the new tokens' (queries and new keys), validated by the
+        context, ``key_positions`` ``(b, nk)`` every key's, the cached ones first. ``memo`` is
+        kept for this encoding across the calls of one :class:`~posenc.KVCache` (xPos keeps
+        its centre there). ``bound``: what the host knows of the largest position without
+        reading the device (:class:`~posenc.RotaryEmbedding` sizes its tables from it).
 
         The default serves every encoding that acts on the new tokens alone (rotary schemes
         rotate new queries and keys at their positions; cached keys were rotated when
@@ -204,7 +213,13 @@ class BiasEncoding(PositionalEncoding):
         return BiasState(self, resolve_positions(positions, n, batch=b, device=x.device))
 
     def context_state(
-        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+        self,
+        positions: Tensor,
+        key_positions: Tensor,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        bound: PositionBound | None = None,
     ) -> PositionState | None:
         """The bias of the new queries at ``positions`` against every key at
         ``key_positions`` (cached keys first)."""

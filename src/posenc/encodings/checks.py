@@ -7,6 +7,8 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``d`` model or head dim.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -83,11 +85,13 @@ def resolve_positions(
     device: torch.device | None = None,
     integer: bool = False,
     name: str = "positions",
+    values: bool = True,
 ) -> Tensor:
     """Validate ``positions`` for a sequence of ``seq_len`` tokens, or make ``arange(seq_len)``.
 
     Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
     Positions must be non-negative; with ``integer=True`` they must also be whole numbers.
+    ``values=False``: the caller checks the sign itself (:func:`resolve_bounded_positions`).
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
@@ -112,11 +116,44 @@ def resolve_positions(
     if needs_whole_check and not torch.equal(positions, positions.round()):
         bad = positions[positions != positions.round()].flatten()[0].item()
         raise PosencValueError(f"{name} must hold whole numbers for this encoding, got {bad}")
-    if checkable and positions.numel():
+    if values and checkable and positions.numel():
         smallest = positions.min()
         if smallest < 0:
             raise PosencValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
     return positions
+
+
+class PositionBound(NamedTuple):
+    """A number the host knows without reading the device: every position of a call is at
+    most ``largest``, and equals it somewhere where ``exact``. It sizes the rotary tables of
+    a cached call (:mod:`posenc.context`) so that no position is read on the host."""
+
+    largest: int
+    exact: bool
+
+
+def resolve_bounded_positions(
+    positions: Tensor, seq_len: int, *, batch: int, device: torch.device | None, name: str
+) -> tuple[Tensor, PositionBound | None]:
+    """:func:`resolve_positions` for given ``positions``, and for integer ones read in eager
+    mode their largest value: the sign check and the largest in one transfer (the one read
+    an explicit position tensor costs a forward). ``None`` where nothing was read."""
+    readable = (
+        isinstance(positions, Tensor)
+        and not (positions.is_floating_point() or positions.is_complex())
+        and positions.dtype != torch.bool
+        and _eager()
+        and positions.device.type != "meta"
+    )
+    positions = resolve_positions(
+        positions, seq_len, batch=batch, device=device, name=name, values=not readable
+    )
+    if not readable or not positions.numel():
+        return positions, None
+    low, high = torch.stack(torch.aminmax(positions)).tolist()  # one transfer
+    if low < 0:
+        raise PosencValueError(f"{name} must be >= 0, got a minimum of {low}")
+    return positions, PositionBound(high, True)
 
 
 def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tensor:

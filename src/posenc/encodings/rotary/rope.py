@@ -41,7 +41,10 @@ per call by :func:`~posenc.encodings.kernels.select.select`; the forward, the po
 and the tables act on its answer. Every module takes ``inplace=True`` to rotate ``q`` and
 ``k`` in their own storage (:func:`apply_rotary_`). A call with one or a few integer positions
 (decoding with a KV cache) reads the positions once and rotates with its rows of the cached
-table where they lie. See ``benchmarks/rope.md`` (CPU) and ``benchmarks/gpu.md``.
+table where they lie. In a cached or packed forward of a model nothing is read: the tables
+are sized from the bound on the positions the host knows (:meth:`context_state`), so that on
+CUDA a decode step does not synchronise. See ``benchmarks/rope.md`` (CPU) and
+``benchmarks/gpu.md``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim,
 ``a`` number of axes.
@@ -57,7 +60,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import RotaryEncoding
-from ..checks import check_bool, compute_dtype
+from ..checks import PositionBound, check_bool, compute_dtype
 from ..hf.config import rotary_arguments_from_hf_config
 from ..kernels.select import Mode, Plan, select
 from ..registry import register
@@ -65,7 +68,7 @@ from ..rope_types.registry import RopeType
 from ..state import RotaryState
 from .common import check_qk, rotary_state, rotate_one, rotate_qk
 from .spec import RotarySpec
-from .tables import Extent, RotaryTables, read_positions
+from .tables import Extent, RotaryTables, bounded_positions, read_positions
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
@@ -248,15 +251,24 @@ class RotaryEmbedding(RotaryEncoding):
         self.reset_tables()
         return self
 
-    def _follow_length(self, positions: Tensor | None, n: int, eager: bool) -> None:
+    def _follow_length(
+        self, positions: Tensor | None, n: int, eager: bool, largest: int | None = None
+    ) -> None:
         """Rope types whose frequencies use the current length (dynamic NTK, LongRoPE; HF's
         ``dynamic_rope_update``): change the frequencies, and the tables, when it moves. Not
-        inside a captured graph (``eager`` false), which must not change the module."""
+        inside a captured graph (``eager`` false), which must not change the module. The
+        length is the largest position + 1: ``largest`` where the host knows it exactly, else
+        read (one read per forward)."""
         if not self.rope_spec.uses_length or not eager:
             return
         if positions is not None and (positions.is_meta or not positions.numel()):
             positions = None  # meta positions have no largest value to read: use the length
-        seq_len = float(n if positions is None else positions.max() + 1)
+        if positions is None:
+            seq_len = float(n)
+        elif largest is not None:
+            seq_len = float(largest + 1)
+        else:
+            seq_len = float(positions.max() + 1)
         new = self.spec.next_length(self._seq_len, seq_len)
         if new != self._seq_len:
             self._seq_len = new
@@ -282,11 +294,37 @@ class RotaryEmbedding(RotaryEncoding):
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """cos and sin computed once for every layer of a forward (see :class:`RotaryState`)."""
+        return self._state(positions, x, None)
+
+    def context_state(
+        self,
+        positions: Tensor,
+        key_positions: Tensor,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        bound: PositionBound | None = None,
+    ) -> RotaryState:
+        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`).
+        Nothing is read where the host knows a ``bound``: the tables grow to it
+        (:func:`~.tables.bounded_positions`), so that on CUDA a decode step does not
+        synchronise. A rope type whose frequencies
+        follow the length (dynamic NTK, LongRoPE) needs the largest position itself: from an
+        exact bound (a prompt, positions a user gave), else read once per forward."""
+        return self._state(positions, x, bound)
+
+    def _state(
+        self, positions: Tensor | None, x: Tensor, bound: PositionBound | None
+    ) -> RotaryState:
+        """The rotation of :meth:`position_state` and :meth:`context_state`."""
         plan = select(
             x, inplace=False, learned=self.learned_freq, positions=positions, kernel=False
         )
         work = compute_dtype(x.dtype)
-        tables = self._cos_sin(positions, x.shape[0], x.shape[1], work, x.device, plan)
+        read = None if positions is None else bounded_positions(positions, bound, plan.eager)
+        exact = bound.largest if read is not None and bound is not None and bound.exact else None
+        b, n = x.shape[0], x.shape[1]
+        tables = self._cos_sin(positions, b, n, work, x.device, plan, read, largest=exact)
         return rotary_state(self.interleaved, tables, tables)
 
     def _cos_sin(
@@ -298,14 +336,16 @@ class RotaryEmbedding(RotaryEncoding):
         device: Any,
         plan: Plan,
         read: tuple[Tensor | None, Extent | None] | None = None,
+        largest: int | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Validate ``positions`` (unless ``read`` has them), follow the length, and return
-        the tables of :meth:`cos_sin`, acting on the selector's ``plan``."""
+        """Validate ``positions`` (unless ``read`` has them), follow the length (to
+        ``largest`` + 1 where the host knows it), and return the tables of :meth:`cos_sin`,
+        acting on the selector's ``plan``."""
         eager = plan.eager
         if read is None:
             read = read_positions(positions, n, batch, device, eager)
         positions, extent = read
-        self._follow_length(positions, n, eager)
+        self._follow_length(positions, n, eager, largest)
         freq = self.freq if self.learned_freq else self._buffers["inv_freq"]
         return self._tables.rows(positions, n, dtype, device, extent, eager, freq)
 

@@ -3,6 +3,9 @@
 * :func:`read_positions` validates the positions of one call once and, for integer positions
   in eager mode, reads their extent (smallest, largest, one run ``p, p+1, ...`` or not); a
   decode step (up to :data:`FEW_POSITIONS` integer positions) costs one ``tolist``.
+* :func:`bounded_positions` stands in for it in a cached or packed forward, whose positions
+  the host knows a bound of (:mod:`posenc.context`): the tables are sized from the bound and
+  nothing is read, so that on CUDA a decode step does not synchronise.
 * :class:`RotaryTables` owns the float32 ``cos_cached``/``sin_cached`` tables (registered as
   non-persistent buffers of the module, so ``.to()``, ``to_empty``, the meta device and
   ``state_dict`` treat them as buffers), their growth, and the rows for given positions; it
@@ -24,10 +27,10 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import MemoryBudgetError, check_bytes
-from ..checks import resolve_positions
+from ..checks import PositionBound, resolve_positions
 from .common import unsqueeze_heads
 
-__all__ = ["FEW_POSITIONS", "RotaryTables", "read_positions"]
+__all__ = ["FEW_POSITIONS", "RotaryTables", "bounded_positions", "read_positions"]
 
 #: Integer dtypes whose positions :func:`read_positions` validates in one read.
 INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -35,7 +38,8 @@ INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 #: taken from the table as a view instead of gathered.
 FEW_POSITIONS = 16
 
-#: ``(smallest, largest, one run)`` of integer positions.
+#: ``(smallest, largest, one run)`` of integer positions; from a bound
+#: (:func:`bounded_positions`), ``(0, the bound, False)``: every position lies in between.
 Extent = tuple[int, int, bool]
 
 
@@ -92,6 +96,20 @@ def read_positions(
         if extent[0] >= 0:
             return positions, extent
     return resolve_positions(positions, n, batch=batch, device=device), None
+
+
+def bounded_positions(
+    positions: Tensor, bound: PositionBound | None, eager: bool
+) -> tuple[Tensor, Extent] | None:
+    """In place of :func:`read_positions` for the ``(b, n)`` integer ``positions`` of a context
+    (validated there), made from the host's ``bound`` on them without reading the device;
+    ``None`` where they are to be read (no bound, a captured graph, float positions). The
+    tables then grow to cover the bound, so no row gathered lies outside them. The answer
+    differs from the read only in what nothing uses: a read of 2-D positions finds no run,
+    and the tables' rows do not depend on how many there are."""
+    if bound is None or not eager or positions.is_meta or positions.dtype not in INTEGER:
+        return None
+    return positions, (0, bound.largest, False)
 
 
 class RotaryTables:

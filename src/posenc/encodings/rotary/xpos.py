@@ -21,6 +21,7 @@ from torch import Tensor
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import RotaryEncoding
 from ..checks import (
+    PositionBound,
     check_bool,
     check_positive_float,
     check_positive_int,
@@ -163,19 +164,24 @@ class XPos(RotaryEncoding):
         return rotary_state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
 
     def context_state(
-        self, positions: Tensor, key_positions: Tensor, x: Tensor, memo: dict[str, Any]
+        self,
+        positions: Tensor,
+        key_positions: Tensor,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        bound: PositionBound | None = None,
     ) -> RotaryState:
         """:meth:`position_state` with the centre fixed at the first cached call's: queries
         and keys rotated in later calls share it (the centre cancels in every score only
-        when they do), so decoding equals one forward with ``center`` set to it."""
-        if self.center is not None:
-            return self.position_state(positions, x)
-        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
-        if "center" not in memo:
+        when they do), so decoding equals one forward with ``center`` set to it. The context
+        validated ``positions``, and the centre stays on the device: nothing is read."""
+        pos = positions
+        if self.center is None and "center" not in memo:
             top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
             memo["center"] = torch.floor((top + 1) / 2)
         work = compute_dtype(x.dtype)
-        center = memo["center"]
+        center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos, work, key=False, center=center)
         keys = self.scaled_cos_sin(pos, work, key=True, center=center)
         return rotary_state(self.interleaved, query, keys)
