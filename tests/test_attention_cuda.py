@@ -42,16 +42,6 @@ def _no_tf32() -> object:
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ATTENTION)
-def test_every_backend_matches_float64_math_on_cuda(name: str, dtype: str, case: str) -> None:
-    for backend in BACKENDS:
-        out, want, used = run_case(name, backend, DTYPES[dtype], case, "cuda", compile_flex=True)
-        what = f"{name}, {backend} (ran {used}), {dtype} weights, {case}, cuda"
-        check(out, want, TOLERANCE[("cuda", DTYPES[dtype])], what)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", FUSED)
 def test_learned_score_mods_train_through_compiled_flex(name: str, dtype: str) -> None:
@@ -98,12 +88,28 @@ def test_bf16_stays_bf16_in_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None
         seen.append(q.dtype)
         return real(q, *args, **kwargs)
 
+    real_compiled = flex._compiled_flex
+
+    def spy_compiled(key: tuple) -> object:
+        compiled = real_compiled(key)
+
+        def run(q: torch.Tensor, *args: object) -> torch.Tensor:
+            seen.append(q.dtype)
+            return compiled(q, *args)
+
+        return run
+
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    attn = posenc.MultiHeadAttention(64, 4, pe=posenc.ALiBi(4), causal=True, backend="sdpa")
-    attn = attn.cuda().to(torch.bfloat16)
-    with torch.no_grad():
-        attn(torch.randn(1, 300, 64, device="cuda", dtype=torch.bfloat16))
-    assert seen == [torch.bfloat16]
+    monkeypatch.setattr(flex, "_compiled_flex", spy_compiled)
+    x = torch.randn(1, 300, 64, device="cuda", dtype=torch.bfloat16)
+    for backend in ("sdpa", "flex"):
+        seen.clear()
+        attn = posenc.MultiHeadAttention(64, 4, pe=posenc.ALiBi(4), causal=True, backend=backend)
+        attn = attn.cuda().to(torch.bfloat16)
+        with torch.no_grad():
+            attn(x)
+        assert attn.last_backend == backend
+        assert seen == [torch.bfloat16], backend
 
 
 def test_four_lengths_compile_at_most_twice_on_cuda() -> None:
@@ -112,8 +118,23 @@ def test_four_lengths_compile_at_most_twice_on_cuda() -> None:
     attn = posenc.MultiHeadAttention(64, 4, pe=posenc.ALiBi(4), causal=True, backend="flex")
     attn = attn.cuda().to(torch.bfloat16).eval()
     counters.clear()
+    reference = copy_for_reference(attn)
     with torch.no_grad():
-        for n in (128, 384, 1024, 2048):
-            attn(torch.randn(1, n, 64, device="cuda", dtype=torch.bfloat16))
+        for n in (128, 384, 1024, 2048):  # each length's numbers too (the symbolic kernel's)
+            x = torch.randn(1, n, 64, device="cuda", dtype=torch.bfloat16)
+            out = attn(x)
             assert attn.last_backend == "flex"
+            want = reference(x.double())
+            check(out, want, TOLERANCE[("cuda", torch.bfloat16)], f"alibi flex at n = {n}")
     assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+# the grid last: its ~50 compilations take longest, and a timeout then cuts nothing above
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ATTENTION)
+def test_every_backend_matches_float64_math_on_cuda(name: str, dtype: str, case: str) -> None:
+    for backend in BACKENDS:
+        out, want, used = run_case(name, backend, DTYPES[dtype], case, "cuda", compile_flex=True)
+        what = f"{name}, {backend} (ran {used}), {dtype} weights, {case}, cuda"
+        check(out, want, TOLERANCE[("cuda", DTYPES[dtype])], what)
