@@ -13,16 +13,8 @@
 # 3. `sync_check.py --decode`: cached decode steps in CUDA's sync debug mode (item 3):
 #    decode_sync.txt
 # Needs torch with CUDA, triton, pytest and transformers (any 5.x); no package index.
-set -u
-OUT=${OUT:-/tmp/posenc-gpu}
-PY=${PYTHON:-python}
-mkdir -p "$OUT"
-export PYTHONPATH=src
-cd "$(dirname "$0")/.."
-{ nvidia-smi -L; "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
-    > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts= \
+source "$(dirname "$0")/gpu_setup.sh" device.txt
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts= --durations=10 \
     tests/encodings/kernels/interpreted_triton.py tests/encodings/kernels/interpreted_modules.py \
     > "$OUT/triton_cuda_tests.txt" 2>&1
 echo "kernel tests on CUDA: exit $? ($(tail -n 1 "$OUT/triton_cuda_tests.txt"))"

@@ -80,6 +80,37 @@ def check(out: torch.Tensor, want: torch.Tensor, tolerance: float, what: str) ->
     assert error <= tolerance * scale, f"{what}: max error {error:.3g} > {tolerance} x {scale:.3g}"
 
 
+#: Gradients: max error over the module's largest gradient.
+GRAD_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 0.1}
+#: Each gradient at least this fraction of the module's largest must point the reference's
+#: way (cosine at least :data:`GRAD_COSINE`): the bound above alone would pass a scheme whose
+#: parameters got no gradient at all (FIRE's, T5's and Shaw's are 0.002-0.05 of the largest,
+#: the output projection's, at 256 tokens).
+GRAD_CHECKED = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+GRAD_COSINE = {torch.float32: 0.999, torch.bfloat16: 0.9}
+
+
+def check_gradients(
+    grads: dict[str, torch.Tensor], wants: dict[str, torch.Tensor], dtype: torch.dtype, what: str
+) -> None:
+    """Each gradient in ``grads`` against the float64 reference's: within
+    :data:`GRAD_TOLERANCE` of the module's largest gradient (the output biases' are zero under
+    softmax and a bias's sums over n² pairs cancel, so no per-tensor scale), and, where not
+    negligible, in the reference's direction."""
+    assert set(grads) <= set(wants), what
+    scale = max(g.abs().max().item() for g in wants.values())
+    for n, grad in grads.items():
+        want = wants[n].double()
+        error = (grad.double() - want).abs().max().item()
+        bound = GRAD_TOLERANCE[dtype] * scale
+        assert error <= bound, f"{what}: gradient of {n}: {error:.3g} > {bound:.3g}"
+        if want.abs().max().item() >= GRAD_CHECKED[dtype] * scale:
+            cosine = torch.nn.functional.cosine_similarity(
+                grad.double().flatten(), want.flatten(), dim=0
+            ).item()
+            assert cosine >= GRAD_COSINE[dtype], f"{what}: gradient of {n}: cosine {cosine:.4f}"
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ATTENTION)
@@ -90,3 +121,31 @@ def test_every_backend_matches_float64_math(name: str, dtype: str, case: str) ->
         check(out, want, TOLERANCE[("cpu", DTYPES[dtype])], what)
         if backend == "flex" and case == "window":  # the eager reference, not a fallback
             assert used == "flex", what
+
+
+def test_the_gradient_check_refuses_a_scheme_left_without_gradients() -> None:
+    """What the CUDA training test (``tests/test_attention_cuda.py``) checks compiled flex's
+    backward with, on the CPU: FIRE's gradients from the float32 math backend pass it, and
+    the same with FIRE's own parameters' gradients dropped (zero), which the bound over the
+    module's largest gradient alone lets through in bf16, fail it."""
+    torch.manual_seed(0)
+    pe = posenc.build_for_model("fire", 32, 4)
+    module = posenc.MultiHeadAttention(32, 4, pe=pe, causal=True, backend="math")
+    x = torch.randn(1, 64, 32)
+    weight = torch.randn_like(x)
+    (module(x) * weight).sum().backward()
+    grads = {n: p.grad.clone() for n, p in module.named_parameters()}
+    module.zero_grad(set_to_none=True)
+    reference = copy.deepcopy(module).double()
+    (reference(x.double()) * weight.double()).sum().backward()
+    wants = {n: p.grad for n, p in reference.named_parameters()}
+    for dtype in GRAD_TOLERANCE:
+        check_gradients(grads, wants, dtype, "fire, math, float32")
+    dropped = {n: torch.zeros_like(g) if n.startswith("pe.") else g for n, g in grads.items()}
+    scale = max(g.abs().max().item() for g in wants.values())
+    assert all(  # what the bound alone let through
+        (dropped[n] - wants[n]).abs().max() <= GRAD_TOLERANCE[torch.bfloat16] * scale for n in grads
+    )
+    for dtype in GRAD_TOLERANCE:
+        with pytest.raises(AssertionError, match=r"gradient of pe\."):
+            check_gradients(dropped, wants, dtype, "fire, pe's gradients dropped")

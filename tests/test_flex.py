@@ -163,3 +163,35 @@ def test_short_sequences_on_cpu_skip_the_compiled_kernel(monkeypatch: pytest.Mon
     out = flex.flex_attention_forward(q, k, v, score_mod=None, block_mask=mask, compile=True)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_int32_positions_window_the_blocks_as_int64_ones_do() -> None:
+    """Integer positions of either width (int32 ones made the block ranges' padding overflow)
+    give the same block mask, and the same attention through the public module."""
+    n = 300
+    positions = torch.stack([torch.arange(n), (torch.arange(n) - 30).clamp(min=0)])
+    dense = [
+        flex.flex_block_mask(
+            2,
+            n,
+            n,
+            causal=True,
+            key_padding_mask=None,
+            device=torch.device("cpu"),
+            q_positions=p,
+            k_positions=p,
+            window=50,
+            chunk=96,
+        ).to_dense()
+        for p in (positions, positions.int())
+    ]
+    assert torch.equal(dense[0], dense[1])
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, pe=ALiBi(2), causal=True, window=3, backend="flex")
+    x = torch.randn(1, 10, 16)
+    with torch.no_grad():
+        outs = [
+            attn(x, positions=torch.arange(10, dtype=t)[None]) for t in (torch.int64, torch.int32)
+        ]
+    assert attn.last_backend == "flex"
+    assert torch.equal(outs[0], outs[1])

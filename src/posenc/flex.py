@@ -175,9 +175,14 @@ def _block_range(positions: Tensor, bs: int, blocks: int) -> tuple[Tensor, Tenso
     """The smallest and largest position in each block of ``bs`` tokens: ``(b, blocks)``."""
     n = positions.shape[-1]
     tail = blocks * bs - n
-    low = F.pad(
-        positions, (0, tail), value=float("inf") if positions.is_floating_point() else 2**62
+    # past the end: above every position, and exact in the positions' dtype (the pad value
+    # passes through a double: int64's largest would round up and wrap to its most negative)
+    top = (
+        float("inf")
+        if positions.is_floating_point()
+        else min(2**62, torch.iinfo(positions.dtype).max)
     )
+    low = F.pad(positions, (0, tail), value=top)
     high = F.pad(positions, (0, tail), value=-1)
     return low.view(-1, blocks, bs).amin(-1), high.view(-1, blocks, bs).amax(-1)
 

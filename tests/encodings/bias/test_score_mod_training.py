@@ -30,6 +30,9 @@ POSITIONS = {
     "arange": torch.arange(9),
     "batched": torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10, 11]]),
     "fractional": torch.arange(9) * 0.75 + 0.5,
+    # rows far apart (streams at different offsets): a table by distance spans the distances
+    # within a row, never the gap between rows (10^11 entries)
+    "far_rows": torch.stack([torch.arange(9), torch.arange(9) + 10**11]),
 }
 
 

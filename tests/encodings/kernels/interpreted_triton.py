@@ -217,3 +217,35 @@ def test_bad_arguments_are_named() -> None:
         rotate_triton(q[None], cos, cos)
     with pytest.raises(PosencValueError, match="out must match"):
         rotate_triton(q, cos, cos, out=q[0])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("positioned", [False, True])
+def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) -> None:
+    """What the design's small shapes never launch: several programs along the rows
+    (``n > BLOCK_N``) and along the heads (more than ``HEADS_PER_PROGRAM`` query heads, and
+    key groups after them), pairs and kept channels that are not powers of two (the masks
+    at ``HALF < BLOCK_HALF`` and ``REST < BLOCK_REST``), out of place and in place."""
+    from posenc.encodings.kernels.triton_kernel import HEADS_PER_PROGRAM, TILE_ELEMENTS
+
+    b, hq, hk, n, d, r = 2, HEADS_PER_PROGRAM + 2, HEADS_PER_PROGRAM + 1, 40, 100, 80
+    assert n > TILE_ELEMENTS // 64  # BLOCK_HALF = 64 for r/2 = 40 pairs: 3 row programs
+    q = torch.randn(b, hq, n, d, device=DEVICE)
+    k = torch.randn(b, hk, n, d, device=DEVICE)
+    if positioned:  # whole tables, rows read per batch on the device
+        angles = torch.rand(3 * n, r // 2, dtype=torch.float64, device=DEVICE) * 40
+        positions = torch.randint(0, 3 * n, (b, n), device=DEVICE)
+        cos64, sin64 = angles.cos()[positions[:, None]], angles.sin()[positions[:, None]]
+    else:
+        angles = torch.rand(n, r // 2, dtype=torch.float64, device=DEVICE) * 40
+        positions, cos64, sin64 = None, angles.cos(), angles.sin()
+    cos, sin = angles.cos().float(), angles.sin().float()
+    refs = [rotate_reference(t.double(), cos64, sin64, interleaved=interleaved) for t in (q, k)]
+    options = {"positions": positions, "interleaved": interleaved}
+    got = rotate_pair_triton(q, k, cos, sin, **options)
+    for out, ref, x in zip(got, refs, (q, k), strict=True):
+        assert_close_to(out, ref)
+        assert torch.equal(out[..., r:], x[..., r:])
+    rotate_pair_triton(q, k, cos, sin, out_q=q, out_k=k, **options)
+    for x, out in zip((q, k), got, strict=True):
+        assert torch.equal(x, out)  # in place: the same numbers

@@ -155,10 +155,14 @@ def table_reader(table: Tensor) -> _Gather:
 
 
 def distance_range(q_positions: Tensor, k_positions: Tensor) -> tuple[int, int]:
-    """The smallest and largest ``q_pos - k_pos`` over every pair of integer positions
-    (read eagerly: one host sync)."""
+    """The smallest and largest ``q_pos - k_pos`` over the pairs a score reads, a query and a
+    key of one batch row (positions ``(n,)`` or ``(b, n)``): a table over them grows with
+    each row's span, never with the gap between rows. Read eagerly: one host sync."""
     q_pos, k_pos = q_positions.long(), k_positions.long()
-    return int(q_pos.min()) - int(k_pos.max()), int(q_pos.max()) - int(k_pos.min())
+    lows = q_pos.amin(-1) - k_pos.amax(-1)  # (b,) or ()
+    highs = q_pos.amax(-1) - k_pos.amin(-1)
+    lo, hi = torch.stack([lows.min(), highs.max()]).tolist()
+    return lo, hi
 
 
 def distance_table_score_mod(

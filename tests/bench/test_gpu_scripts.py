@@ -1,0 +1,49 @@
+"""The GPU scripts (``benchmarks/gpu_run.sh``, ``benchmarks/gpu_attention.sh``) dry-run on the
+CPU: their shell is valid, every step runs and says how it ended (the tests skip, the CUDA
+benchmarks refuse in one line), and everything lands in ``$OUT``, a relative one included."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..commands import SUBPROCESS_ENV
+
+ROOT = Path(__file__).parents[2]
+#: Each script, what it writes into $OUT, and the steps it reports.
+SCRIPTS = {
+    "gpu_run.sh": (
+        {"device.txt", "triton_cuda_tests.txt", "bench.txt"},
+        ("kernel tests on CUDA: exit", "bench rope --device cuda: exit"),
+    ),
+    "gpu_attention.sh": (
+        {"attention_device.txt", "attention_cuda_tests.txt", "attention_bench.txt"},
+        ("attention tests on CUDA: exit", "bench bias encoder --device cuda: exit"),
+    ),
+}
+
+
+@pytest.mark.slow  # (a pytest run and a posenc command in subprocesses: about 6 s each)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a dry run: on a GPU the script is real")
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_script_dry_runs_into_a_relative_out(script: str, tmp_path: Path) -> None:
+    path = ROOT / "benchmarks" / script
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    env = {**SUBPROCESS_ENV, "OUT": "out", "PYTHON": sys.executable}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(
+        ["bash", str(path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    files, steps = SCRIPTS[script]
+    assert {p.name for p in (tmp_path / "out").iterdir()} == files
+    for step in steps:
+        assert step in done.stdout, done.stdout
+    assert "torch sees no CUDA device" in done.stdout  # the benchmark's one-line refusal
+    assert not (ROOT / "out").exists()  # nothing written into the checkout
+    shutil.rmtree(tmp_path / "out")
