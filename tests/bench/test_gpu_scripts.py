@@ -18,8 +18,12 @@ ROOT = Path(__file__).parents[2]
 #: Each script, what it writes into $OUT, and the steps it reports.
 SCRIPTS = {
     "gpu_run.sh": (
-        {"device.txt", "triton_cuda_tests.txt", "bench.txt"},
-        ("kernel tests on CUDA: exit", "bench rope --device cuda: exit"),
+        {"device.txt", "triton_cuda_tests.txt", "decode_sync.txt", "bench.txt"},
+        (
+            "kernel tests on CUDA: exit",
+            "decode steps without host synchronisation: exit",
+            "bench rope --device cuda: exit",
+        ),
     ),
     "gpu_attention.sh": (
         {"attention_device.txt", "attention_cuda_tests.txt", "attention_bench.txt"},
