@@ -83,9 +83,10 @@ BiasKind = Literal["none", "score_mod", "materialised", "value"]
 MaskKind = Literal["none", "causal", "padding", "packed"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass costs 1 µs more to make, per layer)
 class Request:
-    """Everything :func:`choose_backend` reads about one attention call."""
+    """Everything :func:`choose_backend` reads about one attention call (made per call and
+    only read; compared field by field in the decision-table test)."""
 
     requested: Backend  #: the module's ``backend`` argument
     device: str  #: ``q.device.type``
@@ -145,7 +146,7 @@ def choose_backend(request: Request) -> tuple[Backend, bool]:
     return Backend.FLEX, r.bias != "none"
 
 
-@dataclass
+@dataclass(slots=True)
 class AttentionCall:
     """What surrounds the heads of one attention call: the bias state, the masks and the
     options. ``nq`` queries (the new tokens), ``context`` for a cached, packed or windowed
