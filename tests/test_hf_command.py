@@ -13,6 +13,7 @@ from posenc import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "docs" / "configs").glob("*.json"))
+GEMMA2 = ROOT / "tests" / "hf_configs" / "gemma-2-9b.json"
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -106,3 +107,35 @@ def test_bad_configs_are_one_line_and_status_2(tmp_path: Path, capsys, text: str
     err = capsys.readouterr().err
     assert re.search(match, err) and len(err.strip().splitlines()) == 1
     assert cli.main(["hf", str(tmp_path / "missing.json")]) == 2
+
+
+@pytest.mark.parametrize("value", ["2", "offf", "flase", "disable"])
+def test_a_bad_config_class_switch_is_refused_by_name(
+    capsys, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """A typo in ``POSENC_HF_CONFIG_CLASS`` does not silently leave the route on."""
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", value)
+    assert cli.main(["hf", str(GEMMA2)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "POSENC_HF_CONFIG_CLASS must be one of" in err and repr(value) in err
+
+
+@pytest.mark.parametrize(
+    ("value", "via"),
+    [
+        ("", "transformers"),
+        ("1", "transformers"),
+        (" On ", "transformers"),
+        ("true", "transformers"),
+        ("0", "posenc's own rules"),
+        ("OFF", "posenc's own rules"),
+        ("no", "posenc's own rules"),
+    ],
+)
+def test_the_config_class_switch_reads_its_spellings(
+    capsys, monkeypatch: pytest.MonkeyPatch, value: str, via: str
+) -> None:
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", value)
+    assert cli.main(["hf", str(GEMMA2)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith(f"read through {via}")

@@ -27,17 +27,31 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...errors import PosencValueError
 from .legacy import derive
 
 __all__ = ["ENV", "Read", "as_config", "route_enabled"]
 
-#: Environment variable that switches the transformers route off (``0``, ``off``, ``false``).
+#: Environment variable that switches the transformers route off (``0``, ``off``, ``false``,
+#: ``no``) or on (unset, empty, ``1``, ``on``, ``true``, ``yes``); case and spaces aside.
 ENV = "POSENC_HF_CONFIG_CLASS"
+_ON, _OFF = ("", "1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
 def route_enabled() -> bool:
-    """Whether dicts are built into their transformers config class (:data:`ENV`, per call)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    """Whether dicts are built into their transformers config class (:data:`ENV`, per call).
+
+    Raises :class:`~posenc.errors.PosencValueError` naming the variable for any other value
+    (a typo must not leave the route silently on)."""
+    value = os.environ.get(ENV, "1")
+    if value.strip().lower() in _OFF:
+        return False
+    if value.strip().lower() in _ON:
+        return True
+    raise PosencValueError(
+        f"{ENV} must be one of {', '.join(_ON[1:])} (the transformers route) or "
+        f"{', '.join(_OFF)} (posenc's own rules), got {value!r}"
+    )
 
 
 @dataclass(frozen=True)
