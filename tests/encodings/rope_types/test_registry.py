@@ -22,6 +22,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 from posenc import (  # noqa: E402
     ROPE_TYPES,
     Encoder,
+    PosencTypeError,
     PosencValueError,
     RopeType,
     RotaryEmbedding,
@@ -741,3 +742,15 @@ def test_proportional_rope_rotates_as_transformers_llama_does() -> None:
     assert not torch.allclose(partial(q, k, positions)[0], q_rot, atol=1e-3)
     with pytest.raises(ValueError, match=r"partial_rotary_factor in \(0, 1\]"):
         RotaryEmbedding(64, scaling={"rope_type": "proportional", "partial_rotary_factor": 1.5})
+
+
+@pytest.mark.parametrize("config", [None, "config.json", b"{}", 3, 2.5, True, [1, 2], ("a",)])
+def test_from_hf_config_refuses_what_is_not_a_config_by_its_type(config: object) -> None:
+    """A path, a JSON string or a list is a TypeError naming what was given, as
+    ``Encoder.from_hf_config`` says, not "describes no rotary embedding"."""
+    with pytest.raises(
+        PosencTypeError,
+        match=rf"config must be a transformers config or a config\.json dict, got "
+        rf"{type(config).__name__}",
+    ):
+        RotaryEmbedding.from_hf_config(config)

@@ -385,6 +385,11 @@ def rotary_arguments_from_hf_config(
     :data:`NOT_TOKEN_ROTATION_MODEL_TYPES`).
     """
     check_bool("strict", strict)
+    if config is None or isinstance(config, (str, bytes, int, float, list, tuple)):
+        raise PosencTypeError(  # (as Encoder.from_hf_config says; any other object is read)
+            f"config must be a transformers config or a config.json dict, got "
+            f"{type(config).__name__}"
+        )
     if isinstance(config, Mapping):  # a config.json: read as its transformers class reads it
         config = as_config(config).config
     return _rotary_arguments(config, layer_type, strict)
