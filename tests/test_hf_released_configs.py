@@ -186,6 +186,35 @@ def test_legacy_variants_read_as_their_class_reads_them(
         assert schedule.layers[0].pe.base == float(raw.get("rope_theta", 1e4))
 
 
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("mistral-7b-v0.1", "sliding_window"),  # as Mistral 7B v0.2 and later publish it
+        ("gemma-2-9b", "sliding_window"),
+        ("gemma-3-1b-it", "sliding_window"),
+        ("c4ai-command-r7b-12-2024", "sliding_window"),
+        ("qwen2.5-7b-instruct", "sliding_window"),
+        ("llama-4-scout-17b-16e-instruct", "attention_chunk_size"),
+    ],
+)
+def test_a_stated_null_window_or_chunk_is_none_not_the_class_default(
+    name: str, field: str, monkeypatch
+) -> None:
+    """``"sliding_window": null`` (or ``"attention_chunk_size": null``) in a config.json
+    switches the windows (chunks) off: the config class keeps the null, its default applies
+    only to an absent field. Own rules and transformers' class agree, layer by layer."""
+    raw = _fixture(name)
+    if name == "qwen2.5-7b-instruct":
+        raw.update(use_sliding_window=True, max_window_layers=4)
+    text = raw.get("text_config", raw)
+    text[field] = None
+    want = signature(read(_class_of(raw)))
+    assert all(x.window is None and x.chunk is None for x in read(_class_of(raw)).layers)
+    for route in ("1", "0"):
+        monkeypatch.setenv(ENV, route)
+        assert signature(read(raw)) == want, route
+
+
 def test_rotary_embedding_from_a_legacy_gemma3_file_takes_each_layer_types_theta(
     monkeypatch,
 ) -> None:

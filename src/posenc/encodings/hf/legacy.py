@@ -169,6 +169,11 @@ UNREAD_LAYER_FIELDS = {
     "local_rope_theta": "rope_parameters",
 }
 
+#: Fields whose stated ``null`` the config classes keep, switching the windows (chunks) off:
+#: their default applies only where the field is absent (Mistral 7B v0.2 publishes
+#: ``"sliding_window": null``).
+NULL_SWITCHES_OFF = ("sliding_window", "attention_chunk_size")
+
 #: The legacy fields the generic rules read (any model_type).
 _GENERIC = ("sliding_window_pattern", "max_window_layers", "no_rope_layer_interval")
 
@@ -214,7 +219,7 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
     defaults, place = FAMILY_RULES.get(model_type, ({}, None))
     stated = {key for key, value in raw.items() if value is not None}
     for key, value in defaults.items():
-        if raw.get(key) is None:
+        if raw.get(key) is None and not (key in raw and key in NULL_SWITCHES_OFF):
             raw[key] = value
     needed = DERIVING_MODEL_TYPES.get(model_type, ())
     missing = [key for key in needed if raw.get(key) is None]
