@@ -7,6 +7,7 @@ of the differential tests of ``tests/test_hf_differential.py``)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,44 @@ def test_a_stated_null_window_or_chunk_is_none_not_the_class_default(
     for route in ("1", "0"):
         monkeypatch.setenv(ENV, route)
         assert signature(read(raw)) == want, route
+
+
+@pytest.mark.parametrize(
+    ("name", "typo", "field"),
+    [
+        ("mistral-7b-v0.1", "slidng_window", "sliding_window"),
+        ("mistral-7b-v0.1", "rope_theat", "rope_theta"),
+        ("gemma-3-1b-it", "sliding_window_patern", "sliding_window_pattern"),
+        ("smollm3-3b", "no_rope_layer", "no_rope_layers"),
+        ("llama-4-scout-17b-16e-instruct", "attention_chunk", "attention_chunk_size"),
+    ],
+)
+def test_a_misspelt_layer_field_is_named_in_a_warning(
+    name: str, typo: str, field: str, monkeypatch
+) -> None:
+    """transformers keeps a misspelt key as an attribute of its own and reads the default in
+    its place; posenc reads the same schedule but says so, naming both spellings."""
+    raw = _fixture(name)
+    text = raw.get("text_config", raw)
+    text[typo] = text.pop(field, 4)
+    want = signature(read(_class_of(raw)))
+    for route in ("1", "0"):
+        monkeypatch.setenv(ENV, route)
+        with pytest.warns(UserWarning, match=rf"'{typo}'.*did you mean '{field}'\?"):
+            assert signature(read(raw)) == want, route
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_released_files_give_no_misspelling_warning(name: str, monkeypatch) -> None:
+    for route in ("1", "0"):
+        monkeypatch.setenv(ENV, route)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "config field", UserWarning)
+            if route == "0" and name in OWN_RULES_REFUSE:  # (refused after the check)
+                with pytest.raises(posenc.PosencValueError, match=OWN_RULES_REFUSE[name]):
+                    read(_fixture(name))
+            else:
+                read(_fixture(name))
 
 
 def test_rotary_embedding_from_a_legacy_gemma3_file_takes_each_layer_types_theta(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import difflib
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -121,6 +122,7 @@ def as_config(config: Any) -> Read:
     if not isinstance(config, Mapping):
         return Read(config, f"the {type(config).__name__} given")
     found = _config_class(config.get("model_type"))
+    _warn_near_misses(config, config.get("model_type"))
     if isinstance(found, str):
         return _own_rules(config, f"posenc's own rules ({found})")
     cls, version, logging = found
@@ -148,6 +150,62 @@ def as_config(config: Any) -> Read:
         if stated.get(name) is None and getattr(target, name, None) is not None
     )
     return Read(built, f"transformers {version} {cls.__name__}", defaulted)
+
+
+#: The fields that place a layer's window, chunk or rotation, whose misspelling
+#: (:func:`_warn_near_misses`) would leave a default in their place.
+LAYER_FIELDS = (
+    "sliding_window",
+    "sliding_window_pattern",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+    "attention_chunk_size",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "rope_local_base_freq",
+    "partial_rotary_factor",
+    "num_hidden_layers",
+    "head_dim",
+)
+
+
+def _warn_near_misses(config: Mapping[str, Any], model_type: Any) -> None:
+    """A ``UserWarning`` for each key of ``config`` (and of its ``text_config``) that looks
+    like a misspelt :data:`LAYER_FIELDS` entry the dict does not state (``slidng_window``):
+    transformers keeps such a key as an attribute of its own and both read the field's
+    default. Keys the config class of ``model_type`` defines (where transformers is
+    installed, the route on or off), and longer names holding the field (``v_head_dim``), are
+    fields of their own."""
+    text = config.get("text_config")
+    for raw in (config, text) if isinstance(text, Mapping) else (config,):
+        cls = _class_named(raw.get("model_type", model_type))
+        for key in raw:
+            if not isinstance(key, str) or key in LAYER_FIELDS or (cls and hasattr(cls, key)):
+                continue
+            near = difflib.get_close_matches(key, LAYER_FIELDS, n=1, cutoff=0.85)
+            if near and near[0] not in raw and near[0] not in key:
+                warnings.warn(
+                    f"config field {key!r} is not one posenc or transformers reads; "
+                    f"{near[0]!r} is absent, so its default applies: did you mean {near[0]!r}?",
+                    UserWarning,
+                    stacklevel=4,
+                )
+
+
+def _class_named(model_type: Any) -> type | None:
+    """transformers' config class of ``model_type``, where it is installed and knows it."""
+    if not isinstance(model_type, str):
+        return None
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return None
+    # (its lazy mapping's .get answers None for every type: index it)
+    return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
 
 
 #: Per-layer fields a config class may derive from others and its defaults.
