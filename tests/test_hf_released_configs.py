@@ -217,6 +217,26 @@ def test_a_stated_null_window_or_chunk_is_none_not_the_class_default(
 
 
 @pytest.mark.parametrize(
+    ("name", "field", "change"),
+    [
+        ("mistral-7b-v0.1", "rope_theta", {}),
+        ("smollm3-3b", "rope_theta", {}),
+        ("qwen2.5-7b-instruct", "max_window_layers", {"use_sliding_window": True}),
+    ],
+)
+def test_own_rules_refuse_a_stated_null_they_would_have_to_guess(
+    name: str, field: str, change: dict, monkeypatch
+) -> None:
+    """A field stated as null that posenc's own rules would fill with a family default (the
+    class keeps the null, and only an absent field takes its default) is refused by name
+    without transformers, never filled."""
+    raw = {**_fixture(name), **change, field: None}
+    monkeypatch.setenv(ENV, "0")
+    with pytest.raises(posenc.PosencValueError, match=f"states {field} as null"):
+        read(raw)
+
+
+@pytest.mark.parametrize(
     ("name", "typo", "field"),
     [
         ("mistral-7b-v0.1", "slidng_window", "sliding_window"),

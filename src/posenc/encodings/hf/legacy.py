@@ -218,8 +218,15 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
     model_type = str(raw.get("model_type") or "")
     defaults, place = FAMILY_RULES.get(model_type, ({}, None))
     stated = {key for key, value in raw.items() if value is not None}
+    nulls = [k for k in defaults if k in raw and raw[k] is None and k not in NULL_SWITCHES_OFF]
+    if nulls:  # transformers' class keeps a stated null: a default here would be a guess
+        raise PosencValueError(
+            f"config of model_type {model_type!r} states {', '.join(nulls)} as null, which "
+            "posenc's own rules (used without transformers) do not read as a default; state "
+            "a value, or install transformers"
+        )
     for key, value in defaults.items():
-        if raw.get(key) is None and not (key in raw and key in NULL_SWITCHES_OFF):
+        if key not in raw:
             raw[key] = value
     needed = DERIVING_MODEL_TYPES.get(model_type, ())
     missing = [key for key in needed if raw.get(key) is None]
