@@ -92,13 +92,13 @@ def _config_class(model_type: Any) -> tuple[type, str, Any] | str:
         return "no model_type"
     try:
         import transformers
-        from transformers import CONFIG_MAPPING
         from transformers.utils import logging
     except ImportError:
         return "transformers not installed"
-    if model_type not in CONFIG_MAPPING:
+    cls = _class_named(model_type)
+    if cls is None:
         return f"transformers {transformers.__version__} knows no model_type {model_type!r}"
-    return CONFIG_MAPPING[model_type], transformers.__version__, logging
+    return cls, transformers.__version__, logging
 
 
 #: Fields whose absence a reader of ``posenc hf`` should know was filled by the class.
