@@ -1,4 +1,4 @@
-"""Build the optional native rotary kernel (``posenc.encodings.kernels._rotary_native``).
+"""Build the optional native rotary kernel (``posenc.encodings.rotary.kernels._rotary_native``).
 
 Everything else about the package is in ``pyproject.toml``. The kernel is plain C against
 Python's headers (no torch headers, about two seconds to build) in two files: the Python
@@ -11,12 +11,12 @@ where no C compiler is found the install goes on, and posenc uses its pure-torch
 from setuptools import Extension, setup
 
 #: the rotation kernels' folder, where the C sources and the built module lie
-KERNELS = "src/posenc/encodings/kernels"
+KERNELS = "src/posenc/encodings/rotary/kernels"
 
 setup(
     ext_modules=[
         Extension(
-            "posenc.encodings.kernels._rotary_native",
+            "posenc.encodings.rotary.kernels._rotary_native",
             [f"{KERNELS}/_rotary_native.c", f"{KERNELS}/_rotary_rows.c"],
             depends=[f"{KERNELS}/rotary_rows.h"],
             # -ffp-contract=off: products rounded before the sum, as torch's operations do

@@ -4,7 +4,7 @@
 #
 #   OUT=/some/folder bash benchmarks/gpu_attention.sh
 #
-# 1. tests/test_attention_cuda.py: the differential grid on CUDA (every rotary/bias scheme x
+# 1. tests/attention/test_cuda.py: the differential grid on CUDA (every rotary/bias scheme x
 #    backend x fp32/bf16 weights x window/cached decode, against float64 math), every learned
 #    score_mod training through compiled flex (forward and backward, gradients against float64
 #    math), bf16 staying bf16 in SDPA and flex, four lengths compiling at most twice and each
@@ -17,10 +17,10 @@
 # Needs torch with CUDA (flex_attention, torch >= 2.5), triton and pytest; no package index.
 source "$(dirname "$0")/gpu_setup.sh" attention_device.txt
 timeout 240 "$PY" -m pytest -v -p no:cacheprovider -o addopts= --durations=10 \
-    tests/test_attention_cuda.py \
+    tests/attention/test_cuda.py \
     > "$OUT/attention_cuda_tests.txt" 2>&1
 echo "attention tests on CUDA: exit $? ($(tail -n 1 "$OUT/attention_cuda_tests.txt"))"
-timeout 300 "$PY" -m posenc.cli bench bias encoder --device cuda \
+timeout 300 "$PY" -m posenc.app.cli bench bias encoder --device cuda \
     --output "$OUT/gpu_attention.md" > "$OUT/attention_bench.txt" 2>&1
 echo "bench bias encoder --device cuda: exit $?"
 tail -n 60 "$OUT/attention_bench.txt"

@@ -16,7 +16,8 @@ steps and are allowed. Prints one line per encoding and exits 1 if any step sync
 then decodes single steps; every step after the first is run in sync debug mode ``error``.
 A rope type whose frequencies follow the length (dynamic NTK, LongRoPE) reads the largest
 position once per step after a padded or packed prompt (its bound is not exact there): those
-cases are expected to synchronise and are reported, not failed. ``tests/test_cached_reads.py``
+cases are expected to synchronise and are reported, not failed.
+``tests/sequence/test_cached_reads.py``
 counts the same reads on the CPU.
 """
 

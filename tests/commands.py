@@ -1,4 +1,4 @@
-"""Running the ``posenc`` command from tests: in-process through ``posenc.cli.main`` (with
+"""Running the ``posenc`` command from tests: in-process through ``posenc.app.cli.main`` (with
 the heavy work replaced by a stub, see the ``stubbed`` fixture in ``conftest.py``), or as a
 subprocess that imports the posenc these tests import."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import posenc
-from posenc.cli import main
+from posenc.app.cli import main
 
 #: The environment of a subprocess: it imports the posenc this test imported, whatever the
 #: working folder.
@@ -38,9 +38,9 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int |
 def posenc_cli(
     *args: str, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m posenc.cli ARGS`` in a subprocess."""
+    """``python -m posenc.app.cli ARGS`` in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "posenc.cli", *args],
+        [sys.executable, "-m", "posenc.app.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

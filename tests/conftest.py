@@ -65,10 +65,10 @@ def stubbed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     report, the analysis) by raising ``tests.commands.Ran``, and work in a temporary folder:
     a command that gets that far validated its arguments."""
     import posenc.analysis
+    import posenc.app.report
+    import posenc.app.tour
     import posenc.bench.harness
     import posenc.lengthgen.train
-    import posenc.report
-    import posenc.tour
 
     from .commands import Ran
 
@@ -77,8 +77,8 @@ def stubbed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 
     monkeypatch.setattr(posenc.lengthgen.train, "run_sweep", stop)
     monkeypatch.setattr(posenc.bench.harness, "environment", stop)
-    monkeypatch.setattr(posenc.tour, "run_tour", stop)
-    monkeypatch.setattr(posenc.report, "_tour_section", stop)
+    monkeypatch.setattr(posenc.app.tour, "run_tour", stop)
+    monkeypatch.setattr(posenc.app.report, "_tour_section", stop)
     monkeypatch.setattr(posenc.analysis, "analyze", stop)
     monkeypatch.chdir(tmp_path)
     yield tmp_path

@@ -3,7 +3,7 @@ acts inside attention (rotary, bias, none) × every backend × float32 and bf16 
 model itself in bfloat16, no autocast) × a sliding window and a cached decode (a prompt, then
 one token at a time through a :class:`~posenc.KVCache`), within a tolerance per device and
 dtype (:data:`TOLERANCE`). ``tests/test_autocast.py`` holds the autocast grid (masks,
-training); ``tests/test_attention_cuda.py`` runs this grid on a GPU.
+training); ``tests/attention/test_cuda.py`` runs this grid on a GPU.
 
 The reference is the same model, its weights as the case holds them (rounded to bfloat16 for
 the bf16 cases) in float64 on the math backend, run over the whole sequence at once: what is
@@ -60,7 +60,7 @@ def run_case(
     model = model.to(device=device, dtype=dtype).eval()
     reference = copy.deepcopy(model).double()  # the rounded weights, exactly
     for layer in reference.layers:
-        layer.attn.backend = posenc.attention.Backend.MATH
+        layer.attn.backend = posenc.attention.module.Backend.MATH
     x = torch.randn(2, N, DIM, generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
         want = reference(x.double())
@@ -124,7 +124,7 @@ def test_every_backend_matches_float64_math(name: str, dtype: str, case: str) ->
 
 
 def test_the_gradient_check_refuses_a_scheme_left_without_gradients() -> None:
-    """What the CUDA training test (``tests/test_attention_cuda.py``) checks compiled flex's
+    """What the CUDA training test (``tests/attention/test_cuda.py``) checks compiled flex's
     backward with, on the CPU: FIRE's gradients from the float32 math backend pass it, and
     the same with FIRE's own parameters' gradients dropped (zero), which the bound over the
     module's largest gradient alone lets through in bf16, fail it."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc import cli
+from posenc.app import cli
 from posenc.encodings.registry import _unregister, available
 
 ROOT = Path(__file__).resolve().parents[1]

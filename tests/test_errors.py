@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.errors import (
     ENV_VAR,
     MemoryBudgetError,
@@ -146,7 +146,7 @@ def test_over_budget_command_is_one_line_and_status_2(
 FAULTY = """
 import sys
 import posenc
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.errors import PosencValueError
 
 
@@ -203,6 +203,6 @@ def test_an_os_error_without_a_path_is_a_bug(monkeypatch: pytest.MonkeyPatch) ->
     def broken(args: object) -> int:
         raise OSError("device not ready")
 
-    monkeypatch.setattr("posenc.cli.cmd_list", broken)
+    monkeypatch.setattr("posenc.app.cli.cmd_list", broken)
     with pytest.raises(OSError, match="device not ready"):
         main(["list"])

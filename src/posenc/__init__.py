@@ -7,9 +7,10 @@ torch.Size([1, 6, 32])
 """
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
-from .attention import MultiHeadAttention
-from .backends import Backend
-from .cache import KVCache
+from .attention.backends import Backend
+from .attention.module import MultiHeadAttention
+from .attention.query_scale import QueryScale
+from .attention.sdpa import scaled_dot_product_attention
 from .encodings.absolute.learned import LearnedPositionalEncoding
 from .encodings.absolute.sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
@@ -35,7 +36,6 @@ from .encodings.bias.cope import CoPE
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
 from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
-from .encodings.kernels.rotate import apply_rotary, apply_rotary_
 from .encodings.registry import Entry, available, build, build_for_model, entry, register
 from .encodings.rope_types.registry import (
     ROPE_TYPES,
@@ -45,6 +45,7 @@ from .encodings.rope_types.registry import (
     validate_rope_scaling,
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
+from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from .encodings.rotary.multimodal_positions import (
     continue_multimodal_positions,
@@ -61,11 +62,10 @@ from .errors import (
     get_memory_budget,
     set_memory_budget,
 )
-from .layers import EncoderLayer, FeedForward
-from .model import Encoder, TransformerModel
-from .positions import positions_from_padding, randomize_positions
-from .query_scale import QueryScale
-from .sdpa import scaled_dot_product_attention
+from .model.encoder import Encoder, TransformerModel
+from .model.layers import EncoderLayer, FeedForward
+from .sequence.cache import KVCache
+from .sequence.positions import positions_from_padding, randomize_positions
 
 __version__ = "0.1.0"
 

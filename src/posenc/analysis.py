@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .attention.sdpa import scaled_dot_product_attention
 from .encodings.absolute.sinusoidal import inverse_frequencies, sinusoidal_table
 from .encodings.base import AdditiveEncoding, PositionalEncoding
 from .encodings.checks import check_positive_int
 from .encodings.registry import build_for_model, entry
 from .errors import PosencValueError, check_bytes
-from .model import Encoder
-from .sdpa import scaled_dot_product_attention
+from .model.encoder import Encoder
 
 #: The seed tutorial's toy embeddings: three words, four dimensions.
 TOY_EMBEDDINGS: dict[str, tuple[float, ...]] = {

@@ -35,8 +35,8 @@ from posenc import (
     register,
 )
 from posenc.analysis import analyze
+from posenc.app.cli import main
 from posenc.bench.schemes import suite_schemes
-from posenc.cli import main
 from posenc.encodings.registry import _unregister
 from posenc.plots import KINDS, build_for_plot, kinds_for, plot_encoding
 from posenc.plots.bias import bias_against_distance, bias_gallery, bias_matrices
@@ -284,7 +284,7 @@ def test_analyze_measures_the_toys(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.usefixtures("toys")
 def test_the_report_shows_the_toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from posenc import report
+    from posenc.app import report
 
     monkeypatch.setattr(report, "_tour_section", lambda: "")  # the tour has no toy in it
     page = report.build_report([ADDITIVE, BIAS], results=tmp_path)
@@ -298,7 +298,7 @@ def test_the_report_shows_the_toys(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_the_default_report_takes_every_registered_scheme(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from posenc import report
+    from posenc.app import report
 
     shown: dict[str, list[str]] = {}
     monkeypatch.setattr(report, "_tour_section", lambda: "")

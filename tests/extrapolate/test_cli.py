@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.extrapolate import cli as ex_cli
 from posenc.extrapolate.config import PRESETS, EvalSettings, ExtrapolateConfig
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.cli import main
+from posenc.app.cli import main
 from tests.commands import SUBPROCESS_ENV, kill_after_first_checkpoint, torchrun_two
 from tests.extrapolate.corpora import word_files
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.extrapolate.plots import plot_extrapolation
 from posenc.extrapolate.results import (
     check_results,
@@ -132,9 +132,9 @@ def test_results_md_figure_and_report(sweep: Path, tmp_path: Path) -> None:
     # Run again with --resume: nothing is trained again, the numbers are the same.
     before = json.loads((sweep / "results.json").read_text())
     # posenc report --results DIR inlines the table and the figure.
-    import posenc.report
+    import posenc.app.report
 
-    html = posenc.report._results_section(sweep)
+    html = posenc.app.report._results_section(sweep)
     assert "Train short, test long" in html and "data:image/png;base64," in html
     assert before == read_results(sweep)
 

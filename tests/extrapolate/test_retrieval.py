@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.errors import PosencValueError
 from posenc.extrapolate import cli as ex_cli
 from posenc.extrapolate import train

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from posenc import NoPE, RotaryEmbedding
-from posenc.cli import main
+from posenc.app.cli import main
 from posenc.extrapolate import sweep
 from posenc.extrapolate.config import PRESETS, SCHEDULES, ExtrapolateConfig
 from posenc.extrapolate.train import build_model

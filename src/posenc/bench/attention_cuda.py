@@ -5,11 +5,12 @@ training step of a whole encoder against ``torch.nn.TransformerEncoder``.
 scheme with a ``score_mod``, forward and forward+backward, time and peak extra memory:
 
 * ``flash, no bias``: ``F.scaled_dot_product_attention(is_causal=True)``, the floor;
-* ``posenc flex``: :func:`~posenc.flex.flex_attention_forward` with the scheme's ``score_mod``
+* ``posenc flex``: :func:`~posenc.attention.flex.flex_attention_forward` with the scheme's
+``score_mod``
   and a causal block mask (forward: the ``score_mod`` made once beforehand, as every layer of
   an Encoder but the first receives it; forward+backward: made inside the call, so the
   gradients reach the scheme's parameters through its tables);
-* ``sdpa, bias materialised``: :func:`~posenc.sdpa.fused_attention` with the ``(h, n, n)``
+* ``sdpa, bias materialised``: :func:`~posenc.attention.sdpa.fused_attention` with the ``(h, n, n)``
   bias and the causal mask folded into its additive mask, what peers do.
 
 Schemes without a ``score_mod`` (Transformer-XL, CoPE) and Shaw with values run through
@@ -124,8 +125,8 @@ def bias_rows(
 ) -> list[list[str]]:
     """The flex and materialised-SDPA rows of one scheme at length ``n``, forward and
     forward+backward (each row: scheme, path, pass, time, memory)."""
-    from ..flex import flex_attention_forward, flex_block_mask
-    from ..sdpa import fused_attention
+    from ..attention.flex import flex_attention_forward, flex_block_mask
+    from ..attention.sdpa import fused_attention
 
     torch.manual_seed(0)
     pe = _scheme(name, device)
@@ -206,7 +207,7 @@ def floor_rows(n: int, device: torch.device, dtype: torch.dtype, repeats: int) -
 
 def unfused_rows(name: str, n: int, device: torch.device, repeats: int) -> list[list[str]]:
     """A scheme without a score_mod through MultiHeadAttention (bf16 autocast on CUDA)."""
-    from ..attention import MultiHeadAttention
+    from ..attention.module import MultiHeadAttention
 
     torch.manual_seed(0)
     attn = MultiHeadAttention(HEADS * HEAD_DIM, HEADS, pe=_scheme(name, device), causal=True).to(
@@ -291,7 +292,7 @@ class _TorchEncoder(nn.Module):
 def cuda_encoder(*, quick: bool, device: str = "cuda", repeats: int = 10) -> Section:
     """The ``encoder`` section on ``device``: training steps per scheme against torch's."""
     from ..encodings.bias.relative_qk import ShawRelativeBias
-    from ..model import Encoder
+    from ..model.encoder import Encoder
 
     start = time.perf_counter()
     where = torch.device(device)

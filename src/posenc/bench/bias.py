@@ -68,10 +68,10 @@ def run_size(scheme: str, n: int, backends: list[str], repeats: int) -> list[dic
     import torch
     import torch.nn.functional as F
 
+    from posenc.attention.flex import flex_attention_forward, flex_block_mask
+    from posenc.attention.sdpa import scaled_dot_product_attention
     from posenc.bench.timing import Timing
     from posenc.encodings.registry import build_for_model
-    from posenc.flex import flex_attention_forward, flex_block_mask
-    from posenc.sdpa import scaled_dot_product_attention
 
     torch.manual_seed(0)
     pe = build_for_model(scheme, HEADS * HEAD_DIM, HEADS)

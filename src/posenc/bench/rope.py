@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..encodings.kernels.select import select
+from ..encodings.rotary.kernels.select import select
 from ..encodings.rotary.rope import RotaryEmbedding
 from .harness import Case, Section, Table, environment, load_average, ms, ratio, round_robin
 from .rope_calls import (

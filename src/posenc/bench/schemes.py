@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..encodings.registry import available, entry
-from ..model import Encoder
+from ..model.encoder import Encoder
 from .harness import Case, Section, Table, ms, ratio, round_robin, spread
 
 

@@ -1,9 +1,9 @@
 """Every positional encoding, in a folder per family: the family protocol (:mod:`.base`), the
 registry (:mod:`.registry`), the per-forward state (:mod:`.state`) and argument checks
 (:mod:`.checks`) here at the top; ``absolute/`` (tables added to the embeddings), ``bias/``
-(terms added to the attention logits), ``rotary/`` (rotations of queries and keys),
-``rope_types/`` (RoPE's frequency rules and context extensions), ``hf/`` (reading transformers
-configs) and ``kernels/`` (where a rotation runs). Importing this package registers every
+(terms added to the attention logits), ``rotary/`` (rotations of queries and keys, and in
+``rotary/kernels/`` where a rotation runs), ``rope_types/`` (RoPE's frequency rules and context
+extensions), and per-layer schedules (:mod:`.schedule`). Importing this package registers every
 built-in scheme (in the order they were registered before the folders); the public names are
 re-exported by :mod:`posenc` alone.
 """

@@ -98,7 +98,7 @@ class PositionalEncoding(nn.Module):
         *,
         bound: PositionBound | None = None,
     ) -> PositionState | None:
-        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`):
+        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.sequence.context`):
         ``positions`` ``(b, n)`` are the new tokens' (queries and new keys), validated by the
         context, ``key_positions`` ``(b, nk)`` every key's, the cached ones first. ``memo`` is
         kept for this encoding across the calls of one :class:`~posenc.KVCache` (xPos keeps

@@ -126,7 +126,7 @@ def resolve_positions(
 class PositionBound(NamedTuple):
     """A number the host knows without reading the device: every position of a call is at
     most ``largest``, and equals it somewhere where ``exact``. It sizes the rotary tables of
-    a cached call (:mod:`posenc.context`) so that no position is read on the host."""
+    a cached call (:mod:`posenc.sequence.context`) so that no position is read on the host."""
 
     largest: int
     exact: bool

@@ -2,7 +2,7 @@
 rows at a time, so that an operation reads its input once and writes its output once instead
 of materialising full-size float32 temporaries. Used by :func:`add_encoding` (the additive
 schemes' ``x + pe``); the pure-torch rotation tiles its rows by its own measure
-(:data:`posenc.encodings.kernels.pytorch.TILE_ELEMENTS`).
+(:data:`posenc.encodings.rotary.kernels.pytorch.TILE_ELEMENTS`).
 
 Dimension legend: ``n`` rows (sequence), ``d`` elements per row.
 """

@@ -111,10 +111,6 @@ class Corpus:
         return self.path.name
 
     @property
-    def train_bytes_per_token(self) -> float:
-        return self.train_bytes / len(self.train)
-
-    @property
     def valid_bytes_per_token(self) -> float:
         return self.valid_bytes / len(self.valid)
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..encodings.rope_types.registry import ROPE_TYPES
 from ..errors import PosencValueError
-from ..generation import ids_checked
+from ..model.generation import ids_checked
 from ..runs.checkpoint import RESULT, prepare_run_dir, write_json
 from ..runs.config import transformer_for
 from ..runs.device import model_device, placement

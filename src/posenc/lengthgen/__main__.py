@@ -1,9 +1,9 @@
 """``python -m posenc.lengthgen ...``: ``posenc lengthgen`` on its own, and the entry point for
-``torchrun`` (see :func:`posenc.cli.run_alone`)."""
+``torchrun`` (see :func:`posenc.app.cli.run_alone`)."""
 
 import sys
 
-from ..cli import run_alone
+from ..app.cli import run_alone
 from .cli import add_subcommand
 
 if __name__ == "__main__":

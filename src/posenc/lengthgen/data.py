@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from ..errors import PosencTypeError, PosencValueError
-from ..positions import randomize_positions
+from ..sequence.positions import randomize_positions
 from .tasks import Task
 
 NUM_SPECIAL = 5

@@ -14,7 +14,8 @@ The syntax uses none of ``+`` (the whole model's position modifiers, ``+random``
 A single name (``rope``) is no schedule: its ``pe_options`` are that encoding's keyword
 arguments, as before. A schedule's ``pe_options`` are a table per entry name
 (``{"rope": {"base": 500000.0}}``), applied to every entry of that name; equal names share one
-module, as :func:`posenc.schedule.resolve_schedule` does. Additive encodings act on the input,
+module, as :func:`posenc.encodings.schedule.resolve_schedule` does. Additive encodings act on the
+input,
 not on a layer, so they cannot be entries of a schedule.
 """
 
@@ -23,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..attention.query_scale import QueryScale
 from ..errors import PosencTypeError, PosencValueError
-from ..query_scale import QueryScale
 
 #: Joins the entries of a schedule.
 SEPARATOR = "/"
@@ -134,7 +135,7 @@ def model_kwargs(
     ``trained_length`` is the floor of a tempered entry's temperature."""
     if not is_schedule(pe):
         return {"pe": pe, "pe_kwargs": dict(options) or None}
-    from ..schedule import resolve_pe
+    from ..encodings.schedule import resolve_pe
 
     by_name = entry_options(pe, options)
     modules = {

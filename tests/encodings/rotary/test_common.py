@@ -8,9 +8,9 @@ import torch
 from torch.testing import assert_close
 
 from posenc import PosencTypeError, PosencValueError, apply_rotary
-from posenc.encodings.kernels import native
-from posenc.encodings.kernels.select import KERNELS, Mode, Plan
 from posenc.encodings.rotary.common import check_qk, check_rotary_dim, rotate_qk
+from posenc.encodings.rotary.kernels import native
+from posenc.encodings.rotary.kernels.select import KERNELS, Mode, Plan
 
 #: Every plan the caller may hand in: each kernel eagerly (native where it is built), under
 #: autograd, and the formula.

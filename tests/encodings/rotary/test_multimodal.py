@@ -26,9 +26,10 @@ transformers = pytest.importorskip("transformers")
 importlib.import_module("transformers.models.qwen2_vl.modeling_qwen2_vl")  # pay at collection
 
 from posenc import MultimodalRotaryEmbedding, RotaryEmbedding, apply_rotary  # noqa: E402
-from posenc.encodings.hf.model_types import MROPE_MODEL_TYPES  # noqa: E402
-from posenc.encodings.hf.mrope_layouts import MROPE_LAYOUTS, pair_rows, read_multimodal  # noqa: E402
+from posenc.encodings.rotary.mrope_layouts import pair_rows  # noqa: E402
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
+from posenc.hf.model_types import MROPE_MODEL_TYPES  # noqa: E402
+from posenc.hf.mrope_layouts import MROPE_LAYOUTS, read_multimodal  # noqa: E402
 from tests.misuse import MISSING, Misuse, cases, check  # noqa: E402
 
 transformers.logging.set_verbosity_error()

@@ -2,7 +2,7 @@
 every path that forms cos and sin (the decode lane's table rows, gathered rows, float
 positions, float64 work, far positions, learned frequencies, dynamic NTK), checked against a
 float64 transcription of the formula with the angle negated (the transformers comparison is
-``tests/encodings/hf/test_config.py``'s NanoChat family)."""
+``tests/hf/test_config.py``'s NanoChat family)."""
 
 from __future__ import annotations
 

@@ -363,7 +363,7 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     """Without autograd, a compiled in-place rotation calls the fast path on q's and k's own
     storage (the ``posenc::rotary_`` operator), not a fresh tensor copied back: values equal
     the eager in-place rotation and the tensors keep their memory."""
-    from posenc.encodings.kernels import ops
+    from posenc.encodings.rotary.kernels import ops
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -397,7 +397,7 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     """Where the native kernel is built, a compiled out-of-place rotation is the
     ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
     eager's, and the backward is the same operator turning the gradient back."""
-    from posenc.encodings.kernels import native, ops
+    from posenc.encodings.rotary.kernels import native, ops
 
     if native._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
@@ -441,8 +441,8 @@ def test_in_place_exports() -> None:
 def test_export_sees_the_rotation_as_one_operator() -> None:
     """torch.export keeps ``posenc::rotary`` (where the native kernel is built) through
     ``run_decompositions``, and the program equals the eager Encoder; an ONNX export gets the
-    formula instead (tests/test_model.py runs it in onnxruntime)."""
-    from posenc.encodings.kernels import native
+    formula instead (tests/model/test_encoder.py runs it in onnxruntime)."""
+    from posenc.encodings.rotary.kernels import native
 
     torch.manual_seed(0)
     encoder = posenc.Encoder(16, 1, 2, pe="rope").eval()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ...cache import KVCache
+from ...sequence.cache import KVCache
 from ..harness import Case, Section, Table, ms, peer_version, ratio, round_robin
 from ..timing import Timing
 from .settings import Settings, missing_peer, timing_line
@@ -32,7 +32,7 @@ from .settings import Settings, missing_peer, timing_line
 
 def posenc_model(s: Settings) -> nn.Module:
     """The causal RoPE model every row times (seeded, eval mode)."""
-    from ...model import TransformerModel
+    from ...model.encoder import TransformerModel
 
     vocab, dim, depth, heads = s.decode
     torch.manual_seed(0)

@@ -88,7 +88,7 @@ def _breakdown(
 
 
 def suite_encoder(s: Settings) -> Section:
-    from ...model import Encoder
+    from ...model.encoder import Encoder
 
     dim, depth, heads, ffn, batch, n = s.encoder
     dropout = 0.1

@@ -111,11 +111,6 @@ def work_dtype(q: Tensor | None, module: nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def heads_first(values: Tensor) -> Tensor:
-    """``(nq, nk, h)`` -> ``(h, nq, nk)``; ``(b, nq, nk, h)`` -> ``(b, h, nq, nk)``."""
-    return values.movedim(-1, -3)
-
-
 def _is_shifted_arange(positions: Tensor) -> bool:
     """True when ``positions == positions[0] + arange(n)`` (checked eagerly)."""
     if not positions.numel() or torch.compiler.is_compiling() or positions.device.type == "meta":

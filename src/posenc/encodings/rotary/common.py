@@ -11,9 +11,9 @@ from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, check_positive_float, check_positive_int
-from ..kernels.rotate import check_inplace, rotate, rotate_pair
-from ..kernels.select import Mode, Plan, select
 from ..state import RotaryState
+from .kernels.rotate import check_inplace, rotate, rotate_pair
+from .kernels.select import Mode, Plan, select
 
 
 def check_qk(q: object, k: object, head_dim: int) -> tuple[Tensor, Tensor]:

@@ -11,7 +11,7 @@ positions with equal rows give the same tables, so both rotate exactly as plain 
 decode step whose rows are equal, text being generated, is handed to the parent as such, to
 rotate on its decode lane).
 
-Which row turns which pair is the layout (:mod:`~posenc.encodings.hf.mrope_layouts`):
+Which row turns which pair is the layout (:mod:`~posenc.encodings.rotary.mrope_layouts`):
 ``blocked`` (Qwen2-VL),
 ``interleaved`` (Qwen3-VL's MRoPE-I), ``alternating`` (ERNIE-4.5-VL) and ``blocked-channels``
 (HunYuan-VL, where the two channels of a pair may take different rows' angles: then ``q`` is
@@ -31,10 +31,10 @@ from torch import Tensor
 
 from ...errors import PosencValueError
 from ..checks import check_bool, compute_dtype
-from ..hf.mrope_layouts import check_mrope, pair_rows
-from ..kernels.select import Plan, select
 from ..state import RotaryState
 from .common import check_qk, rotary_state, rotate_one, rotate_qk
+from .kernels.select import Plan, select
+from .mrope_layouts import check_mrope, pair_rows
 from .rope import HF_CLASSES, RotaryEmbedding
 from .tables import FEW_POSITIONS, read_positions
 
@@ -56,7 +56,8 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
     Args:
         head_dim: channels per head ``d``.
         mrope_section: one count per position row, in row order: how many frequency pairs
-            each row takes (see :mod:`posenc.encodings.hf.mrope_layouts` for each layout's rule).
+            each row takes (see :mod:`posenc.encodings.rotary.mrope_layouts` for each layout's
+            rule).
         mrope_layout: ``"blocked"`` (default; Qwen2-VL), ``"interleaved"`` (Qwen3-VL),
             ``"alternating"`` (ERNIE-4.5-VL) or ``"blocked-channels"`` (HunYuan-VL).
         **kwargs: :class:`~posenc.RotaryEmbedding`'s (``base``, ``rotary_dim``,
@@ -96,10 +97,10 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         super().__init__(head_dim, **kwargs)
         section = check_mrope(mrope_section, mrope_layout, self.rotary_dim)
         #: Pairs each position row takes, in row order (see
-        #: :mod:`~posenc.encodings.hf.mrope_layouts`).
+        #: :mod:`~posenc.encodings.rotary.mrope_layouts`).
         self.mrope_section: tuple[int, ...] = section
         #: How the pairs are assigned to rows: one of
-        #: :data:`~posenc.encodings.hf.mrope_layouts.LAYOUTS`.
+        #: :data:`~posenc.encodings.rotary.mrope_layouts.LAYOUTS`.
         self.mrope_layout: str = mrope_layout
         #: Rows of the positions this module takes: ``len(mrope_section)``.
         self.rows = len(section)

@@ -37,7 +37,7 @@ entry points), three kernels behind one interface (``native.py``, the C kernel
 ``pytorch.py``, the tiled pure-torch path; ``triton_kernel.py``, Triton on CUDA) and
 ``ops.py`` (inside ``torch.compile`` and ``torch.export`` the rotation is one custom operator,
 ``posenc::rotary``, in place ``posenc::rotary_``). The mode and the kernel are decided once
-per call by :func:`~posenc.encodings.kernels.select.select`; the forward, the position reader
+per call by :func:`~posenc.encodings.rotary.kernels.select.select`; the forward, the position reader
 and the tables act on its answer. Every module takes ``inplace=True`` to rotate ``q`` and
 ``k`` in their own storage (:func:`apply_rotary_`). A call with one or a few integer positions
 (decoding with a KV cache) reads the positions once and rotates with its rows of the cached
@@ -61,12 +61,11 @@ from torch import Tensor, nn
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import RotaryEncoding
 from ..checks import PositionBound, check_bool, compute_dtype
-from ..hf.config import rotary_arguments_from_hf_config
-from ..kernels.select import Mode, Plan, select
 from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
 from .common import check_qk, rotary_state, rotate_one, rotate_qk
+from .kernels.select import Mode, Plan, select
 from .spec import RotarySpec
 from .tables import Extent, RotaryTables, bounded_positions, read_positions
 
@@ -210,7 +209,7 @@ class RotaryEmbedding(RotaryEncoding):
         ``q, k`` of shape ``(b, h, n, head_dim)`` gives what that model's own code gives.
 
         ``config`` is a ``PretrainedConfig`` or a ``config.json`` dict, read as
-        :mod:`posenc.encodings.hf.config` tabulates; per-layer RoPE (Gemma 3) needs
+        :mod:`posenc.hf.config` tabulates; per-layer RoPE (Gemma 3) needs
         ``layer_type``. A ``model_type`` outside ``KNOWN_MODEL_TYPES`` (each
         checked against its own transformers code) is read from the generic fields with a
         one-time ``UserWarning``, or refused with ``strict=True``. Where transformers writes
@@ -224,6 +223,8 @@ class RotaryEmbedding(RotaryEncoding):
         oversized rotary dimension, an unknown ``rope_type`` or key). A multimodal-RoPE config
         (Qwen2-VL, Qwen3-VL, GLM-4V, ...) gives a :class:`~posenc.MultimodalRotaryEmbedding`.
         """
+        from ...hf.config import rotary_arguments_from_hf_config  # the one call up to posenc.hf
+
         arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
         arguments.update(kwargs)
         head_dim = arguments.pop("head_dim")
@@ -305,7 +306,7 @@ class RotaryEmbedding(RotaryEncoding):
         *,
         bound: PositionBound | None = None,
     ) -> RotaryState:
-        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.context`).
+        """:meth:`position_state` for a cached or packed forward (:mod:`posenc.sequence.context`).
         Nothing is read where the host knows a ``bound``: the tables grow to it
         (:func:`~.tables.bounded_positions`), so that on CUDA a decode step does not
         synchronise. A rope type whose frequencies

@@ -3,7 +3,7 @@
 The settings of a RoPE module arrive in several shapes: constructor arguments, a Hugging
 Face ``rope_scaling`` / ``rope_parameters`` dictionary (which may carry ``rope_theta``,
 ``partial_rotary_factor`` or the legacy ``"type"`` key), a transformers config
-(:mod:`~posenc.encodings.hf.config`), or a trained model's context
+(:mod:`~posenc.hf.config`), or a trained model's context
 (``Encoder.with_rope_scaling``). They are
 normalised here, once, by :meth:`RotarySpec.build`; the module, ``from_hf_config`` and
 ``with_scaling`` all go through it, and the module keeps the record it returns.

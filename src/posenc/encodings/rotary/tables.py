@@ -4,7 +4,8 @@
   in eager mode, reads their extent (smallest, largest, one run ``p, p+1, ...`` or not); a
   decode step (up to :data:`FEW_POSITIONS` integer positions) costs one ``tolist``.
 * :func:`bounded_positions` stands in for it in a cached or packed forward, whose positions
-  the host knows a bound of (:mod:`posenc.context`): the tables are sized from the bound and
+  the host knows a bound of (:mod:`posenc.sequence.context`): the tables are sized from the bound
+  and
   nothing is read, so that on CUDA a decode step does not synchronise.
 * :class:`RotaryTables` owns the float32 ``cos_cached``/``sin_cached`` tables (registered as
   non-persistent buffers of the module, so ``.to()``, ``to_empty``, the meta device and
@@ -13,8 +14,8 @@
   rope types whose frequencies move with the length, learned frequencies, far positions).
 
 Neither asks torch whether a graph is being captured: both take ``eager`` (a field of the
-:class:`~posenc.encodings.kernels.select.Plan`) from the caller's
-:func:`~posenc.encodings.kernels.select.select`.
+:class:`~posenc.encodings.rotary.kernels.select.Plan`) from the caller's
+:func:`~posenc.encodings.rotary.kernels.select.select`.
 
 Dimension legend: ``b`` batch, ``n`` sequence, ``r`` rotary dim.
 """

@@ -2,7 +2,7 @@
 and keys are also scaled, so that scores decay with the distance.
 
 It stands beside :class:`~posenc.RotaryEmbedding`, not under it: the two share the rotation
-(:mod:`~.common`, :mod:`~posenc.encodings.kernels.rotate`) and nothing else. xPos has no
+(:mod:`~.common`, :mod:`~posenc.encodings.rotary.kernels.rotate`) and nothing else. xPos has no
 cached tables, no
 context extension and no learned frequencies: every call forms its scaled cos and sin from
 the positions in float64.

@@ -1,0 +1,335 @@
+"""The ``posenc`` command. Thin: it parses arguments and calls the library.
+
+Every error a user can cause (a bad argument, an unknown encoding, a bad value deep in the
+library, an unusable path) ends as one line on stderr and exit status 2; anything else is a
+bug and keeps its traceback (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import select
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..errors import PosencError, PosencValueError
+
+EXIT_USAGE = 2
+
+#: Modules that contribute subcommands through ``add_subcommand(subparsers)``.
+_SUBCOMMAND_MODULES = (
+    "posenc.lengthgen.cli",
+    "posenc.extrapolate.cli",
+    "posenc.bench.cli",
+    "posenc.app.report",
+    "posenc.app.hf_command",
+    "posenc.app.conformance",
+)
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called; reported in one line with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line (no usage dump) and exit with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str, *, limit: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    if limit is not None and value > limit:
+        raise argparse.ArgumentTypeError(f"expected at most {limit}, got {value}")
+    return value
+
+
+def _bounded(limit: int) -> Callable[[str], int]:
+    """A positive-integer argument type with an upper bound (a size past it would only
+    exhaust memory: ``--positions`` draws n x n matrices, ``--dpi`` scales the canvas)."""
+
+    def parse(text: str) -> int:
+        return _positive_int(text, limit=limit)
+
+    parse.__name__ = "positive integer"
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not -(2**63) <= value < 2**63 - 1:  # torch seeds are 64-bit; analyze also uses seed + 1
+        raise argparse.ArgumentTypeError(f"expected a seed in [-2**63, 2**63 - 1), got {value}")
+    return value
+
+
+#: Upper bounds of the size arguments.
+MAX_POSITIONS, MAX_DIM, MAX_HEADS, MAX_DPI, MAX_LENGTH = 4096, 4096, 256, 1200, 2048
+
+
+def _figure_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise argparse.ArgumentTypeError(f"output must end in .png, .svg or .pdf, got {text!r}")
+    return path
+
+
+# --------------------------------------------------------------------------- list
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from ..encodings.registry import available, entry
+
+    rows = [
+        (name, entry(name).family, entry(name).paper, entry(name).summary)
+        for name in available(args.family)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for name, family, paper, summary in rows:
+        print(f"{name:<{widths[0]}}  {family:<{widths[1]}}  {paper:<{widths[2]}}  {summary}")
+    return 0
+
+
+# --------------------------------------------------------------------------- plot
+
+#: Stands for the plot command's epilog until its help is shown (see :class:`_PlotHelp`).
+_KINDS_EPILOG = "<kinds of picture, per scheme>"
+
+
+class _PlotHelp(argparse.RawDescriptionHelpFormatter):
+    """Fills ``posenc plot --help``'s epilog with the kinds each scheme supports, importing
+    the plotting package (matplotlib) only when the help is shown."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text == _KINDS_EPILOG:
+            from ..plots import kinds_help
+
+            text = kinds_help()
+        return super()._fill_text(text, width, indent)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    import matplotlib.pyplot as plt
+
+    from ..plots import plot_encoding, save_figure
+
+    fig = plot_encoding(
+        args.names, kind=args.kind, positions=args.positions, dim=args.dim, num_heads=args.heads
+    )
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PosencValueError(
+            f"-o/--output {str(args.output)!r}: cannot create its folder ({exc.strerror})"
+        ) from None
+    save_figure(fig, args.output, dpi=args.dpi)
+    plt.close(fig)
+    print(f"wrote {args.output}")
+    return 0
+
+
+# --------------------------------------------------------------------------- analyze
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..analysis import ANALYSIS_COLUMNS, analyze, format_analysis
+    from ..encodings.registry import available, entry
+
+    names = args.names or available()
+    for name in names:
+        entry(name)  # an unknown name fails before any work
+    rows = [analyze(name, length=args.length, seed=args.seed) for name in names]
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=2))
+        return 0
+    table = Table(title=f"measured properties (training length L = {args.length})")
+    for column in ANALYSIS_COLUMNS:
+        table.add_column(column, justify="left" if column in ("encoding", "family") else "right")
+    for row in rows:
+        table.add_row(*format_analysis(row))
+    console = Console(width=max(Console().width, 110))
+    console.print(table)
+    console.print(
+        "unique: smallest distance between two positions' representations; shift resid.: 0 "
+        "when the logit contribution depends only on i - j; decay: share of distances where "
+        "it does not rise; at 2L: defined at twice L; drift past L: change of that structure in "
+        "[L, 2L) against [0, L); permutation gap: 0 when a random bidirectional encoder "
+        "cannot see order."
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------- tour
+
+
+def cmd_tour(args: argparse.Namespace) -> int:
+    from .tour import run_tour
+
+    run_tour(Path(args.out), image_format=args.format)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="posenc", description="Positional encodings for Transformers.")
+    from .. import __version__
+    from ..encodings.base import FAMILIES
+    from ..encodings.registry import available
+    from ..encodings.rope_types.registry import ROPE_TYPES
+
+    names = ", ".join(available())
+
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("tour", help="run every demonstration and save its pictures")
+    p.add_argument("--out", default="posenc-tour", help="folder for pictures (default %(default)s)")
+    p.add_argument("--format", choices=("png", "svg"), default="png", help="picture format")
+    p.set_defaults(func=cmd_tour)
+
+    p = sub.add_parser(
+        "list",
+        help="list every registered encoding, one line each",
+        description="Every registered encoding: name, family, paper and summary. "
+        f"RoPE context extension (RotaryEmbedding(scaling={{'rope_type': ...}})): "
+        f"{', '.join(ROPE_TYPES)}.",
+    )
+    p.add_argument("--family", choices=FAMILIES, default=None, help="only this family")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser(
+        "plot",
+        help="plot encodings to a PNG/SVG/PDF file",
+        epilog=_KINDS_EPILOG,
+        formatter_class=_PlotHelp,
+    )
+    p.add_argument("names", nargs="+", metavar="NAME", help=f"registry names: {names}")
+    p.add_argument(
+        "--kind", default=None, help="what to draw (default: by family; the kinds are below)"
+    )
+    p.add_argument(
+        "--positions",
+        type=_bounded(MAX_POSITIONS),
+        default=100,
+        help=f"positions shown (at most {MAX_POSITIONS})",
+    )
+    p.add_argument("--dim", type=_bounded(MAX_DIM), default=None, help="model width")
+    p.add_argument("--heads", type=_bounded(MAX_HEADS), default=4, help="attention heads")
+    p.add_argument("--dpi", type=_bounded(MAX_DPI), default=120, help=f"at most {MAX_DPI}")
+    p.add_argument("-o", "--output", type=_figure_path, required=True, help="file to write")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("analyze", help="measure the properties of encodings, as a table")
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"registry names (default: all): {names}"
+    )
+    p.add_argument(
+        "--length",
+        type=_bounded(MAX_LENGTH),
+        default=64,
+        help=f"training length L (at most {MAX_LENGTH})",
+    )
+    p.add_argument("--seed", type=_seed, default=0, help="seed for random weights and probes")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_analyze)
+
+    for module_name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise
+            continue
+        add: Callable[[argparse._SubParsersAction], None] = module.add_subcommand
+        add(sub)
+    return parser
+
+
+def _stdout_gone() -> bool:
+    """Whether standard output's reader went away (``posenc list | head``): its pipe reports an
+    error to a poll. If so, stdout is pointed at devnull, so that Python's flush at exit does
+    not fail again, and the command stops quietly, as other commands do."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # replaced by something without a file
+        return False
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0)):
+            return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    return True
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
+    """Parse ``argv`` and run the chosen subcommand; returns the exit status.
+
+    Only a caller's mistake becomes one line on stderr and status 2: argparse's errors, posenc's
+    own validation errors (:class:`~posenc.errors.PosencError`) and a path the system refuses
+    (an :class:`OSError` naming a file). Anything else is a bug in posenc: Python prints its
+    traceback and the status is 1.
+    """
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit as exc:  # --help and --version: a status, not an exception, in-process
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe (a worker's): a bug or the system, keep the traceback
+        return 141  # 128 + SIGPIPE, what a shell reports for a command its pipe closed
+    except (PosencError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise  # not a path the user gave: a bug or the system, keep the traceback
+        if os.environ.get("POSENC_DEBUG"):
+            raise
+        text = str(exc).strip()
+        first_line = text.splitlines()[0] if text else type(exc).__name__
+        print(f"{prog}: error: {first_line}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def run_alone(name: str, add_subcommand: Callable[[Any], None], argv: Sequence[str] | None) -> int:
+    """``python -m posenc.NAME ...``: the ``posenc NAME`` subcommand on its own (also the entry
+    point for ``torchrun``), with the same boundary as ``posenc`` (:func:`run`)."""
+    parser = _Parser(prog=f"python -m posenc.{name}")
+    add_subcommand(parser.add_subparsers(dest="command", parser_class=_Parser))
+    args = [name, *(sys.argv[1:] if argv is None else argv)]
+    return run(parser, args, f"posenc {name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``posenc`` console script; returns the exit status."""
+    return run(build_parser(), sys.argv[1:] if argv is None else list(argv), "posenc")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The three attention backends as plain functions with one signature, and the one pure
+function that chooses between them.
+
+* :func:`math_backend`: ``softmax(q kᵀ/sqrt(d) + bias) v`` written out (the weights, and a
+  value-side term, are only available here);
+* :func:`sdpa_backend`: :func:`torch.nn.functional.scaled_dot_product_attention`, a bias
+  materialised into its additive mask;
+* :func:`flex_backend`: :func:`torch.nn.attention.flex_attention` with the scheme's
+  ``score_mod`` and a block-sparse mask (``None`` when it cannot run: the caller then runs
+  SDPA).
+
+Each takes ``(q, k, v, call)``: the heads ready for the softmax and an :class:`AttentionCall`
+saying what surrounds them (bias, masks, dropout). Which one runs is
+:func:`choose_backend` of a :class:`Request`, a frozen record of everything the choice reads
+(device, dtype, sizes, kind of bias and of mask, autograd, dropout, compilation), so the
+whole policy is one table (``tests/attention/test_backends.py`` holds it, a row per device kind).
+
+Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..encodings.base import BiasEncoding, ScoreMod
+from ..encodings.checks import compute_dtype
+from ..encodings.state import BiasState
+from ..sequence.context import SequenceContext
+from ..sequence.masks import attention_mask
+from . import flex
+from .sdpa import fused_attention, scaled_dot_product_attention
+
+__all__ = [
+    "BACKEND_FUNCTIONS",
+    "FLEX_AUTO_MIN_ELEMENTS",
+    "AttentionCall",
+    "Backend",
+    "Request",
+    "choose_backend",
+    "flex_backend",
+    "math_backend",
+    "sdpa_backend",
+]
+
+
+class Backend(str, Enum):
+    """Where :class:`~posenc.MultiHeadAttention` runs the softmax (see its ``backend``
+    argument). A ``str`` enum: ``Backend.SDPA == "sdpa"``, and the plain strings are accepted
+    wherever a backend is."""
+
+    AUTO = "auto"
+    FLEX = "flex"
+    SDPA = "sdpa"
+    MATH = "math"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+#: On the CPU, ``auto`` switches a bias scheme to compiled flex attention once a materialised
+#: bias would hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32,
+#: e.g. 16 heads at n = 1024). Below it, compiling (tens of seconds per kernel on a CPU) costs
+#: more than materialising saves. On a GPU compiling takes seconds, once per scheme (dynamic
+#: shapes), and the materialised bias is what makes SDPA slow: there is no threshold.
+FLEX_AUTO_MIN_ELEMENTS = 2**24
+
+#: How a bias reaches the logits: ``none``; ``score_mod`` (the scheme has a fused form);
+#: ``materialised`` (it has none: Transformer-XL, CoPE); ``value`` (it also adds a value-side
+#: term, Shaw et al. with values: only the math backend computes the weights it needs).
+BiasKind = Literal["none", "score_mod", "materialised", "value"]
+#: The mask: ``none``, ``causal``, ``padding`` (key padding, with or without causal) or
+#: ``packed`` (documents, a window or a chunk: flex's block mask skips whole blocks).
+MaskKind = Literal["none", "causal", "padding", "packed"]
+
+
+@dataclass(slots=True)  # (not frozen: a frozen dataclass costs 1 µs more to make, per layer)
+class Request:
+    """Everything :func:`choose_backend` reads about one attention call (made per call and
+    only read; compared field by field in the decision-table test)."""
+
+    requested: Backend  #: the module's ``backend`` argument
+    device: str  #: ``q.device.type``
+    dtype: torch.dtype  #: the dtype of q, k, v
+    heads: int  #: query heads ``h``
+    nq: int  #: queries
+    nk: int  #: keys (more than ``nq`` for a cached decoding step)
+    bias: BiasKind = "none"
+    mask: MaskKind = "none"
+    grad: bool = False  #: autograd records through q, k, v or the bias's parameters
+    dropout: bool = False  #: dropout on the weights (training)
+    need_weights: bool = False  #: the caller wants the weights
+    compile_flex: bool = True  #: the module's ``compile_flex``
+    flex_available: bool = True  #: this torch has flex_attention
+
+    @staticmethod
+    def kind_of(state: BiasState | None) -> BiasKind:
+        """The :data:`BiasKind` of a forward's bias state (a class-level fact of the scheme:
+        whether it overrides ``score_mod``)."""
+        if state is None:
+            return "none"
+        if state.has_value_term:
+            return "value"
+        fused = type(state.pe).score_mod is not BiasEncoding.score_mod
+        return "score_mod" if fused else "materialised"
+
+
+def choose_backend(request: Request) -> tuple[Backend, bool]:
+    """The backend to run, and whether flex runs only for a fused ``score_mod`` (then a
+    ``score_mod`` that turns out ``None``, e.g. a table by distance at fractional positions,
+    sends the call to SDPA rather than compile flex around a materialised bias).
+
+    Explicit requests are honoured where they can run: ``math`` always; ``sdpa`` unless the
+    weights or a value term are needed; ``flex`` unless dropout is on, autograd records on a
+    CPU (flex has no CPU backward), or a compiled kernel would meet a cached decoding step
+    (more keys than queries). ``auto`` adds: a bias without a fused form, or no bias and no
+    packed mask, runs on SDPA; on the CPU flex only pays once a materialised bias would hold
+    :data:`FLEX_AUTO_MIN_ELEMENTS`; on a GPU every fused bias and every packed mask runs on
+    flex.
+    """
+    r = request
+    if r.need_weights or r.requested == Backend.MATH or r.bias == "value":
+        return Backend.MATH, False
+    if r.requested == Backend.SDPA:
+        return Backend.SDPA, False
+    flex_runs = r.flex_available and not r.dropout and not (r.device == "cpu" and r.grad)
+    # the compiled kernel keeps the lengths symbolic, but a decoding step's one query is
+    # served far better by SDPA with its (h, 1, nk) bias
+    flex_runs = flex_runs and (r.nq == r.nk or not r.compile_flex)
+    if r.requested == Backend.FLEX:
+        return (Backend.FLEX if flex_runs else Backend.SDPA), False
+    fusable = r.bias == "score_mod" or (r.bias == "none" and r.mask == "packed")
+    if not (fusable and flex_runs and r.compile_flex):
+        return Backend.SDPA, False
+    if r.device == "cpu" and r.heads * r.nq * r.nk < FLEX_AUTO_MIN_ELEMENTS:
+        return Backend.SDPA, False
+    return Backend.FLEX, r.bias != "none"
+
+
+@dataclass(slots=True)
+class AttentionCall:
+    """What surrounds the heads of one attention call: the bias state, the masks and the
+    options. ``nq`` queries (the new tokens), ``context`` for a cached, packed or windowed
+    forward (it then holds the padding mask and the positions)."""
+
+    batch: int
+    nq: int
+    state: BiasState | None = None
+    causal: bool = False
+    key_padding_mask: Tensor | None = None
+    context: SequenceContext | None = None
+    window: int | None = None
+    chunk: int | None = None
+    dropout_p: float = 0.0
+    compile_flex: bool = True
+    fused_only: bool = False
+
+    @property
+    def windowed(self) -> bool:
+        return self.window is not None or self.chunk is not None
+
+    @property
+    def packed(self) -> bool:
+        """A document, window or chunk mask (flex's block mask skips its empty blocks)."""
+        return self.windowed or (self.context is not None and self.context.q_runs is not None)
+
+    def mask_kind(self) -> MaskKind:
+        if self.packed:
+            return "packed"
+        if self.key_padding_mask is not None:
+            return "padding"
+        return "causal" if self.causal else "none"
+
+    def dense_mask(self, nk: int, device: torch.device) -> Tensor | None:
+        """The boolean mask ``(b|1, 1, nq, nk)`` (True = attend), or ``None``."""
+        if self.context is None:
+            return attention_mask(
+                self.batch,
+                self.nq,
+                nk,
+                causal=self.causal,
+                key_padding_mask=self.key_padding_mask,
+                device=device,
+            )
+        return self.context.mask(self.causal, self.nq, nk, device, self.window, self.chunk)
+
+
+#: ``backend(q, k, v, call) -> (out (b, h, nq, d) or None, weights (b, h, nq, nk) or None)``.
+BackendFn = Callable[[Tensor, Tensor, Tensor, AttentionCall], tuple[Tensor | None, Tensor | None]]
+
+
+def math_backend(
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
+) -> tuple[Tensor | None, Tensor | None]:
+    """The written-out softmax, returning the weights; adds a value-side term."""
+    state = call.state
+    bias = None if state is None else state.bias(q, k)  # (h|b·h, nq, nk)
+    mask = call.dense_mask(k.shape[-2], q.device)
+    out, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias, dropout_p=call.dropout_p)
+    if state is not None and state.has_value_term:
+        extra = state.value_term(weights.to(compute_dtype(q.dtype)))
+        out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, nq, d)
+    return out, weights
+
+
+def sdpa_backend(
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
+) -> tuple[Tensor | None, Tensor | None]:
+    """PyTorch's fused SDPA; the bias and the mask folded into one additive mask, made once
+    per forward for every layer that shares them."""
+    state, context = call.state, call.context
+    nk = k.shape[-2]
+    bias = None if state is None else state.bias(q, k)  # (h|b·h, nq, nk)
+    mask = call.dense_mask(nk, q.device)
+    plain = call.key_padding_mask is None and not call.packed
+    plain_causal = call.causal and plain and call.nq == nk
+    keep = None  # the additive mask is the same in every layer: make it once
+    memo: Any = context if state is None else state
+    if memo is not None:
+        # the context keeps one mask per kind of layer; else the padding decides
+        key = ("sdpa mask", call.causal, mask if context else call.key_padding_mask, q.dtype)
+        keep = functools.partial(memo.keep, key)
+    out = fused_attention(q, k, v, mask, bias, call.dropout_p, plain_causal=plain_causal, keep=keep)
+    return out, None
+
+
+def flex_backend(
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
+) -> tuple[Tensor | None, Tensor | None]:
+    """Flex attention with the scheme's ``score_mod`` (or a materialised bias read by one);
+    ``(None, None)`` when it cannot run: compilation failed, or ``call.fused_only`` and the
+    scheme has no ``score_mod`` here."""
+    b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
+    state, context = call.state, call.context
+    score_mod: ScoreMod | None = None
+    if state is not None:
+        score_mod = state.score_mod(q, k)
+        if score_mod is None:
+            if call.fused_only:
+                return None, None
+            score_mod = flex.bias_score_mod(state.bias(q, k))  # the kernel reads the bias
+    where: dict[str, Any] = {}
+    if context is not None:
+        k_positions, _, k_runs = context.last_keys(nk)
+        where = {"q_documents": context.q_runs, "k_documents": k_runs}
+        if call.windowed:
+            positions = context.positions.expand(b, nq), k_positions.expand(b, nk)
+            where.update(q_positions=positions[0], k_positions=positions[1])
+            where.update(window=call.window, chunk=call.chunk)
+    block_mask = flex.flex_block_mask(
+        b, nq, nk, causal=call.causal, key_padding_mask=call.key_padding_mask, device=q.device,
+        **where,
+    )  # fmt: skip
+    out = flex.flex_attention_forward(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex
+    )
+    return out, None
+
+
+BACKEND_FUNCTIONS: dict[Backend, BackendFn] = {
+    Backend.MATH: math_backend,
+    Backend.SDPA: sdpa_backend,
+    Backend.FLEX: flex_backend,
+}
+
+
+def learns(q: Tensor, state: BiasState | None) -> bool:
+    """Whether autograd records this call: through ``q`` or the bias's parameters."""
+    if not torch.is_grad_enabled():
+        return False
+    params = () if state is None else state.pe.parameters()
+    return q.requires_grad or any(p.requires_grad for p in params)

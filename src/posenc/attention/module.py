@@ -1,0 +1,372 @@
+"""Scaled dot-product attention and multi-head attention that apply any positional scheme
+through the family hooks (rotary: rotate q and k; bias: add to the logits).
+
+Attention knows the hooks, never the schemes. A bias scheme reaches the logits in one of two
+ways:
+
+* materialised: ``bias(q_positions, k_positions, q=, k=)`` is an ``(h, n, n)`` (or
+  ``(b, h, n, n)``) tensor added before the softmax (backends ``math`` and ``sdpa``);
+* fused: ``score_mod(...)`` is handed to :func:`torch.nn.attention.flex_attention`, which
+  adds the bias inside its kernel, block by block, so no ``n × n`` tensor ever exists
+  (backend ``flex``; the machinery is in :mod:`posenc.attention.flex`).
+
+The backends are functions of one signature in :mod:`posenc.attention.backends`, with the one pure
+function that chooses between them.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`` head dim,
+``D`` model width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..encodings.base import PositionalEncoding
+from ..encodings.checks import (
+    check_bool,
+    check_input,
+    check_positive_int,
+    check_probability,
+)
+from ..encodings.schedule import resolve_pe
+from ..encodings.state import BiasState, PositionState, RotaryState
+from ..errors import PosencValueError
+from ..sequence.cache import KVCache
+from ..sequence.context import SequenceContext
+from ..sequence.masks import check_key_padding_mask
+from . import flex
+from .backends import (
+    BACKEND_FUNCTIONS,
+    AttentionCall,
+    Backend,
+    Request,
+    choose_backend,
+    learns,
+    sdpa_backend,
+)
+from .checks import check_attention_pe, check_heads, check_reach
+from .query_scale import QueryScale
+
+__all__ = ["BACKENDS", "MultiHeadAttention"]
+
+
+BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
+
+
+# --------------------------------------------------------------------------- module
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head self-attention that applies a rotary or bias encoding through its hook.
+
+    Args:
+        dim: model width ``D``; must be divisible by ``num_heads`` unless ``head_dim`` is
+            given.
+        num_heads: number of query heads ``h``.
+        num_kv_heads: number of key/value heads ``g`` (grouped-query attention, Ainslie et
+            al. 2023): each serves ``h / g`` query heads; ``g = 1`` is multi-query attention.
+            Default ``h``. The KV cache stores the ``g`` grouped heads.
+        head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
+            ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
+        pe: a rotary, bias or none encoding (additive ones belong on the input), or its
+            registry name, built as :class:`~posenc.Encoder` builds it: for ``num_heads``
+            heads of ``head_dim``, from the scheme's ``causal_defaults`` when ``causal``.
+        window: a sliding window: each query reads the keys less than ``window`` positions
+            away (with ``causal``: keys ``i - window + 1 … i``), as Mistral's and Gemma's
+            local layers do. ``None``: every key.
+        chunk: chunked attention (Llama 4): each query reads the keys whose
+            ``position // chunk`` is its own. ``None``: every key.
+        query_scale: a :class:`~posenc.QueryScale`: queries multiplied by a factor growing
+            with the log of their position, after the rotation (Llama 4's NoPE-layer
+            temperature, Ministral 3's ``llama_4_scaling_beta``).
+        causal: mask future keys.
+        dropout: dropout on the attention weights (training only).
+        backend: where the softmax runs (a :class:`Backend` or its string):
+
+            * ``"math"``: explicit ``softmax(q kᵀ/sqrt(d) + bias) v`` (always used when
+              weights are requested, and for schemes with a value-side term);
+            * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, a bias
+              materialised as its float mask;
+            * ``"flex"``: ``torch.nn.attention.flex_attention`` with the scheme's
+              ``score_mod`` (compiled once per scheme, with symbolic lengths after the first
+              change of length), so the bias is never materialised; schemes without a
+              score_mod are read from a materialised bias. It falls back to ``sdpa`` where
+              flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
+              backward), a cached decoding step, or a failed compilation (warned once);
+            * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
+              or chunk mask) where flex can run: on a GPU always, on the CPU once the bias
+              would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
+
+            The choice is :func:`posenc.attention.backends.choose_backend`, one pure function of the
+            call (device, dtype, sizes, bias, mask, autograd, dropout, compilation).
+        compile_flex: compile flex_attention (the fast path). ``False`` runs its eager
+            reference, which is correct but materialises the scores.
+
+    A query whose keys are all masked gets uniform weights on ``math``/``sdpa`` and a zero
+    output on ``flex``; its output is meaningless either way.
+
+    >>> attn = MultiHeadAttention(16, 4)
+    >>> attn(torch.zeros(2, 5, 16)).shape
+    torch.Size([2, 5, 16])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        pe: str | PositionalEncoding | None = None,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: Backend | str = Backend.AUTO,
+        compile_flex: bool = True,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        window: int | None = None,
+        chunk: int | None = None,
+        query_scale: QueryScale | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("num_heads", num_heads)
+        head_dim, num_kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise PosencValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if backend == Backend.FLEX and not flex.flex_available():
+            raise PosencValueError(
+                "backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)"
+            )
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
+        self.num_kv_heads = num_kv_heads
+        self.window, self.chunk, self.query_scale = check_reach(window, chunk, query_scale)
+        self.causal = check_bool("causal", causal)
+        check_bool("bias", bias)
+        self.dropout = check_probability("dropout", dropout)
+        self.backend = Backend(backend)
+        self.compile_flex = check_bool("compile_flex", compile_flex)
+        if isinstance(pe, str):
+            pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
+        self.pe = check_attention_pe(pe, num_heads, self.head_dim)
+        # one fused projection: h query heads, then g key and g value heads (3·D by default)
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
+        self.out = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        #: The backend the last forward actually used (for inspection and benchmarks).
+        self.last_backend: str | None = None
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        pe: PositionalEncoding | None = None,
+        state: PositionState | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Self-attention over ``x``: ``Concat(head_1, ..., head_h) W_O`` (eq. 4 of the paper).
+
+        Shapes:
+            x: ``(b, n, D)``; positions: ``(n,)`` or ``(b, n)`` (``(…, n, axes)`` for N-D
+            schemes); key_padding_mask: ``(b, n)`` bool, True = padding; document_ids:
+            ``(b, n)`` integers (packed documents, see :mod:`posenc.sequence.context`).
+
+        Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, nk))`` with ``need_weights``.
+        With a :class:`~posenc.KVCache`, ``x`` holds the new tokens only: their keys and
+        values join the cache and they attend to every cached token (``nk`` keys in all).
+        ``pe`` overrides the module's own encoding. ``state`` is that encoding's
+        :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
+        layers (the Encoder does); ``positions`` are then not read.
+        """
+        check_input(x, self.dim)  # bad input fails before the encoding does any work
+        b, n, _ = x.shape
+        encoding = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        context = SequenceContext.build(
+            batch=b,
+            seq=n,
+            device=x.device,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
+            cache=cache,
+            axes=1 if encoding is None else encoding.axes,
+            scheme=type(encoding).__name__,
+            windowed=self.reads_positions,
+        )
+        if context is None:
+            # the caller that made ``state`` (an Encoder) has read the mask's values already
+            check_key_padding_mask(key_padding_mask, b, n, read_values=state is None)
+        if state is None:
+            state = self._state(x, positions, encoding, context)
+        heads, weights = self._heads(x, state, key_padding_mask, need_weights, context)
+        if context is not None:
+            context.commit()
+        out = self.out(heads)  # (b, n, D)
+        return (out, weights) if need_weights else out
+
+    @property
+    def windowed(self) -> bool:
+        """Whether this attention reads a sliding window or a chunk."""
+        return self.window is not None or self.chunk is not None
+
+    @property
+    def reads_positions(self) -> bool:
+        """Whether this attention reads positions itself (a window, a chunk or a query
+        scale): the caller then makes a :class:`~posenc.sequence.context.SequenceContext`."""
+        return self.windowed or self.query_scale is not None
+
+    def state_for(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        pe: PositionalEncoding | None = None,
+        context: SequenceContext | None = None,
+    ) -> PositionState | None:
+        """What :meth:`attend` needs of ``pe`` (default: the module's own encoding) at
+        ``positions`` for the input ``x`` (``None`` without an encoding); arguments as for
+        :meth:`forward`. With a ``context`` (a cached or packed forward) its positions are
+        used."""
+        check_input(x, self.dim)
+        pe = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
+        return self._state(x, positions, pe, context)
+
+    def attend(
+        self,
+        x: Tensor,
+        state: PositionState | None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        context: SequenceContext | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The heads before the output projection: ``Concat(head_1, ..., head_h)``
+        ``(b, n, D)``, and the weights ``(b, h, n, nk)`` when ``need_weights`` (else ``None``).
+        ``state`` is from :meth:`state_for` (or an Encoder's encoding); ``context`` is the
+        forward's :class:`~posenc.sequence.context.SequenceContext` when it is cached or packed (it
+        then holds the padding mask); the other arguments as for :meth:`forward`."""
+        check_input(x, self.dim)
+        if context is None:
+            check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+            if self.reads_positions:
+                raise PosencValueError(
+                    "attend: a windowed, chunked or query-scaled attention needs the "
+                    "forward's context (it reads positions); call forward, or pass context="
+                )
+        elif key_padding_mask is not None:
+            raise PosencValueError("attend: pass key_padding_mask through the context alone")
+        return self._heads(x, state, key_padding_mask, need_weights, context)
+
+    @staticmethod
+    def _state(
+        x: Tensor,
+        positions: Tensor | None,
+        pe: PositionalEncoding | None,
+        context: SequenceContext | None,
+    ) -> PositionState | None:
+        """:meth:`state_for` on a checked ``x`` and encoding."""
+        if pe is None:
+            return None
+        if context is None:
+            return pe.position_state(positions, x)
+        memo = {} if context.cache is None else context.cache.memo(pe)
+        return pe.context_state(
+            context.positions, context.key_positions, x, memo, bound=context.bound
+        )
+
+    def _heads(
+        self,
+        x: Tensor,
+        state: PositionState | None,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        context: SequenceContext | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`attend` on a checked ``x`` and mask: project, apply the position state,
+        join the cache, share key/value heads, choose a backend and run it."""
+        b, n, _ = x.shape
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self._project(x)  # (b, h, n, d); k, v (b, g, n, d)
+        q, k, bias_state = self._apply_state(q, k, state)
+        if self.query_scale is not None:
+            assert context is not None  # forward made one: reads_positions
+            q = self.query_scale.apply(q, context.positions)
+        if context is not None:
+            k, v = context.keys_values(self, k, v)  # (b, g, nk, d): the cached keys first
+            key_padding_mask = context.last_keys(k.shape[2])[1]
+        if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
+            k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
+        call = AttentionCall(
+            batch=b,
+            nq=n,
+            state=bias_state,
+            causal=self.causal,
+            key_padding_mask=key_padding_mask,
+            context=context,
+            window=self.window,
+            chunk=self.chunk,
+            dropout_p=self.dropout if self.training else 0.0,
+            compile_flex=self.compile_flex,
+        )
+        backend, call.fused_only = choose_backend(self._request(q, k, call, need_weights))
+        out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
+        if out is None:  # flex could not run here (warned where it matters)
+            backend = Backend.SDPA
+            out, weights = sdpa_backend(q, k, v, call)
+        assert out is not None
+        self.last_backend = backend.value
+        return out.transpose(1, 2).reshape(b, n, h * d), weights  # (b, n, h·d)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused projection split into heads: q ``(b, h, n, d)``, k and v ``(b, g, n, d)``."""
+        b, n, _ = x.shape
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if g == h:
+            q, k, v = self.qkv(x).view(b, n, 3, h, d).unbind(2)
+        else:
+            q, k, v = self.qkv(x).view(b, n, h + 2 * g, d).split([h, g, g], dim=2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    def _apply_state(
+        q: Tensor, k: Tensor, state: PositionState | None
+    ) -> tuple[Tensor, Tensor, BiasState | None]:
+        """A rotary state rotates ``q`` and ``k``; a bias state is handed on to the softmax."""
+        if isinstance(state, RotaryState):
+            # q and k are fresh projections: rotate them in their own storage where autograd
+            # is off (under autograd they are unbind views, which must not change in place);
+            # inside torch.compile inductor fuses the out-of-place rotation instead
+            fresh = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            q, k = state(q, k, inplace=fresh)
+        return q, k, state if isinstance(state, BiasState) else None
+
+    def _request(self, q: Tensor, k: Tensor, call: AttentionCall, need_weights: bool) -> Request:
+        """What :func:`~posenc.attention.backends.choose_backend` reads about this call."""
+        return Request(
+            requested=self.backend,
+            device=q.device.type,
+            dtype=q.dtype,
+            heads=self.num_heads,
+            nq=q.shape[-2],
+            nk=k.shape[-2],
+            bias=Request.kind_of(call.state),
+            mask=call.mask_kind(),
+            grad=learns(q, call.state),
+            dropout=call.dropout_p > 0.0,
+            need_weights=need_weights,
+            compile_flex=self.compile_flex,
+            flex_available=flex.flex_available(),
+        )
+
+    def extra_repr(self) -> str:
+        text = f"dim={self.dim}, num_heads={self.num_heads}"
+        if self.num_kv_heads != self.num_heads:
+            text += f", num_kv_heads={self.num_kv_heads}"
+        if self.head_dim * self.num_heads != self.dim:
+            text += f", head_dim={self.head_dim}"
+        for name in ("window", "chunk", "query_scale"):
+            if getattr(self, name) is not None:
+                text += f", {name}={getattr(self, name)}"
+        return text + f", causal={self.causal}, backend={self.backend.value!r}"

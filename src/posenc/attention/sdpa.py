@@ -1,0 +1,169 @@
+"""The two softmax kernels that :class:`~posenc.MultiHeadAttention` runs besides flex
+attention: the teaching version written out step by step (backend ``math``, and wherever the
+weights are needed), and PyTorch's fused ``scaled_dot_product_attention`` with posenc's boolean
+mask and logit bias folded into one additive mask (backend ``sdpa``).
+
+Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..encodings.checks import check_probability, compute_dtype
+from ..errors import PosencTypeError, PosencValueError, check_bytes
+
+__all__ = ["autocast_off", "fused_attention", "kernel_dtype", "scaled_dot_product_attention"]
+
+
+def kernel_dtype(t: Tensor) -> torch.dtype:
+    """The dtype the attention kernels take ``q``, ``k`` and ``v`` in.
+
+    On a GPU (any device but the CPU) the inputs' own: bf16/fp16 products run on tensor cores
+    and the kernels keep the scores, the bias and the softmax statistics in fp32 themselves
+    (flash attention and flex do; posenc's ``math`` backend upcasts the ``(nq, nk)`` scores,
+    never ``q``, ``k`` or ``v``). On the CPU the compute dtype (fp32 for half types): its
+    half-precision kernels are no faster and round more, so posenc keeps the exact path there.
+    """
+    return t.dtype if t.device.type != "cpu" else compute_dtype(t.dtype)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """``softmax(q kᵀ / sqrt(d) + bias) v``, returning the output and the weights.
+
+    The teaching version of attention (Vaswani et al. 2017, eq. 1), written out step by step.
+
+    Args:
+        q: ``(..., nq, d)``; k: ``(..., nk, d)``; v: ``(..., nk, dv)``.
+        mask: broadcastable to ``(..., nq, nk)``; nonzero/True where attending is allowed.
+            Masked logits become the dtype's most negative finite value (not ``-1e9``, which
+            overflows in float16), so a fully masked row gives uniform weights, never NaN.
+        bias: added to the logits, broadcastable to ``(..., nq, nk)``.
+        dropout_p: dropout on the weights.
+
+    Scores, bias, softmax and the weights are float32 for half-precision inputs, and the
+    output is cast back once; the two products take :func:`kernel_dtype` (the inputs' own
+    on a GPU, float32 on the CPU). Autocast is switched off here (it would run ``q kᵀ`` in the
+    low precision on the CPU too, and round the softmax).
+
+    Returns:
+        ``(output (..., nq, dv), weights (..., nq, nk))``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() < 2:
+            raise PosencTypeError(
+                f"{name} must be a floating-point tensor (..., n, d), got {t!r:.80}"
+            )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise PosencValueError(
+            f"q (..., nq, d), k (..., nk, d) and v (..., nk, dv) disagree: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    dropout_p = check_probability("dropout_p", dropout_p)
+    out_dtype = q.dtype
+    work = compute_dtype(q.dtype)
+    if not torch.compiler.is_compiling():  # symbolic sizes there
+        lead = math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+        nq, nk = q.shape[-2], k.shape[-2]
+        check_bytes(
+            "q x k",
+            f"{nq} x {nk} queries by keys (times {lead})",
+            3 * lead * nq * nk * work.itemsize,  # scores, masked scores, weights
+            device=q.device,
+        )
+    with autocast_off(q.device):
+        products = kernel_dtype(q)
+        q, k, v = q.to(products), k.to(products), v.to(products)
+        scores = (q @ k.transpose(-2, -1)).to(work) / math.sqrt(q.shape[-1])  # (..., nq, nk)
+        if bias is not None:
+            scores = scores + bias.to(work)
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
+
+
+def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
+    """A context in which autocast is off on ``device``'s type (nothing where that type has
+    no autocast, e.g. ``meta``): arithmetic meant for float32 stays in float32."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    p: float,
+    *,
+    plain_causal: bool = False,
+    keep: Callable[[Callable[[], Tensor]], Tensor] | None = None,
+) -> Tensor:
+    """:func:`torch.nn.functional.scaled_dot_product_attention` with posenc's mask and bias.
+    ``plain_causal`` says ``mask`` is the square causal mask and nothing else (no padding, no
+    documents, as many queries as keys): SDPA's ``is_causal`` then stands for it. Other masks
+    and biases become one additive float mask whose masked entries are the most negative
+    finite value, so a fully padded row cannot produce NaN; ``keep`` (a memo of the forward)
+    makes it once for every layer.
+
+    ``q``, ``k`` and ``v`` enter the kernel in :func:`kernel_dtype`: on a GPU bf16/fp16 stay
+    bf16/fp16 and the additive mask is rounded to that dtype (SDPA takes its float mask in
+    the query's dtype; the bias is formed in fp32 and rounded once, its only loss), on the
+    CPU they are computed in fp32."""
+    if bias is None and mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+    if bias is None and plain_causal:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    work = kernel_dtype(q)
+
+    def additive_mask() -> Tensor:  # (b|1, h|1, nq, nk)
+        b, h, nq, _ = q.shape
+        nk = k.shape[-2]
+        if not torch.compiler.is_compiling():  # symbolic sizes there
+            check_bytes(
+                "q x k",
+                f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
+                2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
+                device=q.device,
+            )
+        exact = compute_dtype(work)  # bias and mask combined in fp32, rounded once
+        zero = torch.zeros((), dtype=exact, device=q.device)
+        additive = zero if bias is None else bias.to(exact)
+        if mask is not None:
+            # (filled on the device: torch.tensor would copy from the host, a sync on CUDA)
+            blocked = torch.full((), torch.finfo(work).min, dtype=exact, device=q.device)
+            additive = torch.where(mask, additive, blocked)
+        additive = additive.to(work)
+        # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
+        # 2-3x slower and materialises the scores
+        return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
+
+    additive = additive_mask() if keep is None else keep(additive_mask)
+    # autocast off: it would round the float32 mask to half precision, where its most negative
+    # value becomes -inf and a fully masked row zeros instead of uniform weights
+    with autocast_off(q.device):
+        if work != q.dtype:
+            out = F.scaled_dot_product_attention(
+                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
+            )
+            return out.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)

@@ -1,0 +1,1 @@
+"""The model: encoder and language model, their layers, generation."""

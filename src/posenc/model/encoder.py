@@ -1,0 +1,491 @@
+"""The Transformer encoder (Vaswani et al. 2017, §3.1–3.3) built to take any positional scheme.
+
+An additive encoding is applied once to the input; a rotary or bias encoding is handed to
+every layer's attention (one shared module, so learned bias tables are shared across layers
+as in T5). The model never looks at which scheme it holds, only at its family.
+
+Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.backends import Backend
+from ..attention.checks import check_attention_pe, check_heads
+from ..attention.query_scale import QueryScale
+from ..encodings.base import AdditiveEncoding, PositionalEncoding
+from ..encodings.checks import check_bool, check_input, check_positive_int
+from ..encodings.schedule import (
+    layers_of_types,
+    per_layer,
+    rescaled_schedule,
+    resolve_pe,
+    resolve_schedule,
+)
+from ..errors import PosencTypeError, PosencValueError, check_bytes
+from ..sequence.cache import KVCache
+from ..sequence.context import SequenceContext
+from ..sequence.masks import check_key_padding_mask
+from ..sequence.positions import randomize_positions
+from .generation import check_tokens, generate
+from .layers import Activation, EncoderLayer
+
+__all__ = ["Encoder", "TransformerModel"]
+
+
+class Encoder(nn.Module):
+    """A stack of ``depth`` encoder layers with one positional scheme.
+
+    Args:
+        dim: model width; num_heads must divide it unless ``head_dim`` is given.
+        depth: number of layers.
+        num_heads: attention (query) heads.
+        num_kv_heads: key/value heads, grouped-query attention (default ``num_heads``; see
+            :class:`~posenc.MultiHeadAttention`).
+        head_dim: size of each head (default ``dim / num_heads``).
+        pe: a registry name (see :func:`posenc.available`), a module, or ``None`` (NoPE);
+            or a list with one such entry per layer (``"none"`` for a NoPE layer; equal names
+            share one module; an additive scheme only as the single model-wide ``pe``; see
+            :mod:`posenc.encodings.schedule`).
+        window: a sliding window for every layer (an int), or per layer (a list, ``None``
+            for full attention); see :class:`~posenc.MultiHeadAttention`.
+        chunk: chunked attention (Llama 4), as ``window``.
+        query_scale: a :class:`~posenc.QueryScale` for every layer, or a per-layer list
+            (``None`` there: none); Llama 4 scales its NoPE layers' queries.
+        ffn_dim: feed-forward width (default ``4 * dim``).
+        dropout: dropout in attention, feed-forward and residuals.
+        causal: mask future positions (decoder-only models).
+        norm_first: pre-norm (default) or the paper's post-norm.
+        pe_kwargs: extra constructor arguments when ``pe`` is a name. A causal Encoder starts
+            from the scheme's ``causal_defaults`` (T5: unidirectional buckets).
+        random_positions: ``L`` for randomized positions (Ruoss et al. 2023): in training
+            each sequence's positions are mapped through sorted distinct positions drawn
+            from ``[0, L)`` (:func:`randomize_positions`); evaluation uses the positions
+            given. Works with every scheme; ``None`` (default) turns it off.
+
+    >>> enc = Encoder(32, 2, 4, pe="sinusoidal")
+    >>> enc(torch.randn(2, 10, 32)).shape
+    torch.Size([2, 10, 32])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        *,
+        pe: str | PositionalEncoding | None = "sinusoidal",
+        ffn_dim: int | None = None,
+        dropout: float = 0.0,
+        causal: bool = False,
+        norm_first: bool = True,
+        activation: Activation = "relu",
+        backend: Backend = "auto",
+        pe_kwargs: dict[str, Any] | None = None,
+        random_positions: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        window: int | list[int | None] | None = None,
+        chunk: int | list[int | None] | None = None,
+        query_scale: QueryScale | list[QueryScale | None] | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("depth", depth)
+        windows, chunks = per_layer("window", window, depth), per_layer("chunk", chunk, depth)
+        scales = query_scale if isinstance(query_scale, (list, tuple)) else [query_scale] * depth
+        if len(scales) != depth:
+            raise PosencValueError(
+                f"query_scale has {len(scales)} entries but the model has depth={depth}"
+            )
+        for i, item in enumerate(scales):
+            if item is not None and not isinstance(item, QueryScale):
+                raise PosencTypeError(
+                    f"query_scale[{i}] must be a posenc.QueryScale or None, got {item!r}"
+                )
+        if random_positions is not None:
+            check_positive_int("random_positions", random_positions)
+        check_positive_int("num_heads", num_heads)
+        head_size, kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
+        if ffn_dim is not None:
+            check_positive_int("ffn_dim", ffn_dim)
+        if pe_kwargs is not None and not isinstance(pe_kwargs, Mapping):
+            raise PosencTypeError(
+                f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}"
+            )
+        check_bool("norm_first", norm_first)
+        hidden = 4 * dim if ffn_dim is None else ffn_dim
+        # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
+        inner = (2 * num_heads + 2 * kv_heads) * head_size * dim  # qkv and output projections
+        layer_params = inner + 2 * dim * hidden + hidden + 9 * dim
+        check_bytes(
+            "dim x depth x ffn_dim",
+            f"{dim} x {depth} x {hidden}",
+            depth * layer_params * torch.get_default_dtype().itemsize,
+        )
+        self.dim, self.depth, self.num_heads = dim, depth, num_heads
+        self.causal = check_bool("causal", causal)
+        self.random_positions = random_positions
+        self.num_kv_heads, self.head_dim = kv_heads, head_size
+        distinct, self._pe_index = resolve_schedule(
+            pe,
+            depth,
+            lambda item: resolve_pe(
+                item, dim, num_heads, causal=causal, head_dim=head_size, pe_kwargs=pe_kwargs
+            ),
+        )
+        # one encoding: ``self.pe``, as always (its parameters keep their names); several:
+        # ``self.encodings``, and ``self.pe`` is None
+        self.pe: PositionalEncoding | None = distinct[0] if len(distinct) == 1 else None
+        if self.pe is None:
+            self.encodings = nn.ModuleList(distinct)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                dim,
+                num_heads,
+                ffn_dim=ffn_dim,
+                dropout=dropout,
+                causal=causal,
+                norm_first=norm_first,
+                activation=activation,
+                backend=backend,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                window=windows[i],
+                chunk=chunks[i],
+                query_scale=scales[i],
+            )
+            for i in range(depth)
+        )
+        # A pre-norm stack leaves its residual stream unnormalised: normalise once at the end.
+        self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
+        # Validate the pairing now rather than at the first forward.
+        for encoding in distinct:
+            if encoding.family != "additive":
+                check_attention_pe(encoding, num_heads, head_size)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, device: Any = None, **overrides: Any) -> Encoder:
+        """An encoder with the schedule of the model ``config`` describes (a transformers
+        config, or a ``config.json`` dict, read as transformers' config class for its
+        ``model_type`` reads it; see :mod:`posenc.hf.schedule`): its width, heads, key/value
+        heads, head size, feed-forward width, and per layer its encoding (RoPE as the layer
+        type reads it, or NoPE), window, chunk and query temperature; causal, unless the
+        family's model attends both ways (ModernBERT and the other encoders of
+        ``posenc.hf.schedule.BIDIRECTIONAL_MODEL_TYPES``), with random weights. ``overrides``
+        change sizes first (``num_layers=``, ``hidden_size=``, ...); ``device="meta"``
+        allocates nothing. :attr:`layer_types` records each layer's type.
+
+        >>> from transformers import Gemma3TextConfig
+        >>> enc = Encoder.from_hf_config(Gemma3TextConfig(), num_layers=6, device="meta")
+        >>> [(t, layer.attn.window) for t, layer in zip(enc.layer_types, enc.layers)][4:]
+        [('sliding_attention', 4096), ('full_attention', None)]
+        """
+        from ..hf.schedule import build_from_hf_config  # the one call up to posenc.hf
+
+        return build_from_hf_config(cls, config, device=device, overrides=overrides)
+
+    def distinct_pes(self) -> list[PositionalEncoding]:
+        """The encodings of this encoder, each once, in order of first use."""
+        return [self.pe] if self.pe is not None else list(self.encodings)
+
+    @property
+    def pes(self) -> list[PositionalEncoding]:
+        """The encoding of each layer (one entry per layer; shared modules repeat)."""
+        distinct = self.distinct_pes()
+        return [distinct[i] for i in self._pe_index]
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
+        ``(b, n)`` bool with True = padding; document_ids ``(b, n)`` integers. Returns
+        ``(b, n, D)``.
+
+        The encoding is asked once per forward: an additive one is added to ``x``; a rotary
+        or bias one makes its :meth:`~posenc.PositionalEncoding.position_state` (positions
+        validated, cos/sin or bias computed), which every layer then applies.
+
+        ``cache`` (a :class:`~posenc.KVCache`): ``x`` holds the new tokens, which attend to
+        every cached one and join the cache; positions continue where it stands unless
+        given. ``document_ids``: packed documents, each attended to alone, with positions
+        restarting at 0 in each (see :mod:`posenc.sequence.context`).
+        """
+        check_input(x, self.dim)
+        b, n, _ = x.shape
+        distinct = self.distinct_pes()
+        widest = distinct[0]  # the encoding with the most position axes
+        for pe in distinct[1:]:
+            widest = pe if pe.axes > widest.axes else widest
+        windowed = False
+        for layer in self.layers:
+            windowed = windowed or layer.attn.reads_positions
+        context = SequenceContext.build(
+            batch=b,
+            seq=n,
+            device=x.device,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
+            cache=cache,
+            axes=widest.axes,
+            scheme=widest.registry_name() or type(widest).__name__,
+            windowed=windowed,
+        )
+        if context is None:
+            check_key_padding_mask(key_padding_mask, b, n, read_values=True)
+        else:
+            positions, key_padding_mask = context.positions, None  # the context holds both
+        if self.training and self.random_positions is not None and cache is None:
+            positions = randomize_positions(positions, n, self.random_positions, device=x.device)
+            if context is not None:
+                context.positions = context.key_positions = positions
+                context.bound = None
+        if isinstance(self.pe, AdditiveEncoding):
+            x = self.pe(x, positions)
+        states = []  # once per distinct encoding
+        for pe in distinct:
+            if context is None:
+                states.append(pe.position_state(positions, x))
+            else:
+                memo = {} if cache is None else cache.memo(pe)
+                states.append(
+                    pe.context_state(
+                        context.positions, context.key_positions, x, memo, bound=context.bound
+                    )
+                )
+        for layer, index in zip(self.layers, self._pe_index, strict=True):
+            x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
+        if context is not None:
+            context.commit()
+        return self.norm(x)
+
+    #: The sequence length this encoder was trained at, when known (``posenc extrapolate``
+    #: sets it and saves it with its checkpoints; it is not in the ``state_dict``). It fills
+    #: a missing ``original_max_position_embeddings`` in :meth:`with_rope_scaling`.
+    trained_length: int | None = None
+
+    #: The type of each layer (transformers' ``layer_types``: ``"full_attention"``,
+    #: ``"sliding_attention"``, ...), when known; :meth:`with_rope_scaling` may select by it.
+    layer_types: list[str] | None = None
+
+    def with_rope_scaling(
+        self, scaling: Mapping[str, Any] | None, *, layer_types: Iterable[str] | None = None
+    ) -> Encoder:
+        """This encoder with its rotary embeddings' scaling replaced by ``scaling`` (a Hugging
+        Face ``rope_scaling`` dict, or ``None`` for plain RoPE): how a RoPE model trained at
+        length ``L`` is evaluated with position interpolation, dynamic NTK or YaRN. Every
+        RoPE layer is rescaled, or, with ``layer_types``, those whose entry in
+        :attr:`layer_types` is one of them (Gemma 3 scales its global layers only).
+
+        The result is a new :class:`Encoder` that *shares* every layer, norm and weight with
+        this one (training either trains both; ``copy.deepcopy`` it to fine-tune apart); only
+        the rotary modules are new (:meth:`posenc.RotaryEmbedding.with_scaling`). This encoder
+        is left as it is. A dictionary whose rope type needs the original context
+        (:attr:`posenc.RopeType.needs_original`) and lacks ``original_max_position_embeddings``
+        gets :attr:`trained_length`.
+
+        >>> enc = Encoder(16, 1, 2, pe="rope")
+        >>> enc.trained_length = 64
+        >>> enc.with_rope_scaling({"rope_type": "yarn", "factor": 4.0}).pe.scaling["factor"]
+        4.0
+        """
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+        chosen = layers_of_types(self.layer_types, layer_types, self.depth)
+        distinct, index = rescaled_schedule(self.pes, chosen, scaling, self.trained_length)
+        new = _sharing_copy(self)
+        new._pe_index = index
+        if len(distinct) == 1:
+            new.pe = distinct[0]
+            new._modules.pop("encodings", None)
+        else:
+            new._modules.pop("pe", None)
+            new.pe = None
+            new.encodings = nn.ModuleList(distinct)
+        return new
+
+    def extra_repr(self) -> str:
+        return "" if self.trained_length is None else f"trained_length={self.trained_length}"
+
+
+def _sharing_copy(module: nn.Module) -> Any:
+    """A new module object whose submodules, parameters and buffers are this one's (the
+    registries are new dicts, so replacing a submodule of the copy leaves ``module`` as is)."""
+    new = copy.copy(module)
+    new._modules = dict(module._modules)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    return new
+
+
+class TransformerModel(nn.Module):
+    """Token embedding (scaled by ``sqrt(dim)`` as in the paper, §3.4), a positional scheme,
+    an :class:`Encoder` and a linear head: ``(b, n)`` token ids -> ``(b, n, num_outputs)``.
+
+    >>> model = TransformerModel(100, 32, 2, 4, pe="sinusoidal")
+    >>> model(torch.randint(0, 100, (2, 7))).shape
+    torch.Size([2, 7, 100])
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        *,
+        num_outputs: int | None = None,
+        pe: str | PositionalEncoding | None = "sinusoidal",
+        padding_idx: int | None = None,
+        **encoder_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        check_positive_int("vocab_size", vocab_size)
+        check_positive_int("dim", dim)
+        if num_outputs is not None:
+            check_positive_int("num_outputs", num_outputs)
+        if padding_idx is not None:
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):
+                raise PosencTypeError(f"padding_idx must be an int or None, got {padding_idx!r}")
+            if not -vocab_size <= padding_idx < vocab_size:
+                raise PosencValueError(
+                    f"padding_idx must be in [-{vocab_size}, {vocab_size}), got {padding_idx}"
+                )
+        outputs = num_outputs or vocab_size
+        check_bytes(
+            "vocab_size x dim",
+            f"{vocab_size} x {dim}" + (f" (and {outputs} outputs)" if num_outputs else ""),
+            (vocab_size + outputs) * dim * torch.get_default_dtype().itemsize,
+        )
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
+        # N(0, 1/dim) so that the sqrt(dim) scale gives unit-variance inputs (fairseq's
+        # Transformer does the same); torch's N(0, 1) default would make them 8x too large
+        # at dim 64 and drown every sublayer's update in the residual stream.
+        nn.init.normal_(self.embed.weight, std=dim**-0.5)
+        if padding_idx is not None:
+            nn.init.zeros_(self.embed.weight[padding_idx])
+        self.encoder = Encoder(dim, depth, num_heads, pe=pe, **encoder_kwargs)
+        self.head = nn.Linear(dim, num_outputs or vocab_size)
+        self.scale = math.sqrt(dim)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> Tensor:
+        """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``. ``cache``
+        and ``document_ids`` as for :meth:`Encoder.forward`: with a cache, ``tokens`` are
+        the new ones and the logits are theirs. ``logits_to_keep=k > 0`` returns the logits
+        of the last ``k`` tokens only, ``(b, k, num_outputs)`` (generation needs the last)."""
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+            raise PosencTypeError(f"logits_to_keep must be an int, got {logits_to_keep!r}")
+        if logits_to_keep < 0:
+            raise PosencValueError(f"logits_to_keep must be >= 0, got {logits_to_keep}")
+        check_tokens(tokens, self.vocab_size)
+        x = self.embed(tokens) * self.scale  # (b, n, D)
+        x = self.encoder(
+            x,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            cache=cache,
+            document_ids=document_ids,
+        )
+        return self.head(x if logits_to_keep == 0 else x[:, -logits_to_keep:])
+
+    def generate(
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` new tokens:
+        ``(b, n + steps)``. Needs a causal model; runs without autograd, in the model's
+        current mode (call ``eval()`` first, as for any inference).
+
+        The prompt fills a :class:`~posenc.KVCache` in one call; each new token then costs
+        one call over that token alone. ``temperature == 0`` (default) is greedy, equal to
+        taking the argmax of a full forward over the sequence so far at every step; otherwise
+        tokens are sampled from ``softmax(logits / temperature)`` cut to the ``top_k`` most
+        likely and to the ``top_p`` nucleus, drawn with ``generator`` (seed it to reproduce).
+        Once a row emits ``eos_token_id`` its later places hold ``eos_token_id``;
+        generation stops when every row has, or after ``max_new_tokens``.
+        ``key_padding_mask`` ``(b, n)`` (True = padding) marks a left-padded prompt: each row
+        then generates what it would alone.
+
+        >>> model = TransformerModel(20, 16, 1, 2, pe="alibi", causal=True).eval()
+        >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
+        torch.Size([1, 7])
+        """
+        return generate(
+            self,
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos_token_id,
+            generator=generator,
+            key_padding_mask=key_padding_mask,
+        )
+
+    @classmethod
+    def from_hf_config(
+        cls, config: Any, *, device: Any = None, **overrides: Any
+    ) -> TransformerModel:
+        """A model with the vocabulary and schedule of the model ``config`` describes, random
+        weights (see :meth:`Encoder.from_hf_config`, whose arguments it takes)."""
+        from ..hf.schedule import build_from_hf_config  # the one call up to posenc.hf
+
+        return build_from_hf_config(cls, config, device=device, overrides=overrides, vocab=True)
+
+    @property
+    def trained_length(self) -> int | None:
+        """The sequence length the model was trained at, if known
+        (:attr:`Encoder.trained_length`)."""
+        return self.encoder.trained_length
+
+    @trained_length.setter
+    def trained_length(self, value: int | None) -> None:
+        self.encoder.trained_length = value
+
+    def with_rope_scaling(
+        self, scaling: Mapping[str, Any] | None, *, layer_types: Iterable[str] | None = None
+    ) -> TransformerModel:
+        """This model with its rotary embeddings' scaling replaced, sharing every weight with
+        it (see :meth:`Encoder.with_rope_scaling`, whose ``layer_types`` it passes on).
+
+        >>> model = TransformerModel(50, 16, 1, 2, pe="rope", causal=True)
+        >>> model.trained_length = 64
+        >>> stretched = model.with_rope_scaling({"rope_type": "linear", "factor": 4.0})
+        >>> stretched.embed is model.embed, stretched.encoder.pe is model.encoder.pe
+        (True, False)
+        """
+        new = _sharing_copy(self)
+        new.encoder = self.encoder.with_rope_scaling(scaling, layer_types=layer_types)
+        return new

@@ -1,0 +1,261 @@
+"""Generation with a KV cache: :meth:`posenc.TransformerModel.generate`, and the sampling step.
+
+The prompt goes through the model once, filling a :class:`~posenc.KVCache`; each new token
+then goes through alone, reading every cached key. A left-padded batch keeps its padding in
+the cache and positions each row's real tokens from 0 (:func:`~posenc.positions_from_padding`),
+so every row generates what it would generate alone.
+
+Dimension legend: ``b`` batch, ``n`` prompt length, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import PosencTypeError, PosencValueError, check_bytes
+from ..sequence.cache import KVCache
+from ..sequence.masks import check_key_padding_mask
+from ..sequence.positions import positions_from_padding
+
+__all__ = ["check_tokens", "generate", "sample_next"]
+
+
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """The next token of each row from its logits ``(b, V)`` -> ``(b,)`` int64.
+
+    ``temperature == 0`` is greedy (the first largest logit). Otherwise the logits are divided
+    by the temperature, cut to the ``top_k`` largest and then to the smallest set whose
+    probability reaches ``top_p`` (nucleus sampling; the most likely token always stays), and
+    one token is drawn with ``generator``. Computed in float32 at least.
+    """
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    work = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    # shift first: the largest logit becomes 0, so a tiny temperature gives -inf, never NaN
+    work = (work - work.amax(dim=-1, keepdim=True)) / temperature
+    blocked = torch.tensor(-math.inf, dtype=work.dtype, device=work.device)
+    if top_k is not None and top_k < work.shape[-1]:
+        kth = work.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
+        work = torch.where(work < kth, blocked, work)
+    if top_p is not None and top_p < 1.0:
+        ordered, order = work.sort(dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the mass of the more likely tokens
+        cut = torch.where(before >= top_p, blocked, ordered)
+        work = torch.empty_like(work).scatter_(-1, order, cut)
+    probs = work.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+#: Set within :func:`ids_checked`: the caller checked the token ids' range on the host.
+_IDS_CHECKED: ContextVar[bool] = ContextVar("posenc_ids_checked", default=False)
+
+
+@contextlib.contextmanager
+def ids_checked() -> Iterator[None]:
+    """Within it :func:`check_tokens` leaves out the range of the ids, which the caller has
+    checked on the host before copying them to the device (a training loop whose windows
+    come from a corpus of the model's vocabulary): on a GPU reading that range makes the
+    host wait for the device at every forward."""
+    token = _IDS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _IDS_CHECKED.reset(token)
+
+
+def check_tokens(tokens: object, vocab_size: int, name: str = "tokens") -> None:
+    """``tokens`` checked to be ``(batch, seq)`` int64/int32 ids in ``[0, vocab_size)`` (the
+    range not within :func:`ids_checked`)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.long, torch.int32):
+        got = tokens.dtype if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise PosencTypeError(f"{name} must be an int64 or int32 tensor of token ids, got {got}")
+    if tokens.dim() != 2:
+        raise PosencValueError(f"{name} must have shape (batch, seq), got {tuple(tokens.shape)}")
+    if not torch.compiler.is_compiling() and tokens.numel() and not _IDS_CHECKED.get():
+        low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer
+        if low < 0 or high >= vocab_size:
+            raise PosencValueError(
+                f"token ids must be in [0, {vocab_size}), got range [{low}, {high}]"
+            )
+
+
+def _check_generate(
+    model: Any,
+    prompt: object,
+    max_new_tokens: object,
+    temperature: object,
+    top_k: object,
+    top_p: object,
+    eos_token_id: object,
+    generator: object,
+    key_padding_mask: object,
+) -> None:
+    """Every argument of :func:`generate`, checked before any work."""
+    check_tokens(prompt, model.vocab_size, "prompt")
+    assert isinstance(prompt, Tensor)
+    if prompt.shape[1] == 0 or prompt.shape[0] == 0:
+        raise PosencValueError(
+            f"prompt must have shape (batch, seq) with at least one token, got "
+            f"{tuple(prompt.shape)}"
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise PosencTypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 0:
+        raise PosencValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise PosencTypeError(f"temperature must be a number, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise PosencValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise PosencTypeError(f"top_k must be an int or None, got {top_k!r}")
+    if top_k is not None and top_k < 1:
+        raise PosencValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))):
+        raise PosencTypeError(f"top_p must be a number or None, got {top_p!r}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise PosencValueError(f"top_p must be in (0, 1], got {top_p}")
+    outputs = model.head.out_features
+    if eos_token_id is not None:
+        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
+            raise PosencTypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
+        if not 0 <= eos_token_id < model.vocab_size:
+            raise PosencValueError(
+                f"eos_token_id must be in [0, {model.vocab_size}), got {eos_token_id}"
+            )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise PosencTypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
+    if outputs != model.vocab_size:
+        raise PosencValueError(
+            f"generate needs logits over the vocabulary: this model has {outputs} outputs "
+            f"for a vocabulary of {model.vocab_size}"
+        )
+    if not model.encoder.causal:
+        raise PosencValueError(
+            "generate needs a causal model (causal=True): a bidirectional model's earlier "
+            "tokens would read the later ones, which decoding cannot give them"
+        )
+    mask = check_key_padding_mask(key_padding_mask, *prompt.shape, read_values=True)
+    if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        rows = (mask[:, 1:] & ~mask[:, :-1]).any(dim=1).nonzero().flatten().tolist()
+        raise PosencValueError(
+            f"generate needs left padding (the new tokens follow each row's last real token): "
+            f"row(s) {rows[:8]} of key_padding_mask have padding after a real token"
+        )
+
+
+def generate(
+    model: Any,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    key_padding_mask: Tensor | None = None,
+) -> Tensor:
+    """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` tokens of ``model`` (a
+    causal :class:`~posenc.TransformerModel`): ``(b, n + steps)``. See
+    :meth:`posenc.TransformerModel.generate`."""
+    _check_generate(
+        model,
+        prompt,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        eos_token_id,
+        generator,
+        key_padding_mask,
+    )
+    b, n = prompt.shape
+    encoder = model.encoder
+    itemsize = next(model.parameters()).element_size()
+    check_bytes(
+        "prompt + max_new_tokens",
+        f"{b} x ({n} + {max_new_tokens}) tokens cached in {encoder.depth} layers",
+        # keys and values of every layer, with the doubling's headroom
+        4 * b * (n + max_new_tokens) * encoder.depth * encoder.dim * itemsize,
+        device=prompt.device,
+    )
+    longest = n - 1 + max_new_tokens - 1  # the last position fed (the last token is not)
+    for pe in encoder.distinct_pes():
+        limit = getattr(pe, "max_len", None)  # a learned table's rows
+        if isinstance(limit, int) and max_new_tokens and longest >= limit:
+            raise PosencValueError(
+                f"max_new_tokens={max_new_tokens} after a prompt of {n} tokens reaches position "
+                f"{longest}, past the learned table (max_len={limit})"
+            )
+    if max_new_tokens == 0:
+        return prompt.clone()
+    # inference mode: no autograd bookkeeping at all (a step is mostly fixed costs); the
+    # tokens leave it through one concatenation, as ordinary tensors
+    with torch.inference_mode():
+        new = _new_tokens(
+            model,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            eos_token_id,
+            generator,
+            key_padding_mask,
+        )
+    return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
+
+
+def _new_tokens(
+    model: Any,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_token_id: int | None,
+    generator: torch.Generator | None,
+    key_padding_mask: Tensor | None,
+) -> list[Tensor]:
+    """The new tokens of :func:`generate`, one ``(b,)`` tensor per step."""
+    b = prompt.shape[0]
+    cache = KVCache()
+    positions = None if key_padding_mask is None else positions_from_padding(key_padding_mask)
+    logits = model(
+        prompt,
+        cache=cache,
+        positions=positions,
+        key_padding_mask=key_padding_mask,
+        logits_to_keep=1,  # the prompt's other logits are never read
+    )
+    finished = torch.zeros(b, dtype=torch.bool, device=prompt.device)
+    new: list[Tensor] = []
+    for step in range(max_new_tokens):
+        token = sample_next(
+            logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        )
+        if eos_token_id is not None:
+            token = torch.where(finished, torch.full_like(token, eos_token_id), token)
+            finished = finished | (token == eos_token_id)
+        new.append(token.to(prompt.dtype))
+        if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
+            break
+        logits = model(new[-1][:, None], cache=cache)
+    return new

@@ -1,0 +1,419 @@
+"""The key/value cache for incremental decoding: what every attention layer has already seen.
+
+One :class:`KVCache`, made without arguments, serves a whole model. The first cached call
+(``model(prompt, cache=cache)``) fills it; each later one (``model(next_tokens,
+cache=cache)``) appends its tokens and lets them attend to everything cached. It holds:
+
+* per token (shared by every layer): its position, its padding flag, its document id and the
+  number of the document run it belongs to (see :mod:`posenc.sequence.context`);
+* per attention layer (an entry made on the layer's first use): the keys and values, keys
+  **after** rotation, as transformers caches them. A rotated key never changes again, so a
+  rotary scheme whose frequencies depend on the sequence length (dynamic NTK, LongRoPE) keeps
+  each key at the frequencies in force when it was computed: decoding past the original
+  context then differs from one full forward over the same tokens (which rotates every key at
+  the final frequencies), exactly as it does in transformers;
+* per encoding, a small memo (xPos keeps the centre of its scale there, so every later query
+  and key shares the first call's).
+
+Storage grows by doubling, so ``N`` single-token steps copy ``O(N)`` elements in all, not
+``O(N²)``; under autograd the tensors are concatenated instead (in-place writes would break
+the backward of earlier steps). A step in a cache without padding or documents writes only
+its positions; the other token records are filled in when read. A model with windowed or
+chunked layers scans the token records after each call to find the keys they can drop
+(``O(N)`` per call, 8 bytes a token). The host keeps a bound on each row's next position
+(:meth:`KVCache.position_bound`), which sizes the rotary tables of the next call without
+reading the device (no synchronisation on CUDA). A call that fails half-way leaves the
+cache as it was before that call: its writes lie past the committed length and are dropped
+by the next call.
+
+Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
+``d`` head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..encodings.checks import PositionBound
+from ..errors import PosencValueError
+
+__all__ = ["KVCache"]
+
+
+class Growing:
+    """A tensor grown along one dimension by doubling. Entries are numbered by their index in
+    the sequence: ``append`` writes new ones past the committed ``length`` and returns the
+    live ones up to them; :meth:`commit` moves ``length``; :meth:`drop_before` forgets a
+    prefix (a windowed layer's keys no query can read again), whose room the next growth
+    reclaims."""
+
+    def __init__(self, dim: int, *, follow_dtype: bool = False) -> None:
+        self.dim = dim
+        #: On a new dtype, convert what is stored to it (keys and values follow the model,
+        #: moved to bf16 between calls, say); otherwise promote (positions: int, then float).
+        self.follow_dtype = follow_dtype
+        self.data: Tensor | None = None  # holds entries base, base + 1, ...
+        self.base = 0  # the index of data's first entry
+        self.first = 0  # the first live entry (>= base)
+        self.length = 0
+
+    def view(self) -> Tensor | None:
+        """The live committed entries, ``first … length - 1``."""
+        if self.data is None:
+            return None
+        return self.data.narrow(self.dim, self.first - self.base, self.length - self.first)
+
+    def append(self, new: Tensor) -> Tensor:
+        """Write ``new`` after the committed entries; return the live ones, ``new`` included."""
+        start, count = self.length, new.shape[self.dim]
+        end = start + count
+        if self.data is not None and self.data.dtype != new.dtype:
+            dtype = (
+                new.dtype if self.follow_dtype else torch.promote_types(self.data.dtype, new.dtype)
+            )
+            self.data = self.data.to(dtype)
+            new = new.to(dtype)
+        if self.data is None or (torch.is_grad_enabled() and new.requires_grad):
+            # autograd (or a first call): a new tensor, never written into later
+            old = self.view()
+            self.data = new.clone() if old is None else torch.cat([old, new], dim=self.dim)
+            self.base = self.first
+            return self.data
+        if end - self.base > self.data.shape[self.dim]:
+            # out of room: move the live entries to a buffer twice their size (amortised O(1)
+            # per entry, and a dropped prefix's room is reclaimed)
+            live = start - self.first
+            shape = list(self.data.shape)
+            shape[self.dim] = max(2 * (live + count), 1)
+            grown = self.data.new_empty(shape)
+            grown.narrow(self.dim, 0, live).copy_(
+                self.data.narrow(self.dim, self.first - self.base, live)
+            )
+            self.data, self.base = grown, self.first
+        self.data.narrow(self.dim, start - self.base, count).copy_(new)
+        return self.data.narrow(self.dim, self.first - self.base, end - self.first)
+
+    def commit(self, length: int) -> None:
+        self.length = length
+
+    def drop_before(self, index: int) -> None:
+        """Forget the entries before ``index`` (never the uncommitted ones)."""
+        self.first = max(self.first, min(index, self.length))
+
+
+class LayerKV:
+    """One attention layer's cached keys and values, ``(b, h, N, d)`` each."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module  # kept so that a reused id() is never mistaken for this layer
+        self.keys = Growing(2, follow_dtype=True)
+        self.values = Growing(2, follow_dtype=True)
+        self.pending = 0  # tokens appended in the current call, not yet committed
+        #: The layer's sliding window and chunk: what it may drop after each call.
+        self.window: int | None = getattr(module, "window", None)
+        self.chunk: int | None = getattr(module, "chunk", None)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.pending:
+            raise PosencValueError(
+                f"{type(self.module).__name__} ran twice in one cached call: one KVCache entry "
+                "serves one attention layer per call (give each use its own module)"
+            )
+        self.pending = k.shape[2]
+        return self.keys.append(k), self.values.append(v)
+
+    def drop_before(self, index: int) -> None:
+        for part in (self.keys, self.values):
+            part.drop_before(index)
+
+    def commit(self, length: int) -> None:
+        for part in (self.keys, self.values):
+            part.commit(length)
+        self.pending = 0
+
+    def drop_pending(self) -> None:
+        self.pending = 0
+
+
+class KVCache:
+    """Keys, values and token records of every attention layer of one model, for decoding
+    one call at a time.
+
+    >>> import posenc
+    >>> model = posenc.TransformerModel(50, 16, 2, 2, pe="rope", causal=True).eval()
+    >>> cache = posenc.KVCache()
+    >>> model(torch.tensor([[1, 2, 3]]), cache=cache).shape  # the prompt
+    torch.Size([1, 3, 50])
+    >>> model(torch.tensor([[4]]), cache=cache).shape  # one more token, at position 3
+    torch.Size([1, 1, 50])
+    >>> len(cache), cache.positions.tolist()
+    (4, [[0, 1, 2, 3]])
+
+    A call's ``key_padding_mask`` covers the tokens it passes; the cache keeps the earlier
+    ones. Positions continue where the cache stands (each row's largest cached position of
+    its current document, plus one) unless given. The batch size is fixed by the first call.
+    """
+
+    def __init__(self) -> None:
+        self._layers: dict[int, LayerKV] = {}
+        self._memos: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
+        self._positions, self._padding = Growing(1), Growing(1)
+        self._documents, self._runs = Growing(1), Growing(1)
+        self.batch_size: int | None = None
+        #: Each row's next position ``(b, 1)`` (its last document's largest real position + 1).
+        self.next_position: Tensor | None = None
+        #: A host number that no row's next position exceeds, and whether one row's equals
+        #: it (``None``: unknown, after a call whose positions were not read, e.g. float
+        #: ones): the next call's rotary tables are sized from it without reading the device
+        #: (see :meth:`position_bound`).
+        self._bound: PositionBound | None = PositionBound(0, True)
+        self._last_id: Tensor | None = None
+        self._last_run: Tensor | None = None
+        #: Whether any call passed a ``key_padding_mask`` (the mask is built only then).
+        self.has_padding = False
+        #: Whether any call passed ``document_ids`` (the document mask is built only then).
+        self.has_documents = False
+        self._length = 0
+
+    def __len__(self) -> int:
+        """Tokens cached per row (padding included)."""
+        return self._length
+
+    def __repr__(self) -> str:
+        layers = len(self._layers)
+        return f"KVCache(batch_size={self.batch_size}, length={self._length}, layers={layers})"
+
+    @property
+    def positions(self) -> Tensor | None:
+        """The cached tokens' positions, ``(b, N)``, or ``None`` when empty."""
+        return self._positions.view()
+
+    @property
+    def key_padding_mask(self) -> Tensor | None:
+        """The cached tokens' padding flags (True = padding), ``(b, N)``, or ``None``."""
+        self._catch_up()
+        return self._padding.view()
+
+    @property
+    def document_ids(self) -> Tensor | None:
+        """The cached tokens' document ids, ``(b, N)``, or ``None`` when empty."""
+        self._catch_up()
+        return self._documents.view()
+
+    @property
+    def document_runs(self) -> Tensor | None:
+        """The cached tokens' document run numbers (0, 1, ... per row), ``(b, N)``."""
+        self._catch_up()
+        return self._runs.view()
+
+    @property
+    def last_document(self) -> tuple[Tensor | None, Tensor | None]:
+        """Each row's last document id and run number ``(b, 1)`` (``None`` when empty)."""
+        return self._last_id, self._last_run
+
+    def position_bound(self) -> PositionBound | None:
+        """A number the host knows that no row's next position exceeds (0 when empty), and
+        whether some row's equals it: the largest position of a call continuing the cache
+        with ``n`` default positions is at most ``largest + n - 1`` (exactly that where
+        ``exact``). Kept up by :meth:`commit` from the bounds of each call's positions, so it
+        costs no read; where one was unknown (float positions), it is read here once in eager
+        mode (``None`` inside a captured graph)."""
+        following = self.next_position
+        if self._bound is None and following is not None:
+            if torch.compiler.is_compiling() or following.is_meta:
+                return None
+            top = float(following.max())
+            self._bound = PositionBound(math.ceil(top), math.ceil(top) == top)
+        return self._bound
+
+    def layers(self) -> list[nn.Module]:
+        """The attention modules with an entry, in order of first use."""
+        return [entry.module for entry in self._layers.values()]
+
+    def keys_values(self, module: nn.Module) -> tuple[Tensor, Tensor] | None:
+        """``module``'s cached keys and values ``(b, h, N, d)`` (keys after rotation); a
+        windowed or chunked layer holds only the last ones, those it can still read."""
+        entry = self._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            return None
+        keys, values = entry.keys.view(), entry.values.view()
+        assert keys is not None and values is not None
+        return keys, values
+
+    def reset(self) -> None:
+        """Forget everything: the next call fills the cache anew."""
+        self.__init__()  # type: ignore[misc]
+
+    # ------------------------------------------------------------ used by posenc.sequence.context
+
+    def begin(self, batch: int) -> None:
+        """Start a call over ``batch`` rows: check the batch and drop what a failed call left."""
+        if self.batch_size is not None and batch != self.batch_size:
+            raise PosencValueError(
+                f"this KVCache holds {self.batch_size} row(s), got a batch of {batch}; "
+                "use one cache per batch (or cache.reset())"
+            )
+        for entry in self._layers.values():
+            entry.drop_pending()
+
+    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append one layer's new keys and values ``(b, h, n, d)``; return all ``(b, h, N + n,
+        d)``: the cached ones first."""
+        entry = self._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            if self._length:
+                raise PosencValueError(
+                    f"{type(module).__name__} has no entry in this KVCache, which already "
+                    f"holds {self._length} tokens of other layers: a cache serves the model "
+                    "that filled it"
+                )
+            entry = self._layers[id(module)] = LayerKV(module)
+        if entry.keys.length != self._length:
+            raise PosencValueError(
+                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
+                f"{entry.keys.length} tokens, the cache {self._length}"
+            )
+        return entry.append(k, v)
+
+    def memo(self, pe: nn.Module) -> dict[str, Any]:
+        """A dict kept for encoding ``pe`` across calls (xPos keeps its centre there)."""
+        held = self._memos.get(id(pe))
+        if held is None or held[0] is not pe:
+            held = self._memos[id(pe)] = (pe, {})
+        return held[1]
+
+    def stage(
+        self,
+        positions: Tensor,
+        padding: Tensor | None = None,
+        documents: Tensor | None = None,
+        runs: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Write a call's tokens' records ``(b, n)`` after the committed ones, uncounted until
+        :meth:`commit`; return every key's positions, padding flags and runs ``(b, N + n)``.
+
+        Without ``padding``, ``documents`` and ``runs`` (a decoding step: real tokens that
+        continue each row's last document) only the positions are written; the rest is
+        filled in when read (:meth:`_catch_up`), so a step writes one record, not four."""
+        key_positions = self._positions.append(positions)
+        if padding is None or documents is None or runs is None:
+            return key_positions, None, None
+        self._catch_up()
+        self._documents.append(documents)
+        return key_positions, self._padding.append(padding), self._runs.append(runs)
+
+    def _catch_up(self) -> None:
+        """Fill the padding flags, document ids and runs of the tokens staged without them:
+        real tokens of each row's last document."""
+        missing = self._length - self._runs.length
+        if missing <= 0 or self._last_id is None or self._last_run is None:
+            return
+        b = self._last_id.shape[0]
+        device = self._last_id.device
+        self._padding.append(torch.zeros(b, missing, dtype=torch.bool, device=device))
+        self._documents.append(self._last_id.expand(b, missing))
+        self._runs.append(self._last_run.expand(b, missing))
+        for part in (self._padding, self._documents, self._runs):
+            part.commit(self._length)
+
+    def commit(
+        self,
+        positions: Tensor,
+        padding: Tensor | None,
+        documents: Tensor | None,
+        runs: Tensor | None,
+        padded: bool,
+        *,
+        bound: PositionBound | None = None,
+        keeps: bool = False,
+    ) -> None:
+        """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
+        where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
+        the rest ``None``: a step staged with its positions alone). ``bound``: the host's
+        bound on the call's positions (``None``: unknown); ``keeps``: every row's document
+        went on through the call and none of its tokens is padding, so that each row's next
+        position is the larger of its old one and its largest position + 1."""
+        n = positions.shape[1]
+        old = self._bound
+        if n and (bound is None or old is None):
+            self._bound = None  # read when next asked
+        elif n:  # each row's next position is its largest position + 1, or stays, or falls
+            top = bound.largest + 1
+            exact = keeps and (
+                (bound.exact and top >= old.largest) or (old.exact and old.largest >= top)
+            )
+            self._bound = PositionBound(max(old.largest, top), exact)
+        self._length += n
+        self._positions.commit(self._length)
+        if padding is not None:
+            for part in (self._padding, self._documents, self._runs):
+                part.commit(self._length)
+        for entry in self._layers.values():
+            if entry.pending:
+                entry.commit(self._length)
+        self.batch_size = positions.shape[0]
+        self.has_padding = self.has_padding or padded
+        if n and (padding is None or documents is None or runs is None):
+            assert self.next_position is not None  # a step follows a first call
+            top = positions.amax(dim=1, keepdim=True) + 1  # real tokens, the same document
+            self.next_position = torch.maximum(self.next_position, top)
+        elif n and documents is not None and runs is not None:
+            self._follow(positions, padding, documents, runs)
+        self._drop_unreadable()
+
+    def _follow(
+        self, positions: Tensor, padding: Tensor | None, documents: Tensor, runs: Tensor
+    ) -> None:
+        """Each row's last document (id and run) and its next position: the largest real
+        position of that document, plus one, from this call's tokens and the earlier ones."""
+        last_id, last_run = documents[:, -1:], runs[:, -1:]  # (b, 1)
+        real = runs == last_run  # (b, n)
+        if padding is not None:
+            real = real & ~padding
+        lowest = positions.new_full((), -1)  # (not torch.tensor: a host copy, a sync on CUDA)
+        following = torch.where(real, positions, lowest).amax(dim=1, keepdim=True) + 1
+        if self.next_position is not None and self._last_run is not None:
+            same = last_run == self._last_run  # the document went on through this call
+            following = torch.where(same, torch.maximum(self.next_position, following), following)
+        self.next_position, self._last_id, self._last_run = following, last_id, last_run
+
+    def _windowed(self) -> list[LayerKV]:
+        """The entries of layers with a sliding window or a chunk (they drop keys)."""
+        return [e for e in self._layers.values() if e.window is not None or e.chunk is not None]
+
+    @property
+    def floor(self) -> Tensor | None:
+        """Once a windowed or chunked layer may have dropped keys, each row's next position
+        ``(b, 1)``: the tokens continuing a row's document must not be placed below it."""
+        return self.next_position if self._windowed() else None
+
+    def _drop_unreadable(self) -> None:
+        """Let each windowed or chunked layer forget the keys no later query can read: those
+        of earlier documents, padding, and keys too far back (window) or in an earlier chunk
+        than the next position. A prefix common to every row is dropped; the positions of
+        tokens continuing a row's document must not go back below ``floor`` afterwards."""
+        windowed = self._windowed()
+        if not windowed:
+            return
+        positions, padding, runs = self.positions, self.key_padding_mask, self.document_runs
+        following = self.next_position
+        if positions is None or padding is None or runs is None or following is None:
+            return
+        current = (runs == runs[:, -1:]) & ~padding  # (b, N): the documents being continued
+        for entry in windowed:
+            unreadable = ~current
+            if entry.window is not None:
+                unreadable = unreadable | (positions <= following - entry.window)
+            if entry.chunk is not None:
+                chunk = entry.chunk
+                earlier = torch.div(positions, chunk, rounding_mode="floor") < torch.div(
+                    following, chunk, rounding_mode="floor"
+                )
+                unreadable = unreadable | earlier
+            needed = (~unreadable).any(dim=0)  # (N,)
+            first = int(needed.float().argmax()) if bool(needed.any()) else len(self)
+            entry.drop_before(first)

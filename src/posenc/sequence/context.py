@@ -1,0 +1,371 @@
+"""Where the tokens of one forward sit and which keys they read: the positions of the new
+tokens, the positions of every key (cached ones first), the key padding mask and the document
+runs, made once per forward and handed to every attention layer.
+
+A forward needs this context when it is cached (a :class:`~posenc.KVCache`) or packed
+(``document_ids``); a plain forward over one sequence per row never builds one.
+
+**Documents.** ``document_ids`` is ``(b, n)`` integers; a document is a run of equal ids next
+to each other (``[7, 7, 3, 3, 3]`` holds two documents; ids need not be sorted or distinct
+across rows). Attention stays inside a run (causally in a causal model), and positions
+restart at 0 at the start of each run unless given. A cached call without ``document_ids``
+continues each row's last document.
+
+**Positions.** Explicit positions always win. Otherwise a token continuing a cached document
+gets that document's largest cached (non-padding) position plus one, then counts up; a token
+opening a document counts from 0.
+
+Dimension legend: ``b`` batch, ``N`` cached tokens, ``n`` new tokens (queries), ``nk = N + n``
+keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..encodings.checks import PositionBound, resolve_bounded_positions
+from ..errors import PosencTypeError, PosencValueError
+from .cache import KVCache
+from .masks import attention_mask, check_key_padding_mask
+
+__all__ = ["SequenceContext", "check_document_ids"]
+
+
+def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | None:
+    """``document_ids`` checked to be a ``(batch, seq)`` integer tensor, or ``None``."""
+    if document_ids is None:
+        return None
+    if not isinstance(document_ids, Tensor):
+        raise PosencTypeError(
+            f"document_ids must be a torch.Tensor, got {type(document_ids).__name__}"
+        )
+    if (
+        document_ids.is_floating_point()
+        or document_ids.is_complex()
+        or document_ids.dtype == torch.bool
+    ):
+        raise PosencTypeError(f"document_ids must be an integer tensor, got {document_ids.dtype}")
+    if tuple(document_ids.shape) != (batch, seq):
+        raise PosencValueError(
+            f"document_ids must have shape (batch, seq) = {(batch, seq)}, "
+            f"got {tuple(document_ids.shape)}"
+        )
+    return document_ids
+
+
+class SequenceContext:
+    """The tokens of one forward and the keys they read (see the module docstring).
+
+    Attributes:
+        positions: the new tokens' positions, ``(b, n)`` (``(n,)`` when shared by every row
+            and no cache is involved).
+        key_positions: every key's position, ``(b, nk)``.
+        bound: a :class:`~posenc.encodings.checks.PositionBound` on ``positions``, or
+            ``None``.
+        key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
+        q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
+            ``None`` without documents.
+        cache: the :class:`~posenc.KVCache` being filled, or ``None``.
+    """
+
+    def __init__(
+        self,
+        *,
+        positions: Tensor,
+        key_positions: Tensor,
+        key_padding_mask: Tensor | None,
+        q_runs: Tensor | None,
+        k_runs: Tensor | None,
+        cache: KVCache | None,
+        record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
+        bound: PositionBound | None = None,
+        keeps: bool = True,
+    ) -> None:
+        self.positions, self.key_positions = positions, key_positions
+        #: What the host knows of ``positions``' largest value without reading the device
+        #: (``None``: nothing): the bound continuing the cache's, or the value read once from
+        #: positions a user gave. Rotary tables are sized from it.
+        self.bound = bound
+        self.key_padding_mask = key_padding_mask
+        self.q_runs, self.k_runs = q_runs, k_runs
+        self.cache = cache
+        self._record = record  # what commit() hands the cache
+        self._keeps = keeps
+        self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
+        self._kept: list[tuple[tuple[Any, ...], Any]] = []
+
+    @property
+    def past(self) -> int:
+        """Tokens cached before this call."""
+        return 0 if self.cache is None else len(self.cache)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+        cache: KVCache | None,
+        axes: int = 1,
+        scheme: str = "",
+        windowed: bool = False,
+    ) -> SequenceContext | None:
+        """The context of a forward over ``batch`` rows of ``seq`` new tokens, or ``None``
+        when there is neither a cache nor documents nor a ``windowed`` layer (a sliding
+        window or chunk, whose mask reads positions). Every argument is checked here, before
+        any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``."""
+        if cache is not None and not isinstance(cache, KVCache):
+            raise PosencTypeError(
+                f"cache must be a posenc.KVCache or None, got {type(cache).__name__}"
+            )
+        document_ids = check_document_ids(document_ids, batch, seq)
+        if cache is None and document_ids is None and not windowed:
+            return None
+        if axes != 1:
+            raise PosencValueError(
+                f"cache=, document_ids=, window= and chunk= need a scheme with 1-D positions; "
+                f"{scheme or 'this pe'} takes {axes}-D positions"
+            )
+        check_key_padding_mask(key_padding_mask, batch, seq)
+        if cache is not None:
+            cache.begin(batch)
+        past = 0 if cache is None else len(cache)
+        if (
+            cache is not None
+            and past
+            and document_ids is None
+            and key_padding_mask is None
+            and not (cache.has_documents or cache.has_padding)
+        ):
+            return cls._step(cache, batch, seq, device, positions)
+        bound = None
+        new_padding = (
+            torch.zeros(batch, seq, dtype=torch.bool, device=device)
+            if key_padding_mask is None
+            else key_padding_mask
+        )
+        # documents: the cache's last id and run continue unless ids are given
+        last_id = last_run = None
+        if past:
+            assert cache is not None
+            last_id, last_run = cache.last_document  # (b, 1) each
+        given = document_ids is not None
+        if document_ids is None and last_id is not None and last_run is not None:
+            document_ids, q_runs = last_id.expand(batch, seq), last_run.expand(batch, seq)
+            opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
+        else:
+            if document_ids is None:
+                document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+            document_ids = document_ids.to(device=device, dtype=torch.long)
+            q_runs, opens = _runs(document_ids, last_id, last_run)
+        if positions is None:
+            positions = _default_positions(cache, q_runs, opens, last_run)
+            # counted from 0, or from a row's next position (at most start.largest) where the
+            # cache's document goes on; exact where no new document opens (every row then
+            # continues the cache's, or counts 0 .. seq - 1 in a first call)
+            start = PositionBound(0, True)
+            if cache is not None and last_run is not None:
+                start = cache.position_bound()
+            if seq and start is not None:
+                bound = PositionBound(start.largest + seq - 1, start.exact and not given)
+        else:
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
+            positions = positions.expand(batch, seq)
+            if cache is not None and cache.floor is not None and last_run is not None:
+                _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
+        key_positions, keys_padding, k_runs = positions, new_padding, q_runs
+        record = None
+        if cache is not None:  # written past the committed length: count only on commit
+            record = (positions, new_padding, document_ids, q_runs, key_padding_mask is not None)
+            key_positions, keys_padding, k_runs = cache.stage(*record[:4])
+        # a document mask only where some row's keys hold two documents or more
+        with_documents = (cache is not None and cache.has_documents) or (given and _splits(k_runs))
+        if with_documents and cache is not None:
+            cache.has_documents = True
+        any_padding = key_padding_mask is not None or (cache is not None and cache.has_padding)
+        if key_padding_mask is not None:  # the earlier keys' rows were checked when cached
+            check_key_padding_mask(keys_padding, batch, past + seq, read_values=True)
+        return cls(
+            positions=positions,
+            key_positions=key_positions,
+            key_padding_mask=keys_padding if any_padding else None,
+            q_runs=q_runs if with_documents else None,
+            k_runs=k_runs if with_documents else None,
+            cache=cache,
+            record=record,
+            bound=bound,
+            keeps=not given and key_padding_mask is None,
+        )
+
+    @classmethod
+    def _step(
+        cls,
+        cache: KVCache,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+    ) -> SequenceContext:
+        """A decoding step's context: real tokens continuing each row's document, in a cache
+        without padding or documents; only their positions are recorded."""
+        following = cache.next_position
+        assert following is not None
+        bound = None
+        if positions is None:
+            positions = following + torch.arange(seq, device=device)  # (b, n)
+            start = cache.position_bound()  # every row's next position is at most this
+            if start is not None and seq:
+                bound = PositionBound(start.largest + seq - 1, start.exact)
+        else:
+            positions, bound = resolve_bounded_positions(
+                positions, seq, batch=batch, device=device, name="positions"
+            )
+            positions = positions.expand(batch, seq)
+            if cache.floor is not None:
+                _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
+        key_positions, _, _ = cache.stage(positions)
+        return cls(
+            positions=positions,
+            key_positions=key_positions,
+            key_padding_mask=None,
+            q_runs=None,
+            k_runs=None,
+            cache=cache,
+            record=(positions, None, None, None, False),
+            bound=bound,
+        )
+
+    def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values ``(b, h, nk, d)`` that ``module``'s new queries read: its cached
+        ones followed by ``k`` and ``v`` (which join the cache), or ``k`` and ``v`` alone."""
+        if self.cache is None:
+            return k, v
+        return self.cache.append_kv(module, k, v)
+
+    def mask(
+        self,
+        causal: bool,
+        nq: int,
+        nk: int,
+        device: torch.device,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> Tensor | None:
+        """The boolean ``(b, 1, nq, nk)`` mask (True = may attend) of a layer, made once per
+        forward for each kind of layer: causal (the new queries are the last ``nq`` of the
+        ``nk`` keys), padding, documents, and a sliding ``window`` or ``chunk`` over
+        positions; ``None`` when every pair may attend."""
+        key = (causal, nq, nk, window, chunk)
+        if key not in self._masks:
+            batch = self.key_positions.shape[0]
+            k_positions, padding, k_runs = self.last_keys(nk)
+            self._masks[key] = attention_mask(
+                batch,
+                nq,
+                nk,
+                causal=causal,
+                key_padding_mask=padding,
+                q_documents=self.q_runs,
+                k_documents=k_runs,
+                device=device,
+                q_positions=self.positions.expand(batch, nq),
+                k_positions=k_positions.expand(batch, nk),
+                window=window,
+                chunk=chunk,
+            )
+        return self._masks[key]
+
+    def last_keys(self, nk: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The positions ``(b, nk)``, padding flags and document runs of the last ``nk`` keys:
+        a windowed layer of a cached forward holds only those (the cache dropped the keys it
+        can no longer read); every other layer holds them all."""
+        total = self.key_positions.shape[-1]
+        if nk == total:
+            return self.key_positions, self.key_padding_mask, self.k_runs
+        start = total - nk
+
+        def tail(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[..., start:]
+
+        return self.key_positions[..., start:], tail(self.key_padding_mask), tail(self.k_runs)
+
+    def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` kept under ``key`` for the rest of this forward (a layer's mask made
+        into an additive one, say); ``key``'s items are compared by identity."""
+        for stored, value in self._kept:
+            if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
+                return value
+        value = make()
+        self._kept.append((key, value))
+        return value
+
+    def commit(self) -> None:
+        """End the forward: the cache (if any) records the new tokens."""
+        if self.cache is not None and self._record is not None:
+            self.cache.commit(*self._record, bound=self.bound, keeps=self._keeps)
+            self._record = None
+
+
+def _splits(runs: Tensor) -> bool:
+    """Whether some row holds more than one document run (runs only grow along a row)."""
+    return bool((runs[:, -1] != runs[:, 0]).any()) if runs.numel() else False
+
+
+def _runs(
+    document_ids: Tensor, last_id: Tensor | None, last_run: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Run numbers ``(b, n)`` of new tokens with these ids (continuing the cache's numbering),
+    and where a run opens ``(b, n)`` bool (a token whose id differs from the one before it;
+    the first token opens one unless it continues the cache's last document)."""
+    b = document_ids.shape[0]
+    before = (
+        torch.full((b, 1), -1, dtype=torch.long, device=document_ids.device)
+        if last_id is None
+        else last_id.long()
+    )
+    previous = torch.cat([before, document_ids[:, :-1]], dim=1)  # (b, n)
+    opens = document_ids != previous
+    if last_id is None and opens.shape[1]:
+        opens[:, 0] = True
+    start = -1 if last_run is None else last_run.long()  # (b, 1) or a number
+    return start + opens.long().cumsum(dim=1), opens
+
+
+def _default_positions(
+    cache: KVCache | None, q_runs: Tensor, opens: Tensor, last_run: Tensor | None
+) -> Tensor:
+    """Positions of new tokens: counting from 0 where a document opens, and from the cached
+    document's largest position + 1 for the tokens continuing it."""
+    b, n = q_runs.shape
+    index = torch.arange(n, device=q_runs.device).expand(b, n)
+    start = torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
+    counted = index - start
+    if cache is None or last_run is None or cache.next_position is None:
+        return counted
+    continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
+    return torch.where(continuing, cache.next_position + index, counted)
+
+
+def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
+    """Refuse explicit positions that go back below a row's next position, for the tokens
+    continuing its document: a windowed layer of the cache dropped the keys they could
+    read."""
+    back = continuing & (positions < floor)  # (b, n)
+    if bool(back.any()):
+        row = int(back.any(dim=1).float().argmax())
+        raise PosencValueError(
+            f"positions go back in row {row}: the next position there is "
+            f"{floor[row, 0].item()}, got {positions[row][back[row]].min().item()}; this "
+            "cache's windowed layers no longer hold the keys such a token would read (use a "
+            "new KVCache)"
+        )
