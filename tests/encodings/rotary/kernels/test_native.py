@@ -351,5 +351,6 @@ def test_setup_builds_the_kernel_from_the_sources_beside_it(tmp_path: Path) -> N
         cwd=root, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    built = list((tmp_path / "lib" / "posenc" / "encodings" / "kernels").glob("_rotary_native*"))
+    kernels = tmp_path / "lib" / "posenc" / "encodings" / "rotary" / "kernels"
+    built = list(kernels.glob("_rotary_native*"))
     assert len(built) == 1, sorted(p.name for p in (tmp_path / "lib").rglob("*"))
