@@ -21,14 +21,31 @@ from ..errors import PosencError, PosencValueError
 EXIT_USAGE = 2
 
 #: Modules that contribute subcommands through ``add_subcommand(subparsers)``.
-_SUBCOMMAND_MODULES = (
-    "posenc.lengthgen.cli",
-    "posenc.extrapolate.cli",
-    "posenc.bench.cli",
-    "posenc.app.report",
-    "posenc.app.hf_command",
-    "posenc.app.conformance",
-)
+_SUBCOMMAND_MODULES = {
+    "lengthgen": "posenc.lengthgen.cli",
+    "extrapolate": "posenc.extrapolate.cli",
+    "bench": "posenc.bench.cli",
+    "report": "posenc.app.report",
+    "hf": "posenc.app.hf_command",
+    "conformance": "posenc.app.conformance",
+}
+
+#: What the command needs beyond posenc's core (torch alone): the ``app`` extra,
+#: ``pip install 'posenc[app]'``. A command that meets one of them missing says so in one line.
+APP_EXTRA = ("numpy", "matplotlib", "rich", "markdown")
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The package of the ``app`` extra whose absence ``exc`` reports, or ``None``."""
+    top = (exc.name or "").split(".")[0]
+    return top if top in APP_EXTRA else None
+
+
+def _needs_extra(command: str, package: str) -> str:
+    return (
+        f"posenc {command} needs {package}, which posenc's core install leaves out: "
+        "pip install 'posenc[app]'"
+    )
 
 
 class UsageError(Exception):
@@ -37,6 +54,11 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line (no usage dump) and exit with status 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: subcommands whose modules need a package of the app extra that is missing
+        self.missing_extras: dict[str, str] = {}
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
@@ -253,15 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_analyze)
 
-    for module_name in _SUBCOMMAND_MODULES:
+    for command, module_name in _SUBCOMMAND_MODULES.items():
         try:
-            module = importlib.import_module(module_name)
+            add: Callable[[argparse._SubParsersAction], None] = importlib.import_module(
+                module_name
+            ).add_subcommand
+            add(sub)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
+            package = missing_extra(exc)
+            if package is None:
                 raise
-            continue
-        add: Callable[[argparse._SubParsersAction], None] = module.add_subcommand
-        add(sub)
+            # still a command, which says what to install, instead of an unknown choice
+            sub._name_parser_map.pop(command, None)
+            sub._choices_actions = [a for a in sub._choices_actions if a.dest != command]
+            sub.add_parser(command, help=f"(needs {package}: pip install 'posenc[app]')")
+            parser.missing_extras[command] = package  # run() answers before parsing
     return parser
 
 
@@ -291,9 +319,21 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
     (an :class:`OSError` naming a file). Anything else is a bug in posenc: Python prints its
     traceback and the status is 1.
     """
+    args = None
+    missing = getattr(parser, "missing_extras", {})  # (a _Parser's; tests pass others)
+    if argv and argv[0] in missing:
+        print(f"{prog}: error: {_needs_extra(argv[0], missing[argv[0]])}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        package = missing_extra(exc)
+        if package is None:
+            raise  # not the app extra: a bug or a broken install, keep the traceback
+        command = getattr(args, "command", None) or prog.split()[-1]
+        print(f"{prog}: error: {_needs_extra(command, package)}", file=sys.stderr)
+        return EXIT_USAGE
     except SystemExit as exc:  # --help and --version: a status, not an exception, in-process
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except UsageError as exc:

@@ -15,11 +15,13 @@ Also here: the scaled variant with a learned gain (as in x-transformers'
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from .. import checks
@@ -114,9 +116,12 @@ def sinusoidal_encode(
 
 
 def sinusoidal_table_np(
-    num_positions: int, dim: int, *, base: float = 10000.0, dtype: Any = np.float32
+    num_positions: int, dim: int, *, base: float = 10000.0, dtype: Any = "float32"
 ) -> np.ndarray:
-    """NumPy twin of :func:`sinusoidal_table` (same float64 angles, same layout)."""
+    """NumPy twin of :func:`sinusoidal_table` (same float64 angles, same layout). NumPy is
+    imported here, on the first call: posenc's models need torch alone."""
+    import numpy as np
+
     base = _check_table_args(num_positions, dim, base)
     check_bytes("num_positions x dim", f"{num_positions} x {dim}", table_bytes(num_positions, dim))
     inv_freq = base ** -(np.arange(0, dim, 2, dtype=np.float64) / dim)
