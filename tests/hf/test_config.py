@@ -1621,3 +1621,19 @@ def test_known_model_types_cover_the_installed_transformers() -> None:
     for name, types in LEFT_OUT.items():
         assert types - with_rope == set(), f"{name} names types the census does not find"
         assert types & KNOWN_MODEL_TYPES == set(), f"{name} names checked types"
+
+
+def test_dynamic_with_alpha_of_a_family_whose_code_ignores_alpha_is_refused() -> None:
+    """posenc reads a given ``dynamic`` + ``alpha`` as NTK-alpha (vLLM's spelling); a family
+    whose transformers code runs dynamic NTK without reading ``alpha`` (Llama) is refused by
+    name rather than read two ways. HunYuan's families read it as NTK-alpha (above)."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0, "alpha": 1000.0},
+    }
+    with pytest.raises(
+        PosencValueError, match=r"model_type 'llama' has rope_type 'dynamic' with alpha"
+    ):
+        RotaryEmbedding.from_hf_config(config)

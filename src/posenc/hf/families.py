@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..encodings.rope_types.registry import ntk_alpha_scaling
 from ..errors import PosencValueError
 from .fields import Fields, positive_int
 from .model_types import (
@@ -29,22 +30,10 @@ from .model_types import (
     QUERY_SCALE_MODEL_TYPES,
 )
 
-__all__ = ["NOT_ROTATION_KEYS", "family_scaling", "ntk_alpha_scaling", "rope_slice"]
+__all__ = ["NOT_ROTATION_KEYS", "family_scaling", "rope_slice"]
 
 #: Keys of a Ministral 3 / Mistral 4 RoPE dictionary that are not part of the rotation.
 NOT_ROTATION_KEYS = ("llama_4_scaling_beta", "max_position_embeddings")
-
-
-def ntk_alpha_scaling(scaling: dict[str, Any]) -> dict[str, Any]:
-    """A HunYuan RoPE dictionary as its rotary module reads it: ``dynamic`` with a non-zero
-    ``alpha`` is NTK-alpha, which reads ``alpha`` alone (and ``rope_theta``, kept where the
-    dictionary holds it); a zero or missing ``alpha`` is plain dynamic NTK."""
-    if scaling.get("rope_type", scaling.get("type")) != "dynamic":
-        return scaling
-    if scaling.get("alpha"):
-        theta = {"rope_theta": scaling["rope_theta"]} if "rope_theta" in scaling else {}
-        return {**theta, "rope_type": "ntk_alpha", "alpha": scaling["alpha"]}
-    return {key: value for key, value in scaling.items() if key != "alpha"}
 
 
 def family_scaling(model_type: str, scaling: dict[str, Any], field: str) -> dict[str, Any]:
@@ -56,6 +45,14 @@ def family_scaling(model_type: str, scaling: dict[str, Any], field: str) -> dict
         scaling = ntk_alpha_scaling(scaling)
         if scaling.get("rope_type") == "ntk_alpha":
             return scaling
+    elif rope_type == "dynamic" and "alpha" in scaling:
+        # posenc reads a given dictionary's alpha as NTK-alpha (vLLM's spelling), but this
+        # family's transformers code runs dynamic NTK and never reads it
+        raise PosencValueError(
+            f"config {field} of model_type {model_type!r} has rope_type 'dynamic' with "
+            f"alpha={scaling['alpha']!r}: its transformers code runs dynamic NTK without "
+            "reading alpha; refused rather than read two ways"
+        )
     if model_type in LONGROPE_MSCALE_MODEL_TYPES and rope_type not in (None, "default"):
         missing = [key for key in ("short_mscale", "long_mscale") if scaling.get(key) is None]
         if missing:

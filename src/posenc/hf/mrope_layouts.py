@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..encodings.rope_types.registry import ntk_alpha_scaling
 from ..encodings.rotary.mrope_layouts import check_mrope
 from ..errors import PosencTypeError, PosencValueError
-from .families import ntk_alpha_scaling
 
 __all__ = ["MROPE_LAYOUTS", "MropeFamily", "read_multimodal"]
 

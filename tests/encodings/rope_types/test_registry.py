@@ -224,6 +224,33 @@ def test_ntk_alpha_matches_hunyuans_own_function(head_dim: int, theta: float, al
     assert_close(inv_freq, scaled ** (-torch.arange(0, head_dim, 2).double() / head_dim))
 
 
+@pytest.mark.parametrize("spelling", ["rope_type", "type"])
+def test_vllms_dynamic_with_alpha_is_ntk_alpha(spelling: str) -> None:
+    """vLLM's (and HunYuan's checkpoints') ``{"rope_type": "dynamic", "alpha": a}`` given to
+    ``RotaryEmbedding(scaling=...)`` is NTK-alpha (vLLM's ``DynamicNTKAlphaRotaryEmbedding``
+    reads ``alpha`` alone): the same frequencies as ``ntk_alpha`` and the closed form, at any
+    length; ``alpha=0`` is plain dynamic NTK."""
+    import posenc
+
+    given = posenc.RotaryEmbedding(64, scaling={spelling: "dynamic", "alpha": 1000.0})
+    named = posenc.RotaryEmbedding(64, scaling={"rope_type": "ntk_alpha", "alpha": 1000.0})
+    assert given.scaling == named.scaling == {"rope_type": "ntk_alpha", "alpha": 1000.0}
+    scaled = 1e4 * 1000.0 ** (64 / 62)  # base * alpha^(d/(d-2)), float64
+    want = scaled ** (-torch.arange(0, 64, 2).double() / 64)
+    for seq_len in (None, 100000):
+        inv_freq, factor = rope_parameters(given.scaling, 64, 1e4, seq_len=seq_len)
+        assert_close(inv_freq, want, rtol=1e-12, atol=0.0)
+        assert factor == 1.0
+    plain = {
+        spelling: "dynamic",
+        "alpha": 0.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 8,
+    }
+    zero = posenc.RotaryEmbedding(64, scaling=plain)
+    assert zero.scaling["rope_type"] == "dynamic" and "alpha" not in zero.scaling
+
+
 def test_longrope_mscales_are_the_attention_factor_on_each_side_of_the_original_context() -> None:
     """PhiMoE's LongRoPE: ``short_mscale`` up to the original context (seq_len <= 32),
     ``long_mscale`` past it, in place of sqrt(1 + ln f / ln L0); the frequencies are

@@ -73,6 +73,8 @@ llama3     keep high frequencies, divide low ones by ``factor``, smooth in betwe
 
 ``ntk_alpha`` (HunYuan's NTK-alpha: its checkpoints' ``dynamic`` with an ``alpha``) is a fixed
 base ``base * alpha^(dim/(dim-2))`` at every length, as ``HunYuanDenseV1RotaryEmbedding`` has it.
+``{"rope_type": "dynamic", "alpha": a}`` (vLLM's and HunYuan's spelling) is read as NTK-alpha
+(:func:`ntk_alpha_scaling`).
 
 ``proportional`` (p-RoPE: Gemma 4's global layers, LFM3) keeps the first
 ``int(partial_rotary_factor * dim / 2)`` frequencies, sets the rest to 0 (those pairs are not
@@ -121,6 +123,7 @@ __all__ = [
     "RopeType",
     "RopeValidateFunction",
     "get_rope_type",
+    "ntk_alpha_scaling",
     "register_rope_type",
     "rope_parameters",
     "rope_type_keys",
@@ -379,6 +382,20 @@ def rope_type_keys(rope_type: str) -> tuple[frozenset[str], frozenset[str]]:
     return spec.keys, spec.optional
 
 
+def ntk_alpha_scaling(scaling: Mapping[str, Any]) -> dict[str, Any]:
+    """``dynamic`` with a non-zero ``alpha`` (vLLM's ``DynamicNTKAlphaRotaryEmbedding``, HunYuan's
+    rotary module) is NTK-alpha, which reads ``alpha`` alone (and ``rope_theta``, kept where the
+    dictionary holds it); a zero or missing ``alpha`` is plain dynamic NTK. Other dictionaries are
+    returned as they are."""
+    scaling = dict(scaling)
+    if scaling.get("rope_type", scaling.get("type")) != "dynamic" or "alpha" not in scaling:
+        return scaling
+    if scaling["alpha"]:
+        theta = {"rope_theta": scaling["rope_theta"]} if "rope_theta" in scaling else {}
+        return {**theta, "rope_type": "ntk_alpha", "alpha": scaling["alpha"]}
+    return {key: value for key, value in scaling.items() if key != "alpha"}
+
+
 def validate_rope_scaling(
     scaling: Mapping[str, Any] | None,
     *,
@@ -400,7 +417,7 @@ def validate_rope_scaling(
         return {"rope_type": "default"}
     if not isinstance(scaling, Mapping):
         raise PosencTypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
-    params = dict(scaling)
+    params = ntk_alpha_scaling(scaling)
     if "type" in params:
         legacy = params.pop("type")
         if params.setdefault("rope_type", legacy) != legacy:
