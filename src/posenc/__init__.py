@@ -45,6 +45,7 @@ from .encodings.rope_types.registry import (
     validate_rope_scaling,
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
+from .encodings.rotary.functional import rotary_embedding, rotary_embedding_qk
 from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from .encodings.rotary.multimodal_positions import (
@@ -130,6 +131,8 @@ __all__ = [
     "register",
     "register_rope_type",
     "rope_parameters",
+    "rotary_embedding",
+    "rotary_embedding_qk",
     "scaled_dot_product_attention",
     "set_memory_budget",
     "sinusoidal_encode",

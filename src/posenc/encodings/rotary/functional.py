@@ -1,0 +1,335 @@
+"""The rotary call the ecosystem settled on: half-width cos/sin tables indexed by position ids
+(PyTorch's proposed ``torch.nn.functional.rotary_embedding``, pytorch PR 187286; ONNX opset
+23's ``RotaryEmbedding``; vLLM's and TensorRT's rotary ops), and flash-attention's packed
+``(total, heads, dim)`` layout with ``cu_seqlens``, each with its own layout stated, never
+guessed.
+
+:func:`rotary_embedding` takes ``x`` in one of three layouts:
+
+* ``"bhsd"`` (default, as SDPA takes it): ``x (B, H, S, D)``. With ``position_ids (B, S)``,
+  ``cos``/``sin`` are tables ``(N, D/2)`` whose rows the ids pick; without, any shape that
+  broadcasts against ``(B, H, S, D/2)`` (e.g. ``(S, D/2)``): PyTorch PR 187286's semantics.
+* ``"bshd"`` (flash-attention, torchtune): ``x (B, S, H, D)``. With ``position_ids (B, S)``
+  as above; without, the tables ``(N, D/2)`` are read at rows ``seqlen_offsets + 0 … S-1``
+  (flash-attention's ``apply_rotary_emb``: ``seqlen_offsets`` an int or a ``(B,)`` tensor).
+* ``"thd"`` (packed varlen: flash-attention, vLLM, torchtitan): ``x (T, H, D)``, ``T`` tokens
+  of ``B`` sequences laid end to end, ``cu_seqlens (B + 1,)`` their boundaries; token ``t`` of
+  sequence ``b`` reads row ``t - cu_seqlens[b] + seqlen_offsets[b]``. ``position_ids`` is
+  refused there: the positions come from ``cu_seqlens`` and ``seqlen_offsets``.
+
+Beyond the PR: a table narrower than ``D/2`` rotates the leading ``2 · width`` channels and
+copies the rest (partial rotation); a full-width table in transformers' form (``D`` wide:
+``cat(freqs, freqs)`` for the half layout, each angle twice for the interleaved one) is
+accepted where its two copies are equal (checked) and refused by name otherwise; ``out=x``
+rotates in place; :func:`rotary_embedding_qk` turns q and k with one gather of the tables.
+The rotation itself is :func:`~posenc.encodings.rotary.kernels.rotate.apply_rotary` (the
+C kernel on the CPU, Triton on CUDA), which takes every layout as the strided view it is.
+
+Dimension legend: ``B`` batch, ``H`` heads, ``S`` sequence, ``T`` packed tokens, ``D`` head
+dim, ``N`` table rows, ``w`` table width (``D/2`` for a full rotation).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ...errors import PosencTypeError, PosencValueError
+from .kernels.rotate import apply_rotary, apply_rotary_
+
+__all__ = ["LAYOUTS", "rotary_embedding", "rotary_embedding_qk"]
+
+Layout = Literal["bhsd", "bshd", "thd"]
+#: The layouts :func:`rotary_embedding` takes, with the rank of ``x`` each needs.
+LAYOUTS: dict[str, int] = {"bhsd": 4, "bshd": 4, "thd": 3}
+
+
+def rotary_embedding(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    position_ids: Tensor | None = None,
+    *,
+    interleaved: bool = False,
+    layout: Layout = "bhsd",
+    cu_seqlens: Tensor | None = None,
+    seqlen_offsets: int | Tensor = 0,
+    max_seqlen: int | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Rotate ``x`` by the angles whose cosines and sines ``cos`` and ``sin`` hold (RoFormer eq.
+    34), PyTorch PR 187286's ``rotary_embedding`` with layouts and packing stated.
+
+    Args:
+        x: ``(B, H, S, D)``, ``(B, S, H, D)`` or ``(T, H, D)`` as ``layout`` says.
+        cos, sin: half-width tables (see the module docstring for their shapes per layout);
+            float32 tables rotate half-precision ``x`` in float32, rounded once.
+        position_ids: ``(B, S)`` integer rows of the tables (``bhsd``, ``bshd``).
+        interleaved: pairs ``(x[2i], x[2i+1])`` (GPT-J) instead of ``(x[i], x[i + D/2])``.
+        layout: ``"bhsd"``, ``"bshd"`` or ``"thd"``.
+        cu_seqlens: ``(B + 1,)`` integer boundaries of the packed sequences (``thd`` only).
+        seqlen_offsets: each sequence's first row: an int or a ``(B,)`` integer tensor
+            (``bshd`` without ids, ``thd``).
+        max_seqlen: the longest packed sequence (``thd``), as flash-attention takes it: checked
+            against ``cu_seqlens``.
+        out: ``None`` (a new tensor) or ``x`` itself (rotated in its own storage).
+
+    Returns the rotated tensor, shaped like ``x``.
+
+    >>> cos, sin = torch.tensor([[1.0], [0.0]]), torch.tensor([[0.0], [1.0]])  # 0 and 90 degrees
+    >>> x = torch.tensor([[[[1.0, 0.0], [1.0, 0.0]]]])  # (1, 1, 2, 2)
+    >>> rotary_embedding(x, cos, sin, torch.tensor([[1, 0]]))[0, 0]
+    tensor([[0., 1.],
+            [1., 0.]])
+    """
+    cos, sin = _gathered(
+        x, cos, sin, position_ids, interleaved, layout, cu_seqlens, seqlen_offsets, max_seqlen
+    )
+    if out is None:
+        return apply_rotary(x, cos, sin, interleaved=interleaved)
+    if out is not x:
+        raise PosencValueError("out must be None or x itself (rotate in place)")
+    return apply_rotary_(x, cos, sin, interleaved=interleaved)
+
+
+def rotary_embedding_qk(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    position_ids: Tensor | None = None,
+    *,
+    interleaved: bool = False,
+    layout: Layout = "bhsd",
+    cu_seqlens: Tensor | None = None,
+    seqlen_offsets: int | Tensor = 0,
+    max_seqlen: int | None = None,
+    inplace: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """:func:`rotary_embedding` of queries and keys at the same positions (their head counts may
+    differ: grouped-query attention), the tables gathered once; ``inplace`` rotates both in
+    their own storage."""
+    if not isinstance(k, Tensor) or not isinstance(q, Tensor):
+        raise PosencTypeError("q and k must be tensors")
+    if q.dim() != k.dim() or _without_heads(q, layout) != _without_heads(k, layout):
+        raise PosencValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} (layout={layout!r}) must agree in "
+            "every dim but their heads"
+        )
+    cos, sin = _gathered(
+        q, cos, sin, position_ids, interleaved, layout, cu_seqlens, seqlen_offsets, max_seqlen
+    )
+    if inplace:
+        return (
+            apply_rotary_(q, cos, sin, interleaved=interleaved),
+            apply_rotary_(k, cos, sin, interleaved=interleaved),
+        )
+    return (
+        apply_rotary(q, cos, sin, interleaved=interleaved),
+        apply_rotary(k, cos, sin, interleaved=interleaved),
+    )
+
+
+def _without_heads(x: Tensor, layout: str) -> tuple[int, ...]:
+    heads = {"bhsd": 1, "bshd": 2, "thd": 1}.get(layout, 1)
+    return tuple(s for i, s in enumerate(x.shape) if i != heads)
+
+
+def _gathered(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    position_ids: Tensor | None,
+    interleaved: bool,
+    layout: str,
+    cu_seqlens: Tensor | None,
+    seqlen_offsets: int | Tensor,
+    max_seqlen: int | None,
+) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` as :func:`apply_rotary` takes them for ``x`` in ``layout``: half
+    width, one row per token, broadcasting against ``x.shape[:-1]``."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise PosencTypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', x)!r}")
+    if layout not in LAYOUTS:
+        raise PosencValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
+    if x.dim() != LAYOUTS[layout]:
+        names = {"bhsd": "(B, H, S, D)", "bshd": "(B, S, H, D)", "thd": "(T, H, D)"}
+        raise PosencValueError(
+            f"x of shape {tuple(x.shape)} cannot be layout={layout!r}, which is {names[layout]}"
+        )
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise PosencTypeError(f"{name} must be a floating-point tensor, got {t!r:.60}")
+    if cos.shape != sin.shape:
+        raise PosencValueError(
+            f"cos and sin differ in shape: {tuple(cos.shape)} vs {tuple(sin.shape)}"
+        )
+    if cu_seqlens is not None and layout != "thd":
+        raise PosencValueError(f"cu_seqlens is for layout='thd'; got layout={layout!r}")
+    if max_seqlen is not None and layout != "thd":
+        raise PosencValueError(f"max_seqlen is for layout='thd'; got layout={layout!r}")
+    cos, sin = _half_width(cos, sin, x.shape[-1], interleaved)
+    if layout == "thd":
+        if position_ids is not None:
+            raise PosencValueError(
+                "position_ids cannot be given with layout='thd': the positions come from "
+                "cu_seqlens and seqlen_offsets"
+            )
+        rows = _packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
+        table = _table("cos", cos)
+        return _rows(table, rows, "the packed positions")[:, None], _rows(
+            _table("sin", sin), rows, "the packed positions"
+        )[:, None]  # (T, 1, w)
+    batch, seq = (x.shape[0], x.shape[2]) if layout == "bhsd" else (x.shape[0], x.shape[1])
+    if position_ids is None:
+        if layout == "bhsd":
+            if not _is_zero(seqlen_offsets):
+                raise PosencValueError(
+                    "seqlen_offsets is for layout='bshd' or 'thd' (flash-attention's); with "
+                    "'bhsd' pass position_ids or tables already at the positions"
+                )
+            return cos, sin  # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
+        rows = _offset_rows(batch, seq, seqlen_offsets, x.device)  # (B, S)
+    else:
+        rows = _check_ids(position_ids, batch, seq)
+    gathered = (
+        _rows(_table("cos", cos), rows, "position_ids"),
+        _rows(_table("sin", sin), rows, "position_ids"),
+    )  # (B, S, w)
+    if layout == "bhsd":
+        return gathered[0][:, None], gathered[1][:, None]  # (B, 1, S, w)
+    return gathered[0][:, :, None], gathered[1][:, :, None]  # (B, S, 1, w)
+
+
+def _half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
+    its two copies of each angle agree; narrower tables are returned as they are."""
+    width = cos.shape[-1] if cos.dim() else 0
+    if width <= d // 2:
+        return cos, sin
+    if width != d:
+        raise PosencValueError(
+            f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
+            f"nor a full-width one (D = {d}) for x with D = {d}"
+        )
+    halves = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
+        if not torch.equal(first, second):
+            form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
+            raise PosencValueError(
+                f"{name} is full width ({d}) but not in transformers' form ({form}) for "
+                f"interleaved={interleaved}: its two copies differ; pass the half-width table"
+            )
+        halves.append(first)
+    return halves[0], halves[1]
+
+
+def _table(name: str, t: Tensor) -> Tensor:
+    if t.dim() != 2:
+        raise PosencValueError(
+            f"{name} must be a table (N, D/2) to be indexed by positions, got shape "
+            f"{tuple(t.shape)}"
+        )
+    return t
+
+
+def _rows(table: Tensor, rows: Tensor, what: str) -> Tensor:
+    """``table[rows]`` after checking that every row exists (a read of the rows' extremes)."""
+    if rows.numel():
+        low, high = torch.aminmax(rows)
+        low, high = int(low), int(high)
+        if low < 0 or high >= table.shape[0]:
+            raise PosencValueError(
+                f"{what} reach rows {low}..{high} but the tables have {table.shape[0]} rows"
+            )
+    return table[rows.to(table.device)]
+
+
+def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:
+    if (
+        not isinstance(position_ids, Tensor)
+        or position_ids.is_floating_point()
+        or (position_ids.dtype is torch.bool or position_ids.is_complex())
+    ):
+        raise PosencTypeError(
+            f"position_ids must be an integer tensor (B, S), got {position_ids!r:.60}"
+        )
+    if position_ids.dim() == 1 and position_ids.shape[0] == seq:
+        position_ids = position_ids.expand(batch, seq)
+    if tuple(position_ids.shape) not in ((batch, seq), (1, seq)):
+        raise PosencValueError(
+            f"position_ids must be (B, S) = ({batch}, {seq}) for x, got {tuple(position_ids.shape)}"
+        )
+    return position_ids.expand(batch, seq)
+
+
+def _is_zero(offsets: int | Tensor) -> bool:
+    return isinstance(offsets, int) and not isinstance(offsets, bool) and offsets == 0
+
+
+def _offsets(offsets: int | Tensor, batch: int, device: torch.device) -> Tensor:
+    """``seqlen_offsets`` as a ``(B, 1)`` integer tensor."""
+    if isinstance(offsets, bool) or not isinstance(offsets, (int, Tensor)):
+        raise PosencTypeError(
+            f"seqlen_offsets must be an int or a (B,) integer tensor, got {offsets!r:.60}"
+        )
+    if isinstance(offsets, int):
+        return torch.full((batch, 1), offsets, dtype=torch.long, device=device)
+    if offsets.is_floating_point() or offsets.dtype is torch.bool or offsets.shape != (batch,):
+        raise PosencValueError(
+            f"seqlen_offsets must be an int or a ({batch},) integer tensor, got dtype "
+            f"{offsets.dtype}, shape {tuple(offsets.shape)}"
+        )
+    return offsets.to(device=device, dtype=torch.long)[:, None]
+
+
+def _offset_rows(batch: int, seq: int, offsets: int | Tensor, device: torch.device) -> Tensor:
+    """Rows ``offset_b + 0 … S-1`` per batch row: ``(B, S)``."""
+    return _offsets(offsets, batch, device) + torch.arange(seq, device=device)
+
+
+def _packed_rows(
+    total: int,
+    cu_seqlens: Tensor | None,
+    offsets: int | Tensor,
+    max_seqlen: int | None,
+    device: torch.device,
+) -> Tensor:
+    """Each packed token's row: ``t - cu_seqlens[b] + offsets[b]`` for token ``t`` of sequence
+    ``b``, ``(T,)``."""
+    if cu_seqlens is None:
+        raise PosencValueError("layout='thd' needs cu_seqlens (B + 1,), the sequences' bounds")
+    if (
+        not isinstance(cu_seqlens, Tensor)
+        or cu_seqlens.dim() != 1
+        or cu_seqlens.shape[0] < 2
+        or cu_seqlens.is_floating_point()
+        or cu_seqlens.dtype is torch.bool
+    ):
+        raise PosencValueError(
+            f"cu_seqlens must be a (B + 1,) integer tensor, got {cu_seqlens!r:.60}"
+        )
+    bounds = cu_seqlens.to(device=device, dtype=torch.long)
+    lengths = bounds[1:] - bounds[:-1]  # (B,)
+    first, last = int(bounds[0]), int(bounds[-1])
+    if first != 0 or last != total or bool((lengths < 0).any()):
+        raise PosencValueError(
+            f"cu_seqlens must rise from 0 to the {total} packed tokens of x, got "
+            f"{bounds.tolist() if bounds.numel() <= 16 else tuple(bounds.shape)}"
+        )
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+            raise PosencTypeError(f"max_seqlen must be an int, got {max_seqlen!r}")
+        longest = int(lengths.max())
+        if longest > max_seqlen:
+            raise PosencValueError(
+                f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens"
+            )
+    batch = lengths.shape[0]
+    starts = (bounds[:-1] - _offsets(offsets, batch, device)[:, 0]).repeat_interleave(
+        lengths, output_size=total
+    )  # (T,): each token's sequence start, less its offset
+    return torch.arange(total, device=device) - starts

@@ -1,0 +1,208 @@
+"""``posenc.rotary_embedding``: PyTorch PR 187286's ``rotary_embedding`` (its documented formula
+written out here in float64), flash-attention's ``bshd`` and packed ``thd`` layouts
+(``cu_seqlens``, ``seqlen_offsets``), transformers' full-width tables, in place, and q/k in one
+call; every layout stated, never guessed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import posenc
+from posenc.errors import PosencTypeError, PosencValueError
+
+DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+
+
+def pr_formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool):
+    """PR 187286's documented rotation of ``x (..., D)`` by tables broadcasting against
+    ``(..., w)``, in float64; channels past ``2w`` copied (posenc's partial rotation)."""
+    x, cos, sin = x.double(), cos.double(), sin.double()
+    w = cos.shape[-1]
+    head, rest = x[..., : 2 * w], x[..., 2 * w :]
+    if interleaved:
+        x1, x2 = head[..., 0::2], head[..., 1::2]
+        turned = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    else:
+        x1, x2 = head[..., :w], head[..., w:]
+        turned = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((turned, rest), dim=-1)
+
+
+def tables(n: int, w: int, dtype=torch.float32):
+    angles = torch.rand(n, w, dtype=torch.float64) * 20.0
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """One rounding from the float64 value."""
+    eps = torch.finfo(got.dtype).eps
+    tol = 1e-12 if got.dtype == torch.float64 else 4 * eps
+    assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_bhsd_is_the_prs_formula(dtype, interleaved, with_ids) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8).to(dtype)
+    if with_ids:
+        cos, sin = tables(11, 4)
+        ids = torch.randint(0, 11, (2, 5))
+        got = posenc.rotary_embedding(x, cos, sin, ids, interleaved=interleaved)
+        want = pr_formula(x, cos[ids][:, None], sin[ids][:, None], interleaved)
+    else:
+        cos, sin = tables(5, 4)  # (S, D/2), broadcast against (B, H, S, D/2)
+        got = posenc.rotary_embedding(x, cos, sin, interleaved=interleaved)
+        want = pr_formula(x, cos, sin, interleaved)
+    assert got.dtype == dtype and got.shape == x.shape
+    close(got, want)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_partial_tables_rotate_the_leading_channels(interleaved) -> None:
+    x = torch.randn(1, 2, 4, 16)
+    cos, sin = tables(9, 3)  # 6 of 16 channels
+    ids = torch.tensor([[8, 0, 3, 3]])
+    got = posenc.rotary_embedding(x, cos, sin, ids, interleaved=interleaved)
+    close(got, pr_formula(x, cos[ids][:, None], sin[ids][:, None], interleaved))
+    assert torch.equal(got[..., 6:], x[..., 6:])
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_bshd_is_bhsd_transposed_and_reads_flash_attentions_offsets(interleaved) -> None:
+    torch.manual_seed(1)
+    x = torch.randn(2, 5, 3, 8)  # (B, S, H, D)
+    cos, sin = tables(20, 4)
+    ids = torch.randint(0, 20, (2, 5))
+    got = posenc.rotary_embedding(x, cos, sin, ids, interleaved=interleaved, layout="bshd")
+    as_bhsd = posenc.rotary_embedding(x.transpose(1, 2), cos, sin, ids, interleaved=interleaved)
+    assert torch.equal(got, as_bhsd.transpose(1, 2))
+    for offsets in (7, torch.tensor([0, 12])):
+        rows = torch.arange(5) + (offsets if isinstance(offsets, int) else offsets[:, None])
+        rows = rows.expand(2, 5)
+        got = posenc.rotary_embedding(
+            x, cos, sin, interleaved=interleaved, layout="bshd", seqlen_offsets=offsets
+        )
+        close(got, pr_formula(x, cos[rows][:, :, None], sin[rows][:, :, None], interleaved))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_thd_is_each_sequence_alone(interleaved) -> None:
+    torch.manual_seed(2)
+    lengths = [3, 0, 5, 1]
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    x = torch.randn(9, 2, 8)  # (T, H, D)
+    cos, sin = tables(30, 4)
+    offsets = torch.tensor([0, 4, 10, 2])
+    got = posenc.rotary_embedding(
+        x, cos, sin, interleaved=interleaved, layout="thd", cu_seqlens=cu,
+        seqlen_offsets=offsets, max_seqlen=5,
+    )  # fmt: skip
+    start = 0
+    for length, offset in zip(lengths, offsets.tolist(), strict=True):
+        alone = posenc.rotary_embedding(
+            x[None, start : start + length], cos, sin, interleaved=interleaved,
+            layout="bshd", seqlen_offsets=offset,
+        )[0]  # fmt: skip
+        assert torch.equal(got[start : start + length], alone)
+        start += length
+    # the flash-attention formula: token t of sequence b at row t - cu[b] + offset[b]
+    rows = torch.cat([torch.arange(n) + o for n, o in zip(lengths, offsets.tolist(), strict=True)])
+    close(got, pr_formula(x, cos[rows][:, None], sin[rows][:, None], interleaved))
+
+
+def test_shapes_that_fit_two_layouts_follow_the_stated_one() -> None:
+    """(1, 6, 2, 8) is (B=1, H=6, S=2) as bhsd and (B=1, S=6, H=2) as bshd: each stated
+    layout gets its own rotation, and ids of the other's shape are an error."""
+    torch.manual_seed(3)
+    x = torch.randn(1, 6, 2, 8)
+    cos, sin = tables(10, 4)
+    ids_bhsd, ids_bshd = torch.tensor([[4, 9]]), torch.tensor([[0, 1, 2, 3, 4, 5]])
+    got = posenc.rotary_embedding(x, cos, sin, ids_bhsd, layout="bhsd")
+    close(got, pr_formula(x, cos[ids_bhsd][:, None], sin[ids_bhsd][:, None], False))
+    got = posenc.rotary_embedding(x, cos, sin, ids_bshd, layout="bshd")
+    close(got, pr_formula(x, cos[ids_bshd][:, :, None], sin[ids_bshd][:, :, None], False))
+    with pytest.raises(PosencValueError, match=r"position_ids must be \(B, S\) = \(1, 2\)"):
+        posenc.rotary_embedding(x, cos, sin, ids_bshd, layout="bhsd")
+    with pytest.raises(PosencValueError, match=r"position_ids must be \(B, S\) = \(1, 6\)"):
+        posenc.rotary_embedding(x, cos, sin, ids_bhsd, layout="bshd")
+    q, k = posenc.rotary_embedding_qk(x, 2 * x, cos, sin, ids_bshd, layout="bshd")
+    assert torch.equal(q, posenc.rotary_embedding(x, cos, sin, ids_bshd, layout="bshd"))
+    assert torch.equal(k, posenc.rotary_embedding(2 * x, cos, sin, ids_bshd, layout="bshd"))
+    # bshd without ids reads rows 0..S-1: a (S, w) table, never broadcast against heads
+    got = posenc.rotary_embedding(x, cos[:6], sin[:6], layout="bshd")
+    close(got, pr_formula(x, cos[:6][None, :, None], sin[:6][None, :, None], False))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_transformers_full_width_tables(interleaved) -> None:
+    x = torch.randn(2, 2, 4, 8)
+    cos, sin = tables(4, 4)
+    full = [
+        t.repeat_interleave(2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)
+        for t in (cos, sin)
+    ]
+    want = posenc.rotary_embedding(x, cos, sin, interleaved=interleaved)
+    assert torch.equal(posenc.rotary_embedding(x, *full, interleaved=interleaved), want)
+    other = torch.cat((cos, sin), dim=-1)  # 8 wide, halves differ
+    with pytest.raises(PosencValueError, match=r"cos is full width .* not in transformers' form"):
+        posenc.rotary_embedding(x, other, other, interleaved=interleaved)
+    with pytest.raises(PosencValueError, match="width 6 fit neither"):
+        posenc.rotary_embedding(x, cos.repeat(1, 2)[:, :6], sin.repeat(1, 2)[:, :6])
+
+
+def test_in_place_and_grouped_qk() -> None:
+    torch.manual_seed(4)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # grouped: 4 query, 2 key heads
+    cos, sin = tables(7, 4)
+    ids = torch.randint(0, 7, (2, 5))
+    want_q = posenc.rotary_embedding(q, cos, sin, ids)
+    want_k = posenc.rotary_embedding(k, cos, sin, ids)
+    got_q, got_k = posenc.rotary_embedding_qk(q, k, cos, sin, ids)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    same_q, same_k = posenc.rotary_embedding_qk(q, k, cos, sin, ids, inplace=True)
+    assert same_q is q and same_k is k
+    assert torch.equal(q, want_q) and torch.equal(k, want_k)
+    x = torch.randn(1, 1, 5, 8)
+    want = posenc.rotary_embedding(x, cos, sin, ids[:1])
+    assert posenc.rotary_embedding(x, cos, sin, ids[:1], out=x) is x
+    assert torch.equal(x, want)
+    with pytest.raises(PosencValueError, match="out must be None or x itself"):
+        posenc.rotary_embedding(x, cos, sin, ids[:1], out=torch.empty_like(x))
+    with pytest.raises(PosencValueError, match="must agree in every dim but their heads"):
+        posenc.rotary_embedding_qk(q, k[:, :, :4], cos, sin)
+
+
+def test_bad_arguments_are_named() -> None:
+    x = torch.randn(2, 3, 5, 8)
+    cos, sin = tables(7, 4)
+    cases = [
+        (lambda: posenc.rotary_embedding(x, cos, sin, layout="sbhd"), PosencValueError, "layout"),
+        (lambda: posenc.rotary_embedding(x, cos, sin, layout="thd"), PosencValueError,
+         r"x of shape \(2, 3, 5, 8\) cannot be layout='thd'"),
+        (lambda: posenc.rotary_embedding(x[0], cos, sin, layout="thd"), PosencValueError,
+         "needs cu_seqlens"),
+        (lambda: posenc.rotary_embedding(x[0], cos, sin, torch.zeros(2, 3, dtype=torch.long),
+                                         layout="thd", cu_seqlens=torch.tensor([0, 2])),
+         PosencValueError, "position_ids cannot be given with layout='thd'"),
+        (lambda: posenc.rotary_embedding(x, cos, sin, cu_seqlens=torch.tensor([0, 2])),
+         PosencValueError, "cu_seqlens is for layout='thd'"),
+        (lambda: posenc.rotary_embedding(x, cos, sin, torch.full((2, 5), 7)), PosencValueError,
+         "position_ids reach rows 7..7 but the tables have 7 rows"),
+        (lambda: posenc.rotary_embedding(x, cos, sin, torch.zeros(2, 5)), PosencTypeError,
+         "position_ids must be an integer tensor"),
+        (lambda: posenc.rotary_embedding(x, cos, sin, seqlen_offsets=3), PosencValueError,
+         "seqlen_offsets is for layout='bshd' or 'thd'"),
+        (lambda: posenc.rotary_embedding(x[0], cos, sin, layout="thd",
+                                         cu_seqlens=torch.tensor([0, 1, 2]), max_seqlen=1),
+         PosencValueError, "cu_seqlens must rise from 0 to the 3 packed tokens"),
+        (lambda: posenc.rotary_embedding(x[0], cos, sin, layout="thd",
+                                         cu_seqlens=torch.tensor([0, 1, 3]), max_seqlen=1),
+         PosencValueError, "max_seqlen=1 but cu_seqlens holds a sequence of 2 tokens"),
+    ]  # fmt: skip
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
