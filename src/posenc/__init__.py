@@ -52,6 +52,7 @@ from .encodings.rotary.multimodal_positions import (
     continue_multimodal_positions,
     multimodal_positions,
 )
+from .encodings.rotary.onnx import export_onnx
 from .encodings.rotary.rope import InterleavedRotaryEmbedding, RotaryEmbedding
 from .encodings.rotary.xpos import XPos
 from .encodings.state import BiasState, PositionState, RotaryState
@@ -124,6 +125,7 @@ __all__ = [
     "build_for_model",
     "continue_multimodal_positions",
     "entry",
+    "export_onnx",
     "get_memory_budget",
     "multimodal_positions",
     "positions_from_padding",

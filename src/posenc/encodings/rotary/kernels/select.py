@@ -71,6 +71,17 @@ __all__ = ["KERNELS", "Mode", "Plan", "rotate_with", "select"]
 KERNEL_VARIABLE = "POSENC_ROTARY_KERNEL"
 
 
+class _OnnxRotaryOp:
+    """Whether an ONNX export keeps each rotation as one ``posenc::rotary`` node, translated to
+    opset 23's ``RotaryEmbedding`` (:func:`posenc.export_onnx` with ``rotary_op=True`` sets
+    it while it exports), instead of lowering the formula to elementary operations."""
+
+    on = False
+
+
+ONNX_ROTARY_OP = _OnnxRotaryOp()
+
+
 class Mode(enum.Enum):
     """The ways a rotation can run; see the table in this module's docstring. ``eager``:
     whether the call runs eagerly on plain tensors, so that its callers may read values (the
@@ -221,7 +232,7 @@ def select(
     """
     mode = _mode(x, tables, inplace, learned, pair, positions)
     if not kernel:
-        if mode is Mode.OPERATOR and _kernel(x, pair, tables, None) is TORCH:
+        if mode is Mode.OPERATOR and _kernel(x, pair, tables, None) is TORCH and not _onnx_node():
             mode = Mode.TRACED  # (as below)
         return _PLANS[None][mode.index]
     forced = forced_kernel(not mode.eager)
@@ -239,10 +250,15 @@ def select(
             f"that kernel cannot take these tensors ({dtypes} on {devices}, shape "
             f"{tuple(x.shape)}, strides {tuple(x.stride())})",
         )
-    if mode is Mode.OPERATOR and chosen is TORCH and forced is None:
+    if mode is Mode.OPERATOR and chosen is TORCH and forced is None and not _onnx_node():
         mode = Mode.TRACED  # (no fast kernel: inductor's fusion of the formula is faster)
         return _PLANS[None][mode.index]
     return _PLANS[chosen][mode.index]
+
+
+def _onnx_node() -> bool:
+    """Whether this call is traced by an ONNX export that keeps rotations as one node."""
+    return ONNX_ROTARY_OP.on and torch.onnx.is_in_onnx_export()
 
 
 def _why_formula(mode: Mode, learned: bool, tables: Tables | None) -> str:
@@ -272,7 +288,10 @@ def _mode(
             tables_grad or learned or x.requires_grad or (pair is not None and pair.requires_grad)
         )
         if torch.compiler.is_exporting() and torch.onnx.is_in_onnx_export():
-            return Mode.TRACED  # (an ONNX export lowers the formula to ONNX operations)
+            # an ONNX export lowers the formula to ONNX operations, or, asked to, keeps one
+            # node that becomes opset 23's RotaryEmbedding (not in place, fixed tables)
+            keep = ONNX_ROTARY_OP.on and not inplace and not (tables_grad or learned)
+            return Mode.OPERATOR if keep else Mode.TRACED
         if inplace and not grad:
             return Mode.OPERATOR_INPLACE
         if not inplace and not (tables_grad or (learned and grad_on)):
