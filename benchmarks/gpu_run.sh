@@ -18,10 +18,10 @@ timeout 150 "$PY" -m pytest -q -p no:cacheprovider -o addopts= --durations=10 \
     tests/encodings/rotary/kernels/interpreted_triton.py tests/encodings/rotary/kernels/interpreted_modules.py \
     > "$OUT/triton_cuda_tests.txt" 2>&1
 echo "kernel tests on CUDA: exit $? ($(tail -n 1 "$OUT/triton_cuda_tests.txt"))"
-timeout 120 "$PY" benchmarks/sync_check.py --decode > "$OUT/decode_sync.txt" 2>&1
+timeout 90 "$PY" benchmarks/sync_check.py --decode > "$OUT/decode_sync.txt" 2>&1
 echo "decode steps without host synchronisation: exit $?"
 grep -v "^ " "$OUT/decode_sync.txt" | head -n 20
-timeout 400 "$PY" -m posenc.app.cli bench rope --device cuda --output "$OUT/gpu_rope.md" \
+timeout 300 "$PY" -m posenc.app.cli bench rope --device cuda --output "$OUT/gpu_rope.md" \
     > "$OUT/bench.txt" 2>&1
 echo "bench rope --device cuda: exit $?"
 tail -n 40 "$OUT/bench.txt"

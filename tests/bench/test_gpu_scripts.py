@@ -29,7 +29,10 @@ SCRIPTS = {
         {"attention_device.txt", "attention_cuda_tests.txt", "attention_bench.txt"},
         ("attention tests on CUDA: exit", "bench bias encoder --device cuda: exit"),
     ),
+    "gpu_first.sh": ({"first_device.txt", "gpu_first.md"}, ("gpu_first: exit 0",)),
 }
+#: What one GPU call allows a script (seconds), less a minute for the machine's start.
+GPU_CALL = 600 - 60
 
 
 @pytest.mark.slow  # (a pytest run and a posenc command in subprocesses: about 6 s each)
@@ -51,3 +54,31 @@ def test_the_script_dry_runs_into_a_relative_out(script: str, tmp_path: Path) ->
     assert "torch sees no CUDA device" in done.stdout  # the benchmark's one-line refusal
     assert not (ROOT / "out").exists()  # nothing written into the checkout
     shutil.rmtree(tmp_path / "out")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_scripts_timeouts_fit_one_gpu_call(script: str) -> None:
+    """The steps' timeouts add up to less than one 600-s GPU call (with its start)."""
+    text = (ROOT / "benchmarks" / script).read_text()
+    limits = [int(line.split()[1]) for line in text.splitlines() if line.startswith("timeout ")]
+    assert limits and sum(limits) <= GPU_CALL, (script, limits)
+
+
+@pytest.mark.slow  # (every section on tiny sizes: about 20 s)
+def test_the_first_gpu_script_runs_every_section_on_the_cpu() -> None:
+    """``gpu_first.py --device cpu --tiny``: every section runs and prints its rows (three times
+    per case; no CUDA graphs on the CPU), none fails."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_first.py"), "--device", "cpu", "--tiny"],
+        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    out = done.stdout
+    for section in ("versions", "rope vs clone", "host time", "decode vs transformers",
+                    "bias attention", "training step"):  # fmt: skip
+        assert "## " in out and section in out, section
+    assert "0 section(s) failed" in out
+    assert out.count("n/a (no CUDA graphs on this device)") >= 10
+    for case in ("posenc in place", "transformers rotary module", "| fire | forward+backward",
+                 "posenc t5"):  # fmt: skip
+        assert case in out, case
