@@ -30,6 +30,8 @@ __all__ = [
     "flex_available",
     "flex_block_mask",
     "flex_cache_clear",
+    "softcap_score_mod",
+    "with_sinks",
 ]
 
 #: Block size of the BlockMask built for causal and padding masks (flex_attention's default).
@@ -219,6 +221,31 @@ def bias_score_mod(bias: Tensor) -> ScoreMod:
     return lambda score, b, h, q_idx, kv_idx: score + bias[b, h, q_idx, kv_idx].to(score.dtype)
 
 
+def softcap_score_mod(inner: ScoreMod | None, softcap: float) -> ScoreMod:
+    """``inner`` (a scheme's score_mod, or nothing) followed by logit soft-capping:
+    ``c · tanh(score / c)`` (Gemma 2), applied to the scaled score with its bias added.
+    The wrapper's ``code_key`` names the inner code too, so compiled kernels of different
+    schemes under one cap are kept apart."""
+    if inner is None:
+
+        def capped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return softcap * torch.tanh(score / softcap)
+
+    else:
+
+        def capped(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return softcap * torch.tanh(inner(score, b, h, q_idx, kv_idx) / softcap)
+
+    capped.code_key = (capped.__code__, _code_key(inner))  # type: ignore[attr-defined]
+    return capped
+
+
+def _code_key(fn: Any) -> Any:
+    """What a compiled flex kernel keys a score_mod or mask_mod by: its code (a wrapper's
+    ``code_key`` when it wraps another function)."""
+    return getattr(fn, "code_key", getattr(fn, "__code__", None))
+
+
 # Compiled flex attention, one wrapper per (rank, heads, head dims, dtype, device, score_mod
 # and mask_mod code), compiled with automatic dynamic shapes: the first length gets a static
 # kernel, the second a kernel with symbolic lengths that serves every later one, so a run
@@ -232,10 +259,11 @@ _FLEX_FAILED: dict[tuple[Any, ...], str] = {}
 def _compiled_flex(key: tuple[Any, ...]) -> Callable[..., Tensor]:
     fn = _FLEX_COMPILED.get(key)
     if fn is None:
-        from torch.nn.attention.flex_attention import flex_attention
 
-        def run(q: Tensor, k: Tensor, v: Tensor, score_mod: Any, block_mask: Any) -> Tensor:
-            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        def run(
+            q: Tensor, k: Tensor, v: Tensor, score_mod: Any, block_mask: Any, scale: Any
+        ) -> Any:
+            return _flex(q, k, v, score_mod, block_mask, scale, lse=key[-1])
 
         run.__code__ = run.__code__.replace()  # a fresh code object: a cache of its own
         fn = torch.compile(run, dynamic=None)  # static first, then symbolic lengths
@@ -247,6 +275,32 @@ def compile_key(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, ...]:
     """What a compiled flex kernel is keyed by besides dtype, device and code: the heads and
     head sizes, not the batch or the lengths (those are symbolic after the first change)."""
     return (q.dim(), q.shape[-3], k.shape[-3], q.shape[-1], v.shape[-1])
+
+
+def _flex(
+    q: Tensor, k: Tensor, v: Tensor, score_mod: Any, block_mask: Any, scale: Any, *, lse: bool
+) -> Any:
+    """``flex_attention``: the output, or ``(output, lse)`` with ``lse`` (the natural-log
+    log-sum-exp of each row's scores, ``(b, h, nq)``, fp32; torch converts its kernels'
+    base-2 statistics)."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    if not lse:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    out, aux = flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        return_aux=AuxRequest(lse=True),
+    )  # fmt: skip
+    return out, aux.lse
+
+
+def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
+    """Flex's output ``(b, h, nq, d)`` as a softmax with one more logit per head, ``sinks``
+    ``(h,)``, whose column is dropped: the row's weights shrink by ``Z / (Z + exp(sink))``
+    with ``Z = exp(lse)``, i.e. ``out · sigmoid(lse - sink)``. In fp32, rounded once to the
+    output's dtype; a fully masked row (``lse = -inf``, output 0) stays 0."""
+    factor = torch.sigmoid(lse.float() - sinks.float().view(-1, 1))  # (b, h, nq)
+    return (out.float() * factor.unsqueeze(-1)).to(out.dtype)
 
 
 def flex_cache_clear() -> None:
@@ -263,6 +317,8 @@ def flex_attention_forward(
     score_mod: ScoreMod | None,
     block_mask: Any,
     compile: bool = True,
+    scale: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor | None:
     """``flex_attention(q, k, v)`` with the inputs in :func:`~posenc.sdpa.kernel_dtype`
     (bf16/fp16 stay so on a GPU: flex's kernel computes the scores, runs the ``score_mod``
@@ -272,13 +328,17 @@ def flex_attention_forward(
 
     ``compile=False`` runs flex_attention's eager reference, which is correct but
     materialises the scores; it exists for tests and for platforms without a compiler.
-    """
-    from torch.nn.attention.flex_attention import flex_attention
 
+    ``scale`` multiplies ``q kᵀ`` (``None``: ``1 / sqrt(d)``). ``sinks`` ``(h,)``: learned
+    attention sinks, folded in through the log-sum-exp flex returns (:func:`with_sinks`), so
+    no extra key or column is ever made.
+    """
     out_dtype, work = q.dtype, kernel_dtype(q)
     q, k, v = q.to(work), k.to(work), v.to(work)
+    lse = sinks is not None
     if torch.compiler.is_compiling():  # inside a user's torch.compile: let it fuse
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask).to(out_dtype)
+        result = _flex(q, k, v, score_mod, block_mask, scale, lse=lse)
+        return _finish(result, sinks, out_dtype)
     if q.device.type == "cpu" and min(q.shape[-2], k.shape[-2]) < FLEX_BLOCK_SIZE:
         # torch 2.13's compiled CPU kernel is intermittently wrong (0.2-0.6 off, once NaN)
         # below one block of queries or keys; the eager reference is right and cheap there
@@ -286,19 +346,20 @@ def flex_attention_forward(
     if not compile:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
-            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
-        return out.to(out_dtype)
+            result = _flex(q, k, v, score_mod, block_mask, scale, lse=lse)
+        return _finish(result, sinks, out_dtype)
     key = (
         compile_key(q, k, v),
         work,
         q.device.type,
-        getattr(score_mod, "__code__", None),
-        getattr(getattr(block_mask, "mask_mod", None), "__code__", None),
+        _code_key(score_mod),
+        _code_key(getattr(block_mask, "mask_mod", None)),
+        lse,  # last: the compiled wrapper reads it
     )
     if key in _FLEX_FAILED:
         return None
     try:
-        out = _compiled_flex(key)(q, k, v, score_mod, block_mask)
+        result = _compiled_flex(key)(q, k, v, score_mod, block_mask, scale)
     except Exception as error:  # a missing compiler, an unsupported op: fall back, still correct
         _FLEX_FAILED[key] = f"{type(error).__name__}: {error}"
         warnings.warn(
@@ -308,4 +369,13 @@ def flex_attention_forward(
             stacklevel=3,
         )
         return None
-    return out.to(out_dtype)
+    return _finish(result, sinks, out_dtype)
+
+
+def _finish(result: Any, sinks: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """Flex's result (the output, or ``(output, lse)`` when ``sinks`` are given) with the
+    sinks folded in, in ``out_dtype``."""
+    if sinks is None:
+        return result.to(out_dtype)
+    out, lse = result
+    return with_sinks(out, lse, sinks).to(out_dtype)
