@@ -48,6 +48,7 @@ from .encodings.base import PositionalEncoding
 from .encodings.hf.config import query_scale_from_hf_config
 from .encodings.hf.fields import Fields
 from .encodings.hf.route import as_config
+from .encodings.hf.scores import falcon_kv_heads, layer_scores
 from .encodings.rotary.rope import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
@@ -129,13 +130,18 @@ OVERRIDES = {
 
 @dataclass(frozen=True)
 class LayerSchedule:
-    """One layer: its type, its encoding (``None``: NoPE), window, chunk and query scale."""
+    """One layer: its type, its encoding (``None``: NoPE), window, chunk and query scale, and
+    what its attention does to the scores (:mod:`~posenc.encodings.hf.scores`): sinks,
+    soft-capping, softmax scale (``None``: ``1 / sqrt(head_dim)``)."""
 
     kind: str
     pe: PositionalEncoding | None
     window: int | None
     chunk: int | None
     query_scale: QueryScale | None
+    sinks: bool = False
+    softcap: float | None = None
+    softmax_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,12 @@ class ModelSchedule:
 
     def encoder_kwargs(self) -> dict[str, Any]:
         """The arguments of :class:`~posenc.Encoder` after ``dim, depth, num_heads``."""
+        scales = {layer.softmax_scale for layer in self.layers}
+        if len(scales) > 1:  # (no family of transformers 5.24 does this)
+            raise PosencValueError(
+                f"config model_type={self.model_type!r} gives its layers different softmax "
+                f"scales {sorted(scales, key=str)}: posenc's Encoder takes one for every layer"
+            )
         return {
             "pe": [layer.pe for layer in self.layers],
             "ffn_dim": self.intermediate_size,
@@ -168,6 +180,9 @@ class ModelSchedule:
             "window": [layer.window for layer in self.layers],
             "chunk": [layer.chunk for layer in self.layers],
             "query_scale": [layer.query_scale for layer in self.layers],
+            "sinks": [layer.sinks for layer in self.layers],
+            "softcap": [layer.softcap for layer in self.layers],
+            "softmax_scale": next(iter(scales), None),
         }
 
 
@@ -252,7 +267,10 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
     depth = _int(raw, "num_hidden_layers")
     hidden = _int(raw, "hidden_size")
     heads = _int(raw, "num_attention_heads")
-    kv_heads = _int(raw, "num_key_value_heads", heads)
+    if model_type == "falcon":  # FalconAttention's own rule (multi_query: one head)
+        kv_heads = falcon_kv_heads(raw, heads)
+    else:
+        kv_heads = _int(raw, "num_key_value_heads", heads)
     head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
     if head_dim is None:
         raise PosencValueError(
@@ -284,6 +302,7 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
     nested = _nested_by_layer_type(raw)
     tuning = raw.get("attn_temperature_tuning")
     every_layer = query_scale_from_hf_config(model)  # Ministral 3
+    scores = layer_scores(raw, model_type, kinds, int(head_dim))
     beside = None if every_layer is None else QueryScale.ministral3(*every_layer)
     layers = []
     for i, kind in enumerate(kinds):
@@ -304,7 +323,22 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             scale = QueryScale.llama4(
                 0.1 if attn_scale is None else attn_scale, 8192 if floor is None else floor
             )
-        layers.append(LayerSchedule(kind, pe, window, chunk, scale))
+        softmax_scale = scores[i].softmax_scale
+        rope_scale = getattr(pe, "softmax_scale", None)  # DeepSeek's YaRN mscale
+        if rope_scale is not None:
+            softmax_scale = rope_scale
+        layers.append(
+            LayerSchedule(
+                kind,
+                pe,
+                window,
+                chunk,
+                scale,
+                sinks=scores[i].sinks,
+                softcap=scores[i].softcap,
+                softmax_scale=softmax_scale,
+            )
+        )
     return ModelSchedule(
         model_type=model_type,
         hidden_size=hidden,
