@@ -48,7 +48,7 @@ from .encodings.base import PositionalEncoding
 from .encodings.hf.config import query_scale_from_hf_config
 from .encodings.hf.fields import Fields
 from .encodings.hf.route import as_config
-from .encodings.hf.scores import falcon_kv_heads, layer_scores
+from .encodings.hf.scores import falcon_kv_heads, layer_scores, refuse_unread
 from .encodings.rotary.rope import RotaryEmbedding
 from .errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
@@ -265,6 +265,7 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         )
     causal = model_type not in BIDIRECTIONAL_MODEL_TYPES
     depth = _int(raw, "num_hidden_layers")
+    refuse_unread(raw, model_type, depth)  # what posenc's attention does not do, by name
     hidden = _int(raw, "hidden_size")
     heads = _int(raw, "num_attention_heads")
     if model_type == "falcon":  # FalconAttention's own rule (multi_query: one head)

@@ -21,7 +21,8 @@ soft-capping                :data:`SOFTCAP_MODEL_TYPES`: ``c · tanh(scores / c)
                             ``c = attn_logit_softcapping`` (``None``: no capping)
 softmax scale               :data:`SCALE_FIELDS`: ``query_pre_attn_scalar ** -0.5`` (Gemma),
                             ``attention_multiplier`` (Granite, HyperCLOVA X), ``qk_scale_factor
-                            / sqrt(head_dim)`` (MuseGlimmer, MuseSpark); a YaRN
+                            / sqrt(head_dim)`` (MuseGlimmer, MuseSpark); 1 (Dia,
+                            :data:`FIXED_SCALES`); a YaRN
                             ``mscale_all_dim`` (DeepSeek) is the rotary module's
                             ``softmax_scale`` (:func:`mscale_softmax_scale`)
 key/value heads             Falcon: ``num_kv_heads`` with ``new_decoder_architecture``, else
@@ -41,6 +42,9 @@ from ...errors import PosencValueError
 from .fields import Fields, number, positive_int
 
 __all__ = [
+    "ALWAYS_REFUSED",
+    "FIXED_SCALES",
+    "MSCALE_MODEL_TYPES",
     "REFUSED_SCORE_FIELDS",
     "SCALE_FIELDS",
     "SINK_MODEL_TYPES",
@@ -49,6 +53,7 @@ __all__ = [
     "falcon_kv_heads",
     "layer_scores",
     "mscale_softmax_scale",
+    "refuse_unread",
 ]
 
 #: Families whose attention holds a learned sink logit per head (``self.sinks =
@@ -113,6 +118,10 @@ SCALE_FIELDS: dict[str, tuple[str, Callable[[float, int], float]]] = {
     # q = qk_norm(q) * qk_scale_factor, then the usual 1/sqrt(head_dim)
     **dict.fromkeys(("muse_glimmer_text", "muse_spark_text"), ("qk_scale_factor", _times_default)),
 }
+
+#: Families whose attention has a fixed softmax scale of its own (-> the scale): Dia's
+#: self-attention takes ``scaling = 1``, no ``1 / sqrt(head_dim)``.
+FIXED_SCALES: dict[str, float] = {"dia_decoder": 1.0, "dia_encoder": 1.0}
 
 _SINK_PROJ = "data-dependent sinks (a projection of each token gives its sink logits)"
 _CLIP = "q, k and v are clamped to ±clip_qkv before the scores"
@@ -189,9 +198,8 @@ def layer_scores(
     raw: Fields, model_type: str, kinds: list[str], head_dim: int
 ) -> list[LayerScores]:
     """Each layer's :class:`LayerScores` as the family's attention does it (see the module
-    docstring); a config field that holds something its attention could not run is refused
-    by name."""
-    refuse_unread(raw, model_type, len(kinds))
+    docstring; :func:`refuse_unread` first); a config field that holds something its
+    attention could not run is refused by name."""
     softcap = None
     if model_type in SOFTCAP_MODEL_TYPES and raw.get("attn_logit_softcapping") is not None:
         softcap = number("attn_logit_softcapping", raw.get("attn_logit_softcapping"))
@@ -210,6 +218,8 @@ def layer_scores(
         if value <= 0:
             raise PosencValueError(f"config {field} must be > 0, got {value!r}")
         scale = _unless_default(formula(value, head_dim), head_dim)
+    if model_type in FIXED_SCALES:
+        scale = _unless_default(FIXED_SCALES[model_type], head_dim)
     sinks = SINK_MODEL_TYPES.get(model_type, False)
     return [
         LayerScores(
