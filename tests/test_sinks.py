@@ -327,10 +327,87 @@ def test_flex_falls_back_to_math_for_softcap(monkeypatch: pytest.MonkeyPatch) ->
         close(out, module_reference(attn, x, mask=causal(6)), 2e-6)
 
 
+@pytest.mark.parametrize("n", [200, 128])  # the sink key in the last block / a new one
+@pytest.mark.parametrize("mask", ["none", "causal+padding", "window+documents"])
+def test_flex_sink_key_equals_the_formula(
+    monkeypatch: pytest.MonkeyPatch, n: int, mask: str
+) -> None:
+    """The CPU's compiled flex kernel returns no lse, so there sinks run as one more key
+    (:func:`posenc.flex.sink_score_mod`, its block mask extended). Forced here on the eager
+    kernel, with ALiBi's score_mod and a cap composed before it: the formula's numbers."""
+    monkeypatch.setattr(flex, "lse_route", lambda device, compile: False)
+    seen: list[int] = []
+    real = flex._flex
+
+    def spy(q: Tensor, k: Tensor, *args: Any, lse: bool) -> Any:
+        seen.append(k.shape[-2])
+        return real(q, k, *args, lse=lse)
+
+    monkeypatch.setattr(flex, "_flex", spy)
+    kw: dict[str, Any] = {"causal": mask != "none", "window": 5 if "window" in mask else None}
+    attn = make("flex", sinks=True, softcap=1.5, pe=posenc.ALiBi(4), **kw)
+    x = torch.randn(2, n, 16)
+    padding = torch.zeros(2, n, dtype=torch.bool)
+    padding[1, :3] = True
+    documents = (torch.arange(n) >= n // 2).long().expand(2, n)
+    pos = torch.arange(n)
+    allowed = torch.ones(2, 1, n, n, dtype=torch.bool)
+    given: dict[str, Tensor] = {}
+    if mask == "causal+padding":
+        given = {"key_padding_mask": padding}
+        allowed = causal(n) & ~padding.view(2, 1, 1, n)
+    elif mask == "window+documents":
+        given = {"document_ids": documents}
+        pos = torch.where(documents[0] == 1, pos - n // 2, pos)
+        same = documents[0].view(-1, 1) == documents[0].view(1, -1)
+        allowed = causal(n) & same & ((pos.view(-1, 1) - pos.view(1, -1)).abs() < 5)
+    with torch.no_grad():
+        out = attn(x, **given)
+    assert seen == [n + 1] and attn.last_backend == "flex"
+    bias = posenc.ALiBi(4).bias(pos, pos)
+    close(out, module_reference(attn, x, bias=bias, mask=allowed), 2e-6)
+
+
+@pytest.mark.parametrize("n", [200, 256])
+@pytest.mark.parametrize("masked", [False, True])
+def test_sink_key_block_mask(n: int, masked: bool) -> None:
+    """The block mask with a sink key (the eager kernel above ignores block sparsity, so the
+    blocks are checked here): every query block reads the sink's block, every other block
+    is as without the sink, and the mask_mod allows the sink key and agrees elsewhere."""
+    cpu = torch.device("cpu")
+    where: dict[str, Any] = {"causal": False, "key_padding_mask": None, "device": cpu}
+    if masked:
+        padding = torch.zeros(2, n, dtype=torch.bool)
+        padding[1, :130] = True
+        runs = (torch.arange(n) >= 150).long().expand(2, n)
+        positions = torch.arange(n).expand(2, n)
+        where.update(causal=True, key_padding_mask=padding, q_documents=runs, k_documents=runs)
+        where.update(q_positions=positions, k_positions=positions, window=60)
+    base = flex.flex_block_mask(2 if masked else 1, n, n, **where)
+    extended = flex.flex_block_mask(2 if masked else 1, n, n, sink_key=True, **where)
+    assert extended.seq_lengths == (n, n + 1)
+    blocks, old = extended.to_dense(), base.to_dense()  # (B, 1, mq, mk) visited
+    sink_block = n // flex.FLEX_BLOCK_SIZE
+    assert blocks[..., sink_block].all()
+    others = [c for c in range(blocks.shape[-1]) if c != sink_block]
+    assert torch.equal(blocks[..., others], old[..., others])
+    if masked:
+        assert not old.all()  # some blocks skipped: the comparison above means something
+        q_idx, kv_idx = torch.arange(n).view(-1, 1), torch.arange(n + 1).view(1, -1)
+        rows = [extended.mask_mod(torch.tensor(b), 0, q_idx, kv_idx) for b in range(2)]
+        allowed = torch.stack(rows)  # (2, n, n + 1)
+        assert allowed[..., n].all()
+        expected = torch.stack(
+            [base.mask_mod(torch.tensor(b), 0, q_idx, kv_idx[:, :n]) for b in range(2)]
+        )
+        assert torch.equal(allowed[..., :n], expected)
+
+
 @pytest.mark.slow
 def test_compiled_flex_with_sinks_and_softcap() -> None:
     """The one compiled case: 128 queries (the compiled CPU kernel runs from one block),
-    sinks and a cap, a left-padded row with fully masked queries."""
+    sinks (one more key: the CPU kernel returns no lse) and a cap, a left-padded row with
+    fully masked queries."""
     attn = posenc.MultiHeadAttention(
         16, 2, causal=True, backend="flex", sinks=True, softcap=1.0
     ).eval()
