@@ -258,7 +258,8 @@ def flex_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor | None, Tensor | None]:
     """Flex attention with the scheme's ``score_mod`` (or a materialised bias read by one),
-    soft-capping composed after it, sinks folded in through flex's log-sum-exp;
+    soft-capping composed after it, sinks folded in through flex's log-sum-exp (on the CPU's
+    compiled kernel, which returns none, as one more key: :func:`posenc.flex.sink_score_mod`);
     ``(None, None)`` when it cannot run: compilation failed, or ``call.fused_only`` and the
     scheme has no ``score_mod`` here."""
     b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
@@ -272,6 +273,13 @@ def flex_backend(
             score_mod = flex.bias_score_mod(state.bias(q, k))  # the kernel reads the bias
     if call.softcap is not None:
         score_mod = flex.softcap_score_mod(score_mod, call.softcap)
+    sinks = call.sinks
+    sink_key = sinks is not None and not flex.lse_route(q.device, call.compile_flex)
+    if sink_key:  # the CPU's compiled kernel returns no lse: the sink as one more key
+        assert sinks is not None
+        score_mod = flex.sink_score_mod(score_mod, sinks, nk)
+        k, v = flex.append_sink_key(k, v)
+        sinks = None
     where: dict[str, Any] = {}
     if context is not None:
         k_positions, _, k_runs = context.last_keys(nk)
@@ -282,11 +290,11 @@ def flex_backend(
             where.update(window=call.window, chunk=call.chunk)
     block_mask = flex.flex_block_mask(
         b, nq, nk, causal=call.causal, key_padding_mask=call.key_padding_mask, device=q.device,
-        **where,
+        sink_key=sink_key, **where,
     )  # fmt: skip
     out = flex.flex_attention_forward(
         q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex,
-        scale=call.scale, sinks=call.sinks,
+        scale=call.scale, sinks=sinks,
     )  # fmt: skip
     return out, None
 

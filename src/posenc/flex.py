@@ -25,11 +25,14 @@ from .sdpa import kernel_dtype
 
 __all__ = [
     "FLEX_BLOCK_SIZE",
+    "append_sink_key",
     "bias_score_mod",
     "flex_attention_forward",
     "flex_available",
     "flex_block_mask",
     "flex_cache_clear",
+    "lse_route",
+    "sink_score_mod",
     "softcap_score_mod",
     "with_sinks",
 ]
@@ -61,6 +64,7 @@ def flex_block_mask(
     k_positions: Tensor | None = None,
     window: int | None = None,
     chunk: int | None = None,
+    sink_key: bool = False,
 ) -> Any:
     """A flex_attention ``BlockMask`` for a causal, key-padding and/or document mask (all
     blocks full when there is none). Documents are run numbers, ``(b, nq)`` and ``(b, nk)``,
@@ -75,6 +79,9 @@ def flex_block_mask(
     allowed are "full" (no mask_mod call), blocks with some allowed "partial", the rest are
     skipped. Causal masking aligns the last query with the last key, as in
     :func:`attention_mask`.
+
+    ``sink_key``: one more key, number ``nk``, that every query reads (sinks on the CPU's
+    compiled kernel, see :func:`sink_score_mod`); the mask is ``nq × (nk + 1)``.
 
     A mask is passed even when nothing is masked: without one, flex_attention's CPU kernel
     works on the whole ``nq × nk`` as a single block, a per-thread ``nq × nk`` buffer
@@ -127,6 +134,13 @@ def flex_block_mask(
             some = some & (cq_lo <= ck_hi) & (ck_lo <= cq_hi)
             every = every & (cq_lo == cq_hi) & (ck_lo == ck_hi) & (cq_lo == ck_lo)
     partial, full = some & ~every, every
+    mask_mod = _mask_mod(causal, offset, keep, device)  # None when neither
+    if documents:
+        mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
+    if window is not None or chunk is not None:
+        mask_mod = _position_mask_mod(mask_mod, q_positions, k_positions, window, chunk)
+    if sink_key:
+        partial, full, mask_mod = _with_sink_key(partial, full, mask_mod, nk, device)
 
     def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
         counts = blocks.sum(-1, dtype=torch.int32)  # (B, mq)
@@ -135,14 +149,39 @@ def flex_block_mask(
 
     kv_num, kv_idx = as_indices(partial)
     full_num, full_idx = as_indices(full)
-    mask_mod = _mask_mod(causal, offset, keep, device)  # None when neither
-    if documents:
-        mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
-    if window is not None or chunk is not None:
-        mask_mod = _position_mask_mod(mask_mod, q_positions, k_positions, window, chunk)
     return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod, seq_lengths=(nq, nk)
-    )
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod,
+        seq_lengths=(nq, nk + int(sink_key)),
+    )  # fmt: skip
+
+
+def _with_sink_key(
+    partial: Tensor,
+    full: Tensor,
+    inner: Callable[..., Tensor] | None,
+    nk: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor, Callable[..., Tensor] | None]:
+    """The block grids ``(B, mq, mk)`` and mask_mod of ``nk`` keys extended by a sink key,
+    number ``nk``, allowed for every query: its block is read by every query block (partial:
+    the mask_mod allows the sink key and asks ``inner`` about the others, at indices clamped
+    into range). Without a mask_mod every block is full, and so is the sink's."""
+    new_block = nk % FLEX_BLOCK_SIZE == 0  # the sink key starts a block of its own
+    if inner is None:
+        if new_block:
+            partial, full = F.pad(partial, (0, 1)), F.pad(full, (0, 1), value=True)
+        return partial, full, None
+    if new_block:
+        partial, full = F.pad(partial, (0, 1), value=True), F.pad(full, (0, 1))
+    else:
+        partial = partial.clone()
+        partial[..., -1] |= ~full[..., -1]
+    sink = torch.tensor(nk, device=device)  # a tensor: no recompilation per length
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx == sink) | inner(b, h, q_idx, torch.minimum(kv_idx, sink - 1))
+
+    return partial, full, mask_mod
 
 
 def _mask_mod(
@@ -238,6 +277,44 @@ def softcap_score_mod(inner: ScoreMod | None, softcap: float) -> ScoreMod:
 
     capped.code_key = (capped.__code__, _code_key(inner))  # type: ignore[attr-defined]
     return capped
+
+
+def sink_score_mod(inner: ScoreMod | None, sinks: Tensor, nk: int) -> ScoreMod:
+    """Sinks as one more key, number ``nk`` (a zero key and value appended by
+    :func:`append_sink_key`): ``inner`` (or nothing) scores the ``nk`` real keys, and the
+    sink key's score is its head's sink logit. The CPU's compiled flex kernel (torch 2.13)
+    cannot return the log-sum-exp that :func:`with_sinks` folds them through; this costs one
+    more key per row, and the scores are still never materialised."""
+    sink = torch.tensor(nk, device=sinks.device)  # a tensor: no recompilation per length
+    if inner is None:
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return torch.where(kv_idx == sink, sinks[h].to(score.dtype), score)
+
+    else:
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            scored = inner(score, b, h, q_idx, torch.minimum(kv_idx, sink - 1))
+            return torch.where(kv_idx == sink, sinks[h].to(score.dtype), scored)
+
+    mod.code_key = (mod.__code__, _code_key(inner))  # type: ignore[attr-defined]
+    return mod
+
+
+def append_sink_key(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``k`` and ``v`` ``(b, h, nk, d)`` with a zero key and a zero value appended (the sink's:
+    its weight multiplies nothing)."""
+    k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
+    v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
+    return k, v
+
+
+def lse_route(device: torch.device, compile: bool) -> bool:
+    """Whether flex folds sinks through its returned log-sum-exp here: everywhere except the
+    CPU's compiled kernel (torch 2.13: "torch.compile on CPU only supports inference and
+    `return_lse` is not supported yet"), where :func:`sink_score_mod` adds a sink key."""
+    compiled = compile or torch.compiler.is_compiling()
+    return not (device.type == "cpu" and compiled)
 
 
 def _code_key(fn: Any) -> Any:
