@@ -209,11 +209,18 @@ def _classes(folder: str) -> list[tuple[type, str]]:
     return found
 
 
+#: Config classes whose attention class is annotated with another config class (-> its name).
+ATTENTION_OF = {"T5Gemma2DecoderConfig": "T5Gemma2MergedAttention"}
+
+
 def attention_classes(config_class: type) -> list[tuple[type, str]]:
     """The attention classes built from ``config_class`` (annotated with it or a parent of
-    it); where there are none, those of its folder annotated with no config class."""
+    it, or named in :data:`ATTENTION_OF`); where there are none, those of its folder annotated
+    with no config class."""
     folder = config_class.__module__.split(".")[2]
     classes = _classes(folder)
+    if config_class.__name__ in ATTENTION_OF:
+        return [(c, s) for c, s in classes if c.__name__ == ATTENTION_OF[config_class.__name__]]
     own = [(c, s) for c, s in classes if (a := _annotation(c)) and issubclass(config_class, a)]
     if own:
         return own
@@ -308,7 +315,10 @@ def _fields(family: Family, body: str, where: str) -> list[str]:
         refused = field in scores.REFUSED_SCORE_FIELDS.get(family.model_type, {})
         if field in NOT_SCORES:
             continue
-        if field in READ:
+        if field == "attn_logit_softcapping" and "softcap=" not in body:
+            if family.model_type in scores.SOFTCAP_MODEL_TYPES:  # (Gemma 3 keeps, never passes)
+                problems.append(f"{where}: passes no softcap=, yet in SOFTCAP_MODEL_TYPES")
+        elif field in READ:
             if family.model_type not in getattr(scores, READ[field]):
                 problems.append(f"{where}: reads {field}, not in scores.{READ[field]}")
         elif refused:

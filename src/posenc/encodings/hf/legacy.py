@@ -185,7 +185,7 @@ SCORE_DEFAULTS: dict[str, dict[str, Any]] = {
         for model_type in ("gemma2", "vaultgemma", "t5_gemma_module")
     },
     **{
-        model_type: {"query_pre_attn_scalar": 256, "attn_logit_softcapping": None}
+        model_type: {"query_pre_attn_scalar": 256}
         for model_type in ("gemma3_text", "t5gemma2_text", "t5gemma2_decoder")
     },
     **{

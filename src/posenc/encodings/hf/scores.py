@@ -65,17 +65,9 @@ SINK_MODEL_TYPES: dict[str, str | None] = {
 }
 
 #: Families whose attention passes ``softcap=config.attn_logit_softcapping`` (``None`` in the
-#: config: no capping).
-SOFTCAP_MODEL_TYPES = frozenset(
-    {
-        "gemma2",
-        "gemma3_text",
-        "t5_gemma_module",
-        "t5gemma2_decoder",
-        "t5gemma2_text",
-        "vaultgemma",
-    }
-)
+#: config: no capping). Gemma 3 and T5Gemma 2 keep the field but pass no ``softcap``: their
+#: attention does not cap, whatever it holds, and neither does posenc's.
+SOFTCAP_MODEL_TYPES = frozenset({"gemma2", "t5_gemma_module", "vaultgemma"})
 
 
 def _pre_attn_scalar(value: float, head_dim: int) -> float:
