@@ -52,6 +52,9 @@ def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
         "16/16",
         "half",
         "-",
+        "-",
+        "-",
+        "1/√16",
     ]
     assert rows[3][:4] == ["3", "full_attention", "-", "none (NoPE)"]
 

@@ -1,6 +1,7 @@
 """A transformers model's whole position schedule read from its config: widths, heads, key/value
 heads, head size, and per layer its encoding (RoPE with the layer type's θ and scaling, or
-none), its sliding window or chunk, and its query temperature; causal or not.
+none), its sliding window or chunk, its query temperature, and its attention's sinks, soft-cap
+and softmax scale; causal or not.
 
 A ``config.json`` dict is read as transformers reads it: built into the config class of its
 ``model_type`` and read through the object's attributes, properties included
@@ -30,9 +31,16 @@ A ``config.json`` dict is read as transformers reads it: built into the config c
 * RoPE parameters nested by layer type (Gemma 3, OLMo 3) give each type its own module; one
   set of parameters gives every RoPE layer the same module.
 
-posenc's layers keep their own norms, feed-forward and softmax scale (``1/sqrt(head_dim)``);
-what is read here is where positions enter, which is where ports go wrong. Weights are random:
-posenc loads no checkpoints.
+* What each layer's attention does to its scores (:mod:`~posenc.encodings.hf.scores`): learned
+  sinks (gpt-oss), soft-capping (Gemma 2's ``attn_logit_softcapping``) and the softmax scale
+  (``query_pre_attn_scalar``, ``attention_multiplier``, DeepSeek's YaRN ``mscale_all_dim`` read
+  by the rotary module); what posenc's attention does not do (Inkling's ``sink_proj``, OLMo's
+  ``clip_qkv``, ...) is refused by name. Falcon's key/value heads are read as
+  ``FalconAttention`` takes them.
+
+posenc's layers keep their own norms (q/k norms included) and feed-forward; what is read here
+is where positions enter and what the attention does to its scores, which is where ports go
+wrong. Weights are random: posenc loads no checkpoints.
 """
 
 from __future__ import annotations
