@@ -95,8 +95,11 @@ class MultiHeadAttention(nn.Module):
               flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
               backward), a cached decoding step, or a failed compilation (warned once);
             * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
-              or chunk mask) where flex can run: on a GPU always, on the CPU once the bias
-              would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
+              or chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
+              always, on the CPU once the bias would hold ``FLEX_AUTO_MIN_ELEMENTS``
+              elements; else ``sdpa``.
+
+            With ``softcap``, ``math`` stands wherever ``sdpa`` would (SDPA cannot cap).
 
             The choice is :func:`posenc.backends.choose_backend`, one pure function of the
             call (device, dtype, sizes, bias, mask, autograd, dropout, compilation).

@@ -374,10 +374,11 @@ def _flex(
 def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
     """Flex's output ``(b, h, nq, d)`` as a softmax with one more logit per head, ``sinks``
     ``(h,)``, whose column is dropped: the row's weights shrink by ``Z / (Z + exp(sink))``
-    with ``Z = exp(lse)``, i.e. ``out · sigmoid(lse - sink)``. In fp32, rounded once to the
-    output's dtype; a fully masked row (``lse = -inf``, output 0) stays 0."""
-    factor = torch.sigmoid(lse.float() - sinks.float().view(-1, 1))  # (b, h, nq)
-    return (out.float() * factor.unsqueeze(-1)).to(out.dtype)
+    with ``Z = exp(lse)``, i.e. ``out · sigmoid(lse - sink)``. In fp32 (float64 for float64),
+    rounded once to the output's dtype; a fully masked row (``lse = -inf``, output 0) stays 0."""
+    work = torch.promote_types(out.dtype, torch.float32)
+    factor = torch.sigmoid(lse.to(work) - sinks.to(work).view(-1, 1))  # (b, h, nq)
+    return (out.to(work) * factor.unsqueeze(-1)).to(out.dtype)
 
 
 def flex_cache_clear() -> None:
