@@ -150,6 +150,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
+@pytest.mark.filterwarnings("ignore:config model_type .* is not one of the model types")
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_each_layer_attends_as_the_familys_attention_function(model_type: str) -> None:
     config = _config(model_type)

@@ -425,3 +425,28 @@ def test_a_refusal_keeps_the_reason_transformers_gives_on_its_later_lines(tmp_pa
     assert cli.main(["hf", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and reason in err
+
+
+@pytest.mark.parametrize("route", ["1", "0"])
+def test_own_rules_read_the_attention_fields_as_the_config_classes_fill_them(
+    route, monkeypatch
+) -> None:
+    """Without transformers' class (route 0) posenc's own rules fill the attention fields as
+    the class does: Gemma 2's published file caps at 50 (its class default, the file states
+    it too), a Granite without attention_multiplier scales by 1.0, a VaultGemma without its
+    fields caps at 50 with query_pre_attn_scalar 256."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", route)
+    fixture = Path(__file__).parent / "hf_configs" / "gemma-2-9b.json"
+    gemma = read_schedule(json.loads(fixture.read_text()))
+    assert {(x.softcap, x.softmax_scale, x.sinks) for x in gemma.layers} == {(50.0, None, False)}
+    sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1e4}  # fmt: skip
+    granite = read_schedule({"model_type": "granite", **sizes})
+    assert [x.softmax_scale for x in granite.layers] == [1.0, 1.0]
+    vault = read_schedule(
+        {"model_type": "vaultgemma", **sizes, "layer_types": ["full_attention"] * 2}
+    )
+    assert [(x.softcap, x.softmax_scale) for x in vault.layers] == [(50.0, 256**-0.5)] * 2
