@@ -70,9 +70,18 @@ NOT_SCORES: dict[str, str] = {
             "block_multiple_of",
             "block_auto_adjust_ff_dim",
             "num_codebooks",
+            "d_model",
+            "n_heads",
+            "attn_config.kv_n_heads",
+            "bias",
         ),
-        "a size (read by read_schedule) or a part outside attention",
+        "a size (read by read_schedule), a projection's bias or a part outside attention",
     ),
+    **dict.fromkeys(
+        ("multi_query", "new_decoder_architecture", "num_kv_heads"),
+        "Falcon's key/value heads: read by read_schedule (scores.falcon_kv_heads)",
+    ),
+    "attn_config": "DBRX's attention sub-config: its fields are classified one by one",
     **dict.fromkeys(
         (
             "attention_dropout",
@@ -81,6 +90,8 @@ NOT_SCORES: dict[str, str] = {
             "attn_pdrop",
             "resid_pdrop",
             "attention_probs_dropout_prob",
+            "hidden_dropout",
+            "attn_config.attn_pdrop",
         ),
         "dropout: training only",
     ),
@@ -126,6 +137,8 @@ NOT_SCORES: dict[str, str] = {
     **dict.fromkeys(
         (
             "max_position_embeddings",
+            "max_seq_len",
+            "attn_config.rope_theta",
             "rope_parameters",
             "rope_theta",
             "partial_rotary_factor",
@@ -182,12 +195,24 @@ _TOP_LEVEL = re.compile(r"^\S", re.M)
 
 
 def _annotation(cls: type) -> Any:
+    """The config class ``cls.__init__``'s first argument is annotated with, or ``None``."""
+    from transformers import PretrainedConfig
+
     try:
         parameters = list(inspect.signature(cls.__init__).parameters.values())[1:2]
     except (TypeError, ValueError):
         return None
     annotation = parameters[0].annotation if parameters else None
-    return annotation if isinstance(annotation, type) else None
+    is_config = isinstance(annotation, type) and issubclass(annotation, PretrainedConfig)
+    return annotation if is_config else None
+
+
+def _contains(composite: type, config_class: type) -> bool:
+    """Whether ``config_class`` is one of ``composite``'s sub-configs, at any depth."""
+    subs = [
+        s for s in (getattr(composite, "sub_configs", None) or {}).values() if isinstance(s, type)
+    ]
+    return any(issubclass(config_class, s) or _contains(s, config_class) for s in subs)
 
 
 @functools.cache
@@ -204,31 +229,52 @@ def _classes(folder: str) -> list[tuple[type, str]]:
             cls = getattr(module, match.group(1), None)
             if "Cross" in match.group(1) or not isinstance(cls, type):
                 continue  # (posenc builds self-attention stacks)
-            if _ATTENTION.search(body) and hasattr(cls, "forward"):
+            named = match.group(1).endswith("Attention")  # (Falcon's calls SDPA itself)
+            if (named or _ATTENTION.search(body)) and hasattr(cls, "forward"):
                 found.append((cls, body))
     return found
 
 
 #: Config classes whose attention class is annotated with another config class (-> its name).
-ATTENTION_OF = {"T5Gemma2DecoderConfig": "T5Gemma2MergedAttention"}
+ATTENTION_OF = {
+    "T5Gemma2DecoderConfig": "T5Gemma2MergedAttention",
+    "GlmAsrEncoderConfig": "GlmAsrAttention",  # (annotated GlmAsrConfig)
+    "Nemotron3_5TranscribeWordTimestampConfig": "Nemotron3_5TranscribeAttention",
+}
 
 
 def attention_classes(config_class: type) -> list[tuple[type, str]]:
-    """The attention classes built from ``config_class`` (annotated with it or a parent of
-    it, or named in :data:`ATTENTION_OF`); where there are none, those of its folder annotated
-    with no config class."""
+    """The attention classes built from ``config_class``: annotated with it (or a parent of
+    it), or named in :data:`ATTENTION_OF`; else annotated with a composite config holding it
+    (BLT, Emu3, Qwen2.5-Omni: their text attention takes the whole config's annotation); else
+    those of its folder without a config annotation. A folder without modeling code (EXAONE,
+    InternLM3: transformers builds them as Llama) lends the attention of the model class
+    transformers maps its ``model_type`` to."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
     folder = config_class.__module__.split(".")[2]
     classes = _classes(folder)
+    if not classes and config_class.model_type in MODEL_MAPPING_NAMES:
+        model = getattr(transformers, MODEL_MAPPING_NAMES[config_class.model_type])
+        return _classes(model.__module__.split(".")[2])
     if config_class.__name__ in ATTENTION_OF:
         return [(c, s) for c, s in classes if c.__name__ == ATTENTION_OF[config_class.__name__]]
-    own = [(c, s) for c, s in classes if (a := _annotation(c)) and issubclass(config_class, a)]
-    if own:
-        return own
-    return [(c, s) for c, s in classes if _annotation(c) is None]
+    for fits in (
+        lambda a: a is not None and issubclass(config_class, a),
+        lambda a: a is not None and _contains(a, config_class),
+        lambda a: a is None,
+    ):
+        found = [(c, s) for c, s in classes if fits(_annotation(c))]
+        if found:
+            return found
+    return []
 
 
 def fields_read(body: str) -> set[str]:
-    return set(_FIELD.findall(body))
+    """The config fields ``body`` reads: ``config.X``, and ``attn_config.X`` of the sub-config
+    it takes (DBRX) as ``attn_config.X``."""
+    nested = {f"attn_config.{name}" for name in re.findall(r"\battn_config\.(\w+)", body)}
+    return set(_FIELD.findall(body)) | nested
 
 
 def _build(cls: type, config: Any, layer: int) -> Any:
@@ -297,7 +343,10 @@ def test_every_attention_field_of_every_built_family_is_read_or_refused() -> Non
         if family.schedule is None and not _score_refusal(family):
             continue  # refused before its attention is read (latent attention, ...)
         whole = family.model_type in scores.ALWAYS_REFUSED
-        for cls, body in attention_classes(type(family.config)):
+        found = attention_classes(type(family.config))
+        if not found:
+            problems.append(f"{family.model_type}: no attention class found in its source")
+        for cls, body in found:
             swept += 1
             where = f"{family.model_type} ({cls.__name__})"
             if not whole:  # (a family refused whole needs none of its fields read)
@@ -386,11 +435,12 @@ def test_each_refused_field_is_the_familys_and_refused_by_name(model_type: str, 
     cls = CONFIG_MAPPING[model_type]
     bodies = "".join(body for _, body in attention_classes(cls))
     config = quiet_config(cls)
-    assert field in bodies or hasattr(config, field), (model_type, field)
+    assert field.split(".")[-1] in bodies or hasattr(config, field), (model_type, field)
     if model_type not in scores.ALWAYS_REFUSED:
-        setattr(config, field, 8.0)
+        owner, _, name = field.rpartition(".")
+        setattr(getattr(config, owner) if owner else config, name, 8.0)
     for given in (config, config.to_dict()):
-        with pytest.raises(posenc.PosencValueError, match=rf"\b{field}\b") as info:
+        with pytest.raises(posenc.PosencValueError, match=rf"\b{re.escape(field)}\b") as info:
             read(given)
         assert repr(model_type) in str(info.value)
 

@@ -139,6 +139,7 @@ REFUSED_SCORE_FIELDS: dict[str, dict[str, str]] = {
     "timesfm2_5": {"head_dim": "a learned scale per query dimension (self.scaling = nn.Parameter)"},
     "olmo": {"clip_qkv": _CLIP},
     "olmoe": {"clip_qkv": _CLIP},
+    "dbrx": {"attn_config.clip_qkv": _CLIP},  # (DBRX's released config sets 8)
 }
 #: Of :data:`REFUSED_SCORE_FIELDS`, the families refused whatever the field holds (the field
 #: names what their attention does; a config may not state it).
@@ -167,8 +168,8 @@ def refuse_unread(raw: Fields, model_type: str, depth: int) -> None:
     """Refuse, by name, the fields of :data:`REFUSED_SCORE_FIELDS` a config sets and
     per-layer head counts that differ from the config's."""
     for field, why in REFUSED_SCORE_FIELDS.get(model_type, {}).items():
-        if model_type in ALWAYS_REFUSED or raw.get(field) is not None:
-            value = raw.get(field)
+        value = _nested(raw, field)
+        if model_type in ALWAYS_REFUSED or value is not None:
             stated = f"={value!r}" if value is not None else ""
             raise PosencValueError(
                 f"config model_type={model_type!r} ({field}{stated}): {why}, which posenc's "
@@ -184,6 +185,16 @@ def refuse_unread(raw: Fields, model_type: str, depth: int) -> None:
             f"config model_type={model_type!r} has {field}={counts!r}, which differs from "
             f"{whole}={raw.get(whole)!r}: posenc's Encoder has one head count for every layer"
         )
+
+
+def _nested(raw: Fields, field: str) -> Any:
+    """``raw``'s ``field``, a dotted name reaching into a sub-config (``attn_config.clip_qkv``:
+    an object's attribute or a dict's key), or ``None``."""
+    outer, _, inner = field.partition(".")
+    value = raw.get(outer)
+    if not inner or value is None:
+        return value
+    return Fields(value).get(inner)
 
 
 def layer_scores(
