@@ -35,7 +35,7 @@ A ``config.json`` dict is read as transformers reads it: built into the config c
   sinks (gpt-oss), soft-capping (Gemma 2's ``attn_logit_softcapping``) and the softmax scale
   (``query_pre_attn_scalar``, ``attention_multiplier``, DeepSeek's YaRN ``mscale_all_dim`` read
   by the rotary module); what posenc's attention does not do (Inkling's ``sink_proj``, OLMo's
-  ``clip_qkv``, ...) is refused by name. Falcon's key/value heads are read as
+  and DBRX's ``clip_qkv``, ...) is refused by name. Falcon's key/value heads are read as
   ``FalconAttention`` takes them.
 
 posenc's layers keep their own norms (q/k norms included) and feed-forward; what is read here
