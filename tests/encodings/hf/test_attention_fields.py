@@ -222,7 +222,10 @@ def _classes(folder: str) -> list[tuple[type, str]]:
     found = []
     for path in sorted((models / folder).glob("modeling_*.py")):
         source = path.read_text()
-        module = importlib.import_module(f"transformers.models.{folder}.{path.stem}")
+        try:
+            module = importlib.import_module(f"transformers.models.{folder}.{path.stem}")
+        except ImportError:  # an optional dependency (torchaudio): no attention found there,
+            continue  # which the sweep reports for a family posenc builds
         for match in _CLASS.finditer(source):
             end = _TOP_LEVEL.search(source, source.index("\n", match.start()))
             body = source[match.start() : end.start() if end else len(source)]
@@ -458,3 +461,65 @@ def test_the_sweep_names_an_unclassified_field_and_a_dropped_softcap() -> None:
     schedule = dataclasses.replace(family.schedule, layers=layers)
     dropped = dataclasses.replace(family, schedule=schedule)
     assert any("softcap 50.0, schedule None" in p for p in _features(dropped, cls, body, "gemma2"))
+
+
+@pytest.mark.slow  # the differential sweep (~8 s, once per process)
+def test_every_family_with_sinks_or_capping_is_read_or_refused() -> None:
+    """Across every config class (not only those built): a family whose attention holds
+    sinks, sink projections or passes ``softcap=`` is read as having them, or refused (for
+    that, or for another reason it names: latent attention, rotations its model decides)."""
+    found = {}
+    for family in families().values():
+        bodies = "".join(b for _, b in attention_classes(type(family.config)))
+        if re.search(r"self\.sinks = nn\.Parameter|sink_proj|softcap=", bodies):
+            found[family.model_type] = family
+    assert {"gpt_oss", "flint", "openai_privacy_filter", "gemma2"} <= set(found), sorted(found)
+    read = scores.SINK_MODEL_TYPES.keys() | scores.SOFTCAP_MODEL_TYPES
+    unread = [t for t, f in found.items() if f.schedule is not None and t not in read]
+    assert not unread, unread
+
+
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+}
+
+
+@pytest.mark.slow  # the differential sweep (~8 s, once per process)
+def test_every_rotary_softmax_scale_is_the_attentions() -> None:
+    """Every family whose attention takes its scale through ``yarn_apply_mscale`` is in
+    ``scores.MSCALE_MODEL_TYPES``, and with DeepSeek's YaRN (factor 40, mscale_all_dim 0.707)
+    ``RotaryEmbedding.from_hf_config(config).softmax_scale`` is its attention module's own
+    ``scaling`` (built on the meta device), as with the class's defaults (``None``: the
+    module's ``qk_head_dim ** -0.5``)."""
+    import posenc
+    from tests.hf_schedules import quiet_config
+
+    problems, checked = [], 0
+    for family in families().values():
+        found = [
+            (c, b) for c, b in attention_classes(type(family.config)) if "yarn_apply_mscale" in b
+        ]
+        if not found:
+            continue
+        if family.model_type not in scores.MSCALE_MODEL_TYPES:
+            problems.append(f"{family.model_type}: yarn_apply_mscale, not in MSCALE_MODEL_TYPES")
+            continue
+        for fields in ({"rope_parameters": dict(YARN)}, {}):  # DeepSeek's YaRN; the defaults
+            config = quiet_config(type(family.config), **fields)
+            module = _build(found[0][0], config, 0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                rope = posenc.RotaryEmbedding.from_hf_config(config, device="meta")
+            head = getattr(module, "qk_head_dim", None) or module.head_dim
+            got = rope.softmax_scale if rope.softmax_scale is not None else head**-0.5
+            if not math.isclose(got, module.scaling, rel_tol=1e-9):
+                problems.append(f"{family.model_type} {fields}: {got} != {module.scaling}")
+        checked += 1
+    assert checked >= 15 and not problems, (checked, problems)

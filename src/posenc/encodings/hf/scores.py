@@ -258,6 +258,7 @@ MSCALE_MODEL_TYPES = frozenset(
         "minicpm3",
         "mistral4",
         "mistral_large4_text",
+        "sarvam_mla",
         "youtu",
     }
 )
