@@ -15,6 +15,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -393,7 +394,12 @@ def test_sink_key_block_mask(n: int, masked: bool) -> None:
     assert torch.equal(blocks[..., others], old[..., others])
     if masked:
         assert not old.all()  # some blocks skipped: the comparison above means something
-        q_idx, kv_idx = torch.arange(n).view(-1, 1), torch.arange(n + 1).view(1, -1)
+    q_idx, kv_idx = torch.arange(n).view(-1, 1), torch.arange(n + 1).view(1, -1)
+    if n % flex.FLEX_BLOCK_SIZE == 0:  # the sink's own block: full for every query block
+        counts, indices = extended.full_kv_num_blocks, extended.full_kv_indices
+        for b, qb in np.ndindex(counts.shape[0], counts.shape[-1]):
+            assert sink_block in indices[b, 0, qb, : counts[b, 0, qb]].tolist()
+    if masked:  # the mask_mod: the sink key allowed, the others as without it
         rows = [extended.mask_mod(torch.tensor(b), 0, q_idx, kv_idx) for b in range(2)]
         allowed = torch.stack(rows)  # (2, n, n + 1)
         assert allowed[..., n].all()

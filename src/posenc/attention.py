@@ -111,7 +111,8 @@ class MultiHeadAttention(nn.Module):
             column is then dropped (the weights of a row sum to less than 1). On ``math``
             written out; on ``sdpa`` one more key (zero key, zero value, the sink as its
             additive-mask column); on ``flex`` folded through the log-sum-exp flex returns,
-            ``out · sigmoid(lse - sink)``.
+            ``out · sigmoid(lse - sink)`` (on the CPU's compiled kernel, which returns no
+            lse, as one more key whose score is the sink logit).
         softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``): the logits,
             scaled and with the bias added, become ``c · tanh(logits / c)`` before the mask.
             SDPA cannot run it: such a call runs on ``flex`` (composed into the score_mod)

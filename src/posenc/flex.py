@@ -163,19 +163,18 @@ def _with_sink_key(
     device: torch.device,
 ) -> tuple[Tensor, Tensor, Callable[..., Tensor] | None]:
     """The block grids ``(B, mq, mk)`` and mask_mod of ``nk`` keys extended by a sink key,
-    number ``nk``, allowed for every query: its block is read by every query block (partial:
-    the mask_mod allows the sink key and asks ``inner`` about the others, at indices clamped
-    into range). Without a mask_mod every block is full, and so is the sink's."""
-    new_block = nk % FLEX_BLOCK_SIZE == 0  # the sink key starts a block of its own
-    if inner is None:
-        if new_block:
-            partial, full = F.pad(partial, (0, 1)), F.pad(full, (0, 1), value=True)
-        return partial, full, None
-    if new_block:
-        partial, full = F.pad(partial, (0, 1), value=True), F.pad(full, (0, 1))
-    else:
+    number ``nk``, allowed for every query. When it starts a block of its own, that block
+    is full for every query block (the kernel bounds it at ``nk + 1`` keys; no mask_mod
+    call). Otherwise its block (the last) is read by every query block, as partial unless
+    already full. The mask_mod allows the sink key and asks ``inner`` about the others, at
+    indices clamped into range (the eager kernel asks it about every pair)."""
+    if nk % FLEX_BLOCK_SIZE == 0:  # a block of its own
+        partial, full = F.pad(partial, (0, 1)), F.pad(full, (0, 1), value=True)
+    elif inner is not None:  # (without a mask_mod every block is full, the last one too)
         partial = partial.clone()
         partial[..., -1] |= ~full[..., -1]
+    if inner is None:
+        return partial, full, None
     sink = torch.tensor(nk, device=device)  # a tensor: no recompilation per length
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -409,7 +408,9 @@ def flex_attention_forward(
 
     ``scale`` multiplies ``q kᵀ`` (``None``: ``1 / sqrt(d)``). ``sinks`` ``(h,)``: learned
     attention sinks, folded in through the log-sum-exp flex returns (:func:`with_sinks`), so
-    no extra key or column is ever made.
+    no extra key or column is made; only where :func:`lse_route` holds (the CPU's compiled
+    kernel returns no lse: there :func:`posenc.backends.flex_backend` passes no ``sinks`` and
+    adds a sink key with :func:`sink_score_mod` instead).
     """
     out_dtype, work = q.dtype, kernel_dtype(q)
     q, k, v = q.to(work), k.to(work), v.to(work)
