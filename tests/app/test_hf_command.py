@@ -52,6 +52,9 @@ def test_the_table_reads_each_layer(tmp_path: Path, capsys) -> None:
         "16/16",
         "half",
         "-",
+        "-",
+        "-",
+        "1/√16",
     ]
     assert rows[3][:4] == ["3", "full_attention", "-", "none (NoPE)"]
 
@@ -139,3 +142,27 @@ def test_the_config_class_switch_reads_its_spellings(
     monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", value)
     assert cli.main(["hf", str(GEMMA2)]) == 0
     assert capsys.readouterr().out.splitlines()[1].startswith(f"read through {via}")
+
+
+def test_the_table_shows_sinks_softcap_and_scale(tmp_path: Path, capsys) -> None:
+    """Gemma 2's published file: soft-cap 50 on every layer, its query_pre_attn_scalar 256
+    over heads of 256 (the default scale, 1/√256); gpt-oss: a sink on every layer; Granite:
+    its attention_multiplier as the scale."""
+    assert cli.main(["hf", str(GEMMA2)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].split("|")[-4:-1] == [" sinks ", " softcap ", " scale  "]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[5:]]
+    assert {tuple(row[-3:]) for row in rows} == {("-", "50", "1/√256")}
+    sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "rope_theta": 1e4}  # fmt: skip
+    for config, want in [
+        ({"model_type": "gpt_oss", "head_dim": 16}, ("yes", "-", "1/√16")),
+        ({"model_type": "granite", "attention_multiplier": 0.0078125}, ("-", "-", "0.0078125")),
+    ]:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**sizes, **config}))
+        assert cli.main(["hf", str(path)]) == 0
+        rows = capsys.readouterr().out.splitlines()[5:]
+        assert [tuple(c.strip() for c in row.strip("|").split("|"))[-3:] for row in rows] == [
+            want
+        ] * 2

@@ -71,6 +71,32 @@ TABLE: list[tuple[str, int, dict[str, Any], Backend, bool]] = [
     ("cuda", SMALL, {"requested": FLEX, "dropout": True}, SDPA, False),
     # other accelerators follow the GPU rows
     ("mps", SMALL, {"bias": "score_mod", "grad": True}, FLEX, True),
+    # ---- soft-capping: SDPA cannot cap, so math stands wherever SDPA would
+    ("cpu", SMALL, {"softcap": True}, MATH, False),  # under the threshold
+    ("cpu", BIG, {"softcap": True}, FLEX, False),  # a score_mod of its own
+    ("cpu", BIG, {"softcap": True, "bias": "score_mod"}, FLEX, True),
+    ("cpu", BIG, {"softcap": True, "bias": "materialised"}, MATH, False),
+    ("cpu", BIG, {"softcap": True, "grad": True}, MATH, False),  # no CPU flex backward
+    ("cpu", BIG, {"softcap": True, "compile_flex": False}, MATH, False),
+    ("cpu", SMALL, {"softcap": True, "requested": SDPA}, MATH, False),
+    ("cpu", SMALL, {"softcap": True, "requested": FLEX}, FLEX, False),
+    ("cpu", SMALL, {"softcap": True, "requested": FLEX, "grad": True}, MATH, False),
+    ("cuda", SMALL, {"softcap": True}, FLEX, False),
+    ("cuda", SMALL, {"softcap": True, "grad": True, "dtype": torch.bfloat16}, FLEX, False),
+    ("cuda", SMALL, {"softcap": True, "dropout": True}, MATH, False),
+    ("cuda", BIG, {"softcap": True, "nq": 1}, MATH, False),  # a cached decoding step
+    ("cuda", SMALL, {"softcap": True, "flex_available": False}, MATH, False),
+    ("cuda", SMALL, {"softcap": True, "need_weights": True}, MATH, False),
+    # ---- sinks: every backend runs them; with a mask SDPA would materialise (h, nq, nk+1)
+    ("cpu", SMALL, {"sinks": True, "mask": "causal"}, SDPA, False),
+    ("cpu", BIG, {"sinks": True, "mask": "causal"}, FLEX, False),
+    ("cpu", BIG, {"sinks": True}, SDPA, False),  # no mask: a (1, h, 1, nk+1) additive mask
+    ("cpu", BIG, {"sinks": True, "mask": "causal", "grad": True}, SDPA, False),
+    ("cpu", SMALL, {"sinks": True, "requested": SDPA, "mask": "padding"}, SDPA, False),
+    ("cuda", SMALL, {"sinks": True, "mask": "causal"}, FLEX, False),
+    ("cuda", SMALL, {"sinks": True}, SDPA, False),
+    ("cuda", SMALL, {"sinks": True, "mask": "padding", "dropout": True}, SDPA, False),
+    ("cuda", SMALL, {"sinks": True, "need_weights": True}, MATH, False),
 ]
 
 

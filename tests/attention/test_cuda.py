@@ -138,3 +138,50 @@ def test_every_backend_matches_float64_math_on_cuda(name: str, dtype: str, case:
         out, want, used = run_case(name, backend, DTYPES[dtype], case, "cuda", compile_flex=True)
         what = f"{name}, {backend} (ran {used}), {dtype} weights, {case}, cuda"
         check(out, want, TOLERANCE[("cuda", DTYPES[dtype])], what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sinks_train_through_compiled_flex_lse(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sinks on CUDA's compiled flex run through the log-sum-exp it returns
+    (``out · sigmoid(lse - sink)``), so the backward goes through the lse too: a training
+    forward and backward at 256 tokens (ALiBi's score_mod, a soft-cap and a softmax scale
+    composed; a left-padded row whose first queries see no key), output and every gradient,
+    the sinks' included, against the math backend in float64; nothing NaN."""
+    torch.manual_seed(0)
+    fused = posenc.MultiHeadAttention(
+        64, 4, pe=posenc.ALiBi(4), causal=True, backend="flex", sinks=True, softcap=5.0,
+        softmax_scale=0.2,
+    )  # fmt: skip
+    with torch.no_grad():
+        fused.sinks.copy_(torch.tensor([-1.0, 0.5, 2.0, 0.0]))
+    fused = fused.cuda().to(DTYPES[dtype])
+    x = torch.randn(2, 256, 64, device="cuda")
+    padding = torch.zeros(2, 256, dtype=torch.bool, device="cuda")
+    padding[1, :5] = True
+    seen: list[int] = []
+    real = flex.with_sinks
+
+    def spy(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+        seen.append(lse.shape[-1])
+        return real(out, lse, sinks)
+
+    monkeypatch.setattr(flex, "with_sinks", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        out = fused(x.to(DTYPES[dtype]), key_padding_mask=padding)
+    assert fused.last_backend == "flex" and seen == [256]  # the lse route, no sink key
+    weight = torch.randn_like(x)
+    (out.double() * weight).sum().backward()
+    grads = {n: p.grad.double().clone() for n, p in fused.named_parameters() if p.requires_grad}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    fused.zero_grad(set_to_none=True)
+    reference = copy_for_reference(fused)
+    want = reference(x.double(), key_padding_mask=padding)
+    (want * weight).sum().backward()
+    check(out, want.detach(), TOLERANCE[("cuda", DTYPES[dtype])], f"sinks flex {dtype} output")
+    wants = {n: p.grad for n, p in reference.named_parameters()}
+    check_gradients(grads, wants, DTYPES[dtype], f"sinks flex {dtype}")
+    sink_want = wants["sinks"].double()
+    assert sink_want.abs().max() > 0
+    bound = (1e-4 if dtype == "fp32" else 0.1) * sink_want.abs().max().item()
+    assert (grads["sinks"] - sink_want).abs().max().item() <= bound, (grads["sinks"], sink_want)

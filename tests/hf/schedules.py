@@ -71,7 +71,16 @@ def signature(schedule: ModelSchedule) -> tuple:
         )
 
     layers = tuple(
-        (layer.kind, layer.window, layer.chunk, layer.query_scale, encoding(layer.pe))
+        (
+            layer.kind,
+            layer.window,
+            layer.chunk,
+            layer.query_scale,
+            encoding(layer.pe),
+            layer.sinks,
+            layer.softcap,
+            layer.softmax_scale,
+        )
         for layer in schedule.layers
     )
     sizes = (schedule.hidden_size, schedule.num_heads, schedule.num_kv_heads, schedule.head_dim)

@@ -38,7 +38,7 @@ def _configs() -> dict[str, object]:
             **TINY,
             num_hidden_layers=6,
             sliding_window=4,
-            query_pre_attn_scalar=8,  # posenc scales by 1/sqrt(head_dim)
+            query_pre_attn_scalar=12,  # a softmax scale of 12 ** -0.5, not 1/sqrt(head_dim)
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
@@ -148,6 +148,8 @@ def _identity_attention(attn: posenc.MultiHeadAttention, pe) -> posenc.MultiHead
         window=attn.window,
         chunk=attn.chunk,
         query_scale=attn.query_scale,
+        softcap=attn.softcap,
+        softmax_scale=attn.softmax_scale,
     ).eval()
     with torch.no_grad():
         core.qkv.weight.copy_(torch.eye(width))
@@ -329,3 +331,122 @@ def test_configs_posenc_cannot_read_exactly_are_refused(config: dict, match: str
     base = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "rope_theta": 1e4}
     with pytest.raises(ValueError, match=match):
         posenc.Encoder.from_hf_config({**base, **config})
+
+
+# --------------------------------------------------------------------------- issue #41, item 5
+
+FALCON_7B = {  # Falcon-7B's config.json (the fields that size its attention)
+    "model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+    "num_hidden_layers": 32, "multi_query": True, "new_decoder_architecture": False,
+    "alibi": False, "parallel_attn": True, "bias": False, "vocab_size": 65024,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["1", "0"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},  # Falcon-7B: multi-query, one key/value head
+        {"multi_query": False},  # every head its own keys
+        # Falcon-40B's grouped heads
+        {
+            "new_decoder_architecture": True,
+            "num_kv_heads": 8,
+            "num_attention_heads": 128,
+            "hidden_size": 8192,
+        },
+        {"new_decoder_architecture": True},  # num_kv_heads defaults to the query heads
+    ],
+)
+def test_falcon_key_value_heads_are_those_its_attention_takes(change, route, monkeypatch) -> None:
+    """FalconAttention takes ``num_kv_heads`` with ``new_decoder_architecture``, else one head
+    with ``multi_query``, else one per query head; posenc reads the same, with the transformers
+    route and with its own rules (71 heads, not 71 key/value heads, for Falcon-7B; the own
+    rules know no default θ, so the file states it there)."""
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", route)
+    raw = {**FALCON_7B, **change, **({"rope_theta": 10000.0} if route == "0" else {})}
+    with torch.device("meta"):
+        want = FalconAttention(transformers.FalconConfig(**raw)).num_kv_heads
+    assert read_schedule(raw).num_kv_heads == want
+    assert posenc.Encoder.from_hf_config(raw, device="meta").num_kv_heads == want
+    assert read_schedule(transformers.FalconConfig(**raw)).num_kv_heads == want
+
+
+DEEPSEEK_V2_LITE = {  # DeepSeek-V2-Lite's config.json (attention and rotation)
+    "model_type": "deepseek_v2", "hidden_size": 2048, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "num_hidden_layers": 27, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512, "q_lora_rank": None,
+    "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ["1", "0"])
+def test_deepseek_yarn_softmax_scale_is_its_attentions(route, monkeypatch) -> None:
+    """DeepSeek-V2's attention multiplies its softmax scale by ``yarn_get_mscale(40, 0.707) **
+    2`` (1.59 for V2-Lite): RotaryEmbedding.from_hf_config gives that scale, equal to the
+    attention module's own ``scaling``; a family whose rotation leaves it alone gives None;
+    the latent attention itself stays refused."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention
+
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", route)
+    with torch.device("meta"):
+        want = DeepseekV2Attention(transformers.DeepseekV2Config(**DEEPSEEK_V2_LITE), 0).scaling
+    rope = posenc.RotaryEmbedding.from_hf_config(DEEPSEEK_V2_LITE)
+    assert rope.softmax_scale == pytest.approx(want, rel=1e-12)
+    assert rope.softmax_scale * 192**0.5 == pytest.approx(1.5896, abs=1e-4)
+    plain = {**DEEPSEEK_V2_LITE, "rope_scaling": None}
+    assert posenc.RotaryEmbedding.from_hf_config(plain).softmax_scale is None
+    assert posenc.RotaryEmbedding.from_hf_config(transformers.LlamaConfig()).softmax_scale is None
+    with pytest.raises(posenc.PosencValueError, match="multi-head latent attention"):
+        posenc.Encoder.from_hf_config(DEEPSEEK_V2_LITE, device="meta")
+
+
+def test_a_refusal_keeps_the_reason_transformers_gives_on_its_later_lines(tmp_path, capsys) -> None:
+    """Llama 4 Scout's text config with a three-entry no_rope_layers: transformers' class
+    refuses it with its validator's name on one line and the reason on the next; posenc's
+    refusal, and ``posenc hf``'s one-line error, carry the reason whole."""
+    import json
+    from pathlib import Path
+
+    from posenc.app import cli
+
+    fixture = Path(__file__).parent / "configs" / "llama-4-scout-17b-16e-instruct.json"
+    text = {**json.loads(fixture.read_text())["text_config"], "no_rope_layers": [1, 1, 1]}
+    reason = "`num_hidden_layers` (48) must be equal to the number of `layer_types` (3)"
+    with pytest.raises(posenc.PosencValueError) as info:
+        posenc.Encoder.from_hf_config(text, device="meta")
+    assert reason in str(info.value)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(text))
+    assert cli.main(["hf", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and reason in err
+
+
+@pytest.mark.parametrize("route", ["1", "0"])
+def test_own_rules_read_the_attention_fields_as_the_config_classes_fill_them(
+    route, monkeypatch
+) -> None:
+    """Without transformers' class (route 0) posenc's own rules fill the attention fields as
+    the class does: Gemma 2's published file caps at 50 (its class default, the file states
+    it too), a Granite without attention_multiplier scales by 1.0, a VaultGemma without its
+    fields caps at 50 with query_pre_attn_scalar 256."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.setenv("POSENC_HF_CONFIG_CLASS", route)
+    fixture = Path(__file__).parent / "configs" / "gemma-2-9b.json"
+    gemma = read_schedule(json.loads(fixture.read_text()))
+    assert {(x.softcap, x.softmax_scale, x.sinks) for x in gemma.layers} == {(50.0, None, False)}
+    sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1e4}  # fmt: skip
+    granite = read_schedule({"model_type": "granite", **sizes})
+    assert [x.softmax_scale for x in granite.layers] == [1.0, 1.0]
+    vault = read_schedule(
+        {"model_type": "vaultgemma", **sizes, "layer_types": ["full_attention"] * 2}
+    )
+    assert [(x.softcap, x.softmax_scale) for x in vault.layers] == [(50.0, 256**-0.5)] * 2

@@ -348,9 +348,9 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str], prog: str) -> int:
             raise  # not a path the user gave: a bug or the system, keep the traceback
         if os.environ.get("POSENC_DEBUG"):
             raise
-        text = str(exc).strip()
-        first_line = text.splitlines()[0] if text else type(exc).__name__
-        print(f"{prog}: error: {first_line}", file=sys.stderr)
+        # one line, the whole message (a refusal's reason may follow a line break)
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"{prog}: error: {text or type(exc).__name__}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -1,8 +1,9 @@
 """``posenc hf CONFIG.json``: a model's position schedule as a table, read from its transformers
 ``config.json`` without allocating a weight (the rotary modules are made on the ``meta``
 device). What a person porting a model needs to see first: which layers rotate, with which θ
-and scaling, over how many dimensions and in which layout, which read a window or a chunk, and
-which scale their queries.
+and scaling, over how many dimensions and in which layout, which read a window or a chunk,
+which scale their queries, and what each attention does to its scores: learned sinks,
+soft-capping, the softmax scale.
 """
 
 from __future__ import annotations
@@ -30,10 +31,25 @@ COLUMNS = (
     "rotated",
     "layout",
     "temperature",
+    "sinks",
+    "softcap",
+    "scale",
 )
 
 
-def _row(index: int, layer: Any) -> list[str]:
+def _scores(layer: Any, head_dim: int) -> list[str]:
+    """The sinks, soft-cap and softmax scale columns (``1/√d`` where the scale is the
+    default)."""
+    scale = f"1/√{head_dim}" if layer.softmax_scale is None else f"{layer.softmax_scale:.6g}"
+    softcap = "-" if layer.softcap is None else f"{layer.softcap:g}"
+    return ["yes" if layer.sinks else "-", softcap, scale]
+
+
+def _row(index: int, layer: Any, head_dim: int) -> list[str]:
+    return _positions(index, layer) + _scores(layer, head_dim)
+
+
+def _positions(index: int, layer: Any) -> list[str]:
     pe = layer.pe
     reach = (
         f"window {layer.window}"
@@ -76,7 +92,8 @@ def schedule_table(schedule: ModelSchedule) -> str:
     """The schedule as a Markdown table, under a line naming the model's sizes (and whether
     it attends both ways) and one saying how the config was read: the transformers config
     class and version (and the sizes its defaults gave), or posenc's own rules and why."""
-    rows = [list(COLUMNS)] + [_row(i, layer) for i, layer in enumerate(schedule.layers)]
+    rows = [list(COLUMNS)]
+    rows += [_row(i, layer, schedule.head_dim) for i, layer in enumerate(schedule.layers)]
     widths = [max(len(row[c]) for row in rows) for c in range(len(COLUMNS))]
 
     def line(row: list[str]) -> str:
@@ -116,7 +133,8 @@ def add_subcommand(sub: Any) -> None:
         "hf",
         help="print a transformers model's position schedule from its config.json",
         description="Each layer's attention kind, window or chunk, RoPE type, θ, scaling "
-        "factor, rotated dimensions, layout and query temperature, read from a transformers "
+        "factor, rotated dimensions, layout, query temperature, sinks, soft-cap and softmax "
+        "scale, read from a transformers "
         "config.json as posenc's Encoder.from_hf_config builds it: through the config class "
         "transformers has for its model_type, so that derived fields and defaults are "
         "transformers' own (POSENC_HF_CONFIG_CLASS=0: posenc's own rules). Allocates no "

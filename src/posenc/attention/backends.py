@@ -101,6 +101,8 @@ class Request:
     need_weights: bool = False  #: the caller wants the weights
     compile_flex: bool = True  #: the module's ``compile_flex``
     flex_available: bool = True  #: this torch has flex_attention
+    softcap: bool = False  #: logit soft-capping (SDPA cannot: flex's score_mod or math)
+    sinks: bool = False  #: learned attention sinks (SDPA then materialises its mask)
 
     @staticmethod
     def kind_of(state: BiasState | None) -> BiasKind:
@@ -126,23 +128,31 @@ def choose_backend(request: Request) -> tuple[Backend, bool]:
     packed mask, runs on SDPA; on the CPU flex only pays once a materialised bias would hold
     :data:`FLEX_AUTO_MIN_ELEMENTS`; on a GPU every fused bias and every packed mask runs on
     flex.
+
+    Soft-capping cannot run inside SDPA: wherever SDPA would be chosen (asked for, or as
+    flex's fallback) a soft-capped call runs on ``math``, and under ``auto`` it counts as a
+    fused bias (a ``score_mod``). Sinks run on every backend; under ``auto`` sinks with a
+    mask count as a fused bias too, since SDPA then materialises an ``(h, nq, nk + 1)`` mask
+    (without a mask, its additive mask is one row per head).
     """
     r = request
     if r.need_weights or r.requested == Backend.MATH or r.bias == "value":
         return Backend.MATH, False
+    fallback = Backend.MATH if r.softcap else Backend.SDPA
     if r.requested == Backend.SDPA:
-        return Backend.SDPA, False
+        return fallback, False
     flex_runs = r.flex_available and not r.dropout and not (r.device == "cpu" and r.grad)
     # the compiled kernel keeps the lengths symbolic, but a decoding step's one query is
     # served far better by SDPA with its (h, 1, nk) bias
     flex_runs = flex_runs and (r.nq == r.nk or not r.compile_flex)
     if r.requested == Backend.FLEX:
-        return (Backend.FLEX if flex_runs else Backend.SDPA), False
-    fusable = r.bias == "score_mod" or (r.bias == "none" and r.mask == "packed")
+        return (Backend.FLEX if flex_runs else fallback), False
+    shaped = r.mask == "packed" or r.softcap or (r.sinks and r.mask != "none")
+    fusable = r.bias == "score_mod" or (r.bias == "none" and shaped)
     if not (fusable and flex_runs and r.compile_flex):
-        return Backend.SDPA, False
+        return fallback, False
     if r.device == "cpu" and r.heads * r.nq * r.nk < FLEX_AUTO_MIN_ELEMENTS:
-        return Backend.SDPA, False
+        return fallback, False
     return Backend.FLEX, r.bias != "none"
 
 
@@ -163,6 +173,9 @@ class AttentionCall:
     dropout_p: float = 0.0
     compile_flex: bool = True
     fused_only: bool = False
+    scale: float | None = None  #: the logits are ``scale · q kᵀ`` (``None``: ``1 / sqrt(d)``)
+    softcap: float | None = None  #: ``c``: logits ``c · tanh(logits / c)`` before the mask
+    sinks: Tensor | None = None  #: ``(h,)`` learned sink logits, one per query head
 
     @property
     def windowed(self) -> bool:
@@ -205,7 +218,10 @@ def math_backend(
     state = call.state
     bias = None if state is None else state.bias(q, k)  # (h|b·h, nq, nk)
     mask = call.dense_mask(k.shape[-2], q.device)
-    out, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias, dropout_p=call.dropout_p)
+    out, weights = scaled_dot_product_attention(
+        q, k, v, mask, bias=bias, dropout_p=call.dropout_p,
+        scale=call.scale, softcap=call.softcap, sinks=call.sinks,
+    )  # fmt: skip
     if state is not None and state.has_value_term:
         extra = state.value_term(weights.to(compute_dtype(q.dtype)))
         out = (out.to(extra.dtype) + extra).to(out.dtype)  # (b, h, nq, d)
@@ -216,7 +232,9 @@ def sdpa_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor | None, Tensor | None]:
     """PyTorch's fused SDPA; the bias and the mask folded into one additive mask, made once
-    per forward for every layer that shares them."""
+    per forward for every layer that shares them (per layer with sinks, which run as one
+    more key: :func:`~posenc.attention.sdpa.fused_attention`). Soft-capping never comes here."""
+    assert call.softcap is None, "soft-capping runs on flex or math (choose_backend)"
     state, context = call.state, call.context
     nk = k.shape[-2]
     bias = None if state is None else state.bias(q, k)  # (h|b·h, nq, nk)
@@ -225,18 +243,24 @@ def sdpa_backend(
     plain_causal = call.causal and plain and call.nq == nk
     keep = None  # the additive mask is the same in every layer: make it once
     memo: Any = context if state is None else state
-    if memo is not None:
+    if memo is not None and call.sinks is None:
         # the context keeps one mask per kind of layer; else the padding decides
         key = ("sdpa mask", call.causal, mask if context else call.key_padding_mask, q.dtype)
         keep = functools.partial(memo.keep, key)
-    out = fused_attention(q, k, v, mask, bias, call.dropout_p, plain_causal=plain_causal, keep=keep)
+    out = fused_attention(
+        q, k, v, mask, bias, call.dropout_p,
+        plain_causal=plain_causal, keep=keep, scale=call.scale, sinks=call.sinks,
+    )  # fmt: skip
     return out, None
 
 
 def flex_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Flex attention with the scheme's ``score_mod`` (or a materialised bias read by one);
+    """Flex attention with the scheme's ``score_mod`` (or a materialised bias read by one),
+    soft-capping composed after it, sinks folded in through flex's log-sum-exp (on the CPU's
+    compiled kernel, which returns none, as one more key:
+    :func:`posenc.attention.flex.sink_score_mod`);
     ``(None, None)`` when it cannot run: compilation failed, or ``call.fused_only`` and the
     scheme has no ``score_mod`` here."""
     b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
@@ -248,6 +272,15 @@ def flex_backend(
             if call.fused_only:
                 return None, None
             score_mod = flex.bias_score_mod(state.bias(q, k))  # the kernel reads the bias
+    if call.softcap is not None:
+        score_mod = flex.softcap_score_mod(score_mod, call.softcap)
+    sinks = call.sinks
+    sink_key = sinks is not None and not flex.lse_route(q.device, call.compile_flex)
+    if sink_key:  # the CPU's compiled kernel returns no lse: the sink as one more key
+        assert sinks is not None
+        score_mod = flex.sink_score_mod(score_mod, sinks, nk)
+        k, v = flex.append_sink_key(k, v)
+        sinks = None
     where: dict[str, Any] = {}
     if context is not None:
         k_positions, _, k_runs = context.last_keys(nk)
@@ -258,11 +291,12 @@ def flex_backend(
             where.update(window=call.window, chunk=call.chunk)
     block_mask = flex.flex_block_mask(
         b, nq, nk, causal=call.causal, key_padding_mask=call.key_padding_mask, device=q.device,
-        **where,
+        sink_key=sink_key, **where,
     )  # fmt: skip
     out = flex.flex_attention_forward(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex
-    )
+        q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex,
+        scale=call.scale, sinks=sinks,
+    )  # fmt: skip
     return out, None
 
 
@@ -273,9 +307,11 @@ BACKEND_FUNCTIONS: dict[Backend, BackendFn] = {
 }
 
 
-def learns(q: Tensor, state: BiasState | None) -> bool:
-    """Whether autograd records this call: through ``q`` or the bias's parameters."""
+def learns(q: Tensor, state: BiasState | None, sinks: Tensor | None = None) -> bool:
+    """Whether autograd records this call: through ``q``, the bias's parameters or the
+    sinks."""
     if not torch.is_grad_enabled():
         return False
     params = () if state is None else state.pe.parameters()
-    return q.requires_grad or any(p.requires_grad for p in params)
+    sinks_learn = sinks is not None and sinks.requires_grad
+    return q.requires_grad or sinks_learn or any(p.requires_grad for p in params)

@@ -26,6 +26,7 @@ from ..encodings.base import PositionalEncoding
 from ..encodings.checks import (
     check_bool,
     check_input,
+    check_positive_float,
     check_positive_int,
     check_probability,
 )
@@ -43,7 +44,6 @@ from .backends import (
     Request,
     choose_backend,
     learns,
-    sdpa_backend,
 )
 from .checks import check_attention_pe, check_heads, check_reach
 from .query_scale import QueryScale
@@ -95,16 +95,34 @@ class MultiHeadAttention(nn.Module):
               flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
               backward), a cached decoding step, or a failed compilation (warned once);
             * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
-              or chunk mask) where flex can run: on a GPU always, on the CPU once the bias
-              would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
+              or chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
+              always, on the CPU once the bias would hold ``FLEX_AUTO_MIN_ELEMENTS``
+              elements; else ``sdpa``.
+
+            With ``softcap``, ``math`` stands wherever ``sdpa`` would (SDPA cannot cap).
 
             The choice is :func:`posenc.attention.backends.choose_backend`, one pure function of the
             call (device, dtype, sizes, bias, mask, autograd, dropout, compilation).
         compile_flex: compile flex_attention (the fast path). ``False`` runs its eager
             reference, which is correct but materialises the scores.
+        sinks: learned attention sinks (gpt-oss; Xiao et al. 2024's sink as a logit): the
+            module holds ``sinks``, an fp32 parameter ``(num_heads,)`` starting at zero, and
+            each query's softmax runs over its logits and its head's sink logit, whose
+            column is then dropped (the weights of a row sum to less than 1). On ``math``
+            written out; on ``sdpa`` one more key (zero key, zero value, the sink as its
+            additive-mask column); on ``flex`` folded through the log-sum-exp flex returns,
+            ``out · sigmoid(lse - sink)`` (on the CPU's compiled kernel, which returns no
+            lse, as one more key whose score is the sink logit).
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``): the logits,
+            scaled and with the bias added, become ``c · tanh(logits / c)`` before the mask.
+            SDPA cannot run it: such a call runs on ``flex`` (composed into the score_mod)
+            where flex runs and would be chosen, else on ``math``. ``None``: off.
+        softmax_scale: the logits are ``softmax_scale · q kᵀ`` (``None``: ``1 / sqrt(d)``),
+            e.g. Gemma's ``query_pre_attn_scalar ** -0.5``.
 
     A query whose keys are all masked gets uniform weights on ``math``/``sdpa`` and a zero
-    output on ``flex``; its output is meaningless either way.
+    output on ``flex`` (with sinks: zero weights and output everywhere, the sink takes the
+    row); its output is meaningless either way.
 
     >>> attn = MultiHeadAttention(16, 4)
     >>> attn(torch.zeros(2, 5, 16)).shape
@@ -127,6 +145,9 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         query_scale: QueryScale | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+        softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
@@ -146,12 +167,23 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_probability("dropout", dropout)
         self.backend = Backend(backend)
         self.compile_flex = check_bool("compile_flex", compile_flex)
+        check_bool("sinks", sinks)
+        self.softcap = None if softcap is None else check_positive_float("softcap", softcap)
+        self.softmax_scale = (
+            None if softmax_scale is None else check_positive_float("softmax_scale", softmax_scale)
+        )
         if isinstance(pe, str):
             pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         # one fused projection: h query heads, then g key and g value heads (3·D by default)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
         self.out = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        #: The sink logit of each query head ``(h,)``, fp32, or ``None`` without sinks.
+        self.sinks: nn.Parameter | None
+        if sinks:
+            self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32))
+        else:
+            self.register_parameter("sinks", None)
         #: The backend the last forward actually used (for inspection and benchmarks).
         self.last_backend: str | None = None
 
@@ -309,12 +341,15 @@ class MultiHeadAttention(nn.Module):
             chunk=self.chunk,
             dropout_p=self.dropout if self.training else 0.0,
             compile_flex=self.compile_flex,
+            scale=self.softmax_scale,
+            softcap=self.softcap,
+            sinks=self.sinks,
         )
         backend, call.fused_only = choose_backend(self._request(q, k, call, need_weights))
         out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
         if out is None:  # flex could not run here (warned where it matters)
-            backend = Backend.SDPA
-            out, weights = sdpa_backend(q, k, v, call)
+            backend = Backend.SDPA if self.softcap is None else Backend.MATH
+            out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
         assert out is not None
         self.last_backend = backend.value
         return out.transpose(1, 2).reshape(b, n, h * d), weights  # (b, n, h·d)
@@ -353,11 +388,13 @@ class MultiHeadAttention(nn.Module):
             nk=k.shape[-2],
             bias=Request.kind_of(call.state),
             mask=call.mask_kind(),
-            grad=learns(q, call.state),
+            grad=learns(q, call.state, self.sinks),
             dropout=call.dropout_p > 0.0,
             need_weights=need_weights,
             compile_flex=self.compile_flex,
             flex_available=flex.flex_available(),
+            softcap=self.softcap is not None,
+            sinks=self.sinks is not None,
         )
 
     def extra_repr(self) -> str:
@@ -366,7 +403,9 @@ class MultiHeadAttention(nn.Module):
             text += f", num_kv_heads={self.num_kv_heads}"
         if self.head_dim * self.num_heads != self.dim:
             text += f", head_dim={self.head_dim}"
-        for name in ("window", "chunk", "query_scale"):
+        for name in ("window", "chunk", "query_scale", "softcap", "softmax_scale"):
             if getattr(self, name) is not None:
                 text += f", {name}={getattr(self, name)}"
+        if self.sinks is not None:
+            text += ", sinks=True"
         return text + f", causal={self.causal}, backend={self.backend.value!r}"

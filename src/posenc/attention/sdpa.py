@@ -42,6 +42,9 @@ def scaled_dot_product_attention(
     *,
     bias: Tensor | None = None,
     dropout_p: float = 0.0,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``softmax(q kᵀ / sqrt(d) + bias) v``, returning the output and the weights.
 
@@ -54,6 +57,13 @@ def scaled_dot_product_attention(
             overflows in float16), so a fully masked row gives uniform weights, never NaN.
         bias: added to the logits, broadcastable to ``(..., nq, nk)``.
         dropout_p: dropout on the weights.
+        scale: the logits are ``scale · q kᵀ`` (``None``: ``1 / sqrt(d)``).
+        softcap: ``c``: the logits (scaled, bias added) become ``c · tanh(logits / c)``
+            before the mask (Gemma 2's ``attn_logit_softcapping``).
+        sinks: ``(h,)`` learned attention sinks (gpt-oss), for ``q`` of shape
+            ``(..., h, nq, d)``: each row's softmax runs over its logits and its head's sink
+            logit, whose column is then dropped, so a row's weights sum to less than 1 (a
+            fully masked row gives zero weights, not uniform ones).
 
     Scores, bias, softmax and the weights are float32 for half-precision inputs, and the
     output is cast back once; the two products take :func:`kernel_dtype` (the inputs' own
@@ -74,6 +84,11 @@ def scaled_dot_product_attention(
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     dropout_p = check_probability("dropout_p", dropout_p)
+    if sinks is not None and (q.dim() < 3 or tuple(sinks.shape) != (q.shape[-3],)):
+        raise PosencValueError(
+            f"sinks must have one entry per head of q (..., h, nq, d): q {tuple(q.shape)}, "
+            f"sinks {tuple(sinks.shape)}"
+        )
     out_dtype = q.dtype
     work = compute_dtype(q.dtype)
     if not torch.compiler.is_compiling():  # symbolic sizes there
@@ -88,12 +103,19 @@ def scaled_dot_product_attention(
     with autocast_off(q.device):
         products = kernel_dtype(q)
         q, k, v = q.to(products), k.to(products), v.to(products)
-        scores = (q @ k.transpose(-2, -1)).to(work) / math.sqrt(q.shape[-1])  # (..., nq, nk)
+        scores = (q @ k.transpose(-2, -1)).to(work)  # (..., nq, nk)
+        scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
         if bias is not None:
             scores = scores + bias.to(work)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         if mask is not None:
             scores = scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)
-        weights = scores.softmax(dim=-1)
+        if sinks is None:
+            weights = scores.softmax(dim=-1)
+        else:  # one more column per row, the head's sink logit, dropped after the softmax
+            sink = sinks.to(work).view(-1, 1, 1).expand(*scores.shape[:-1], 1)  # (..., h, nq, 1)
+            weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
         return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
@@ -117,32 +139,41 @@ def fused_attention(
     *,
     plain_causal: bool = False,
     keep: Callable[[Callable[[], Tensor]], Tensor] | None = None,
+    scale: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """:func:`torch.nn.functional.scaled_dot_product_attention` with posenc's mask and bias.
     ``plain_causal`` says ``mask`` is the square causal mask and nothing else (no padding, no
     documents, as many queries as keys): SDPA's ``is_causal`` then stands for it. Other masks
     and biases become one additive float mask whose masked entries are the most negative
     finite value, so a fully padded row cannot produce NaN; ``keep`` (a memo of the forward)
-    makes it once for every layer.
+    makes it once for every layer. ``scale`` is SDPA's (``None``: ``1 / sqrt(d)``).
+
+    ``sinks`` ``(h,)`` (learned attention sinks) run in the same kernel as one more key per
+    head: a zero key and a zero value appended, whose additive-mask column is the head's sink
+    logit (``q · 0 · scale + sink``), so the softmax runs over the row's logits and the sink,
+    and the sink's weight multiplies a zero value. This is exact and differentiable in
+    ``sinks`` (SDPA returns the mask's gradient); the additive mask is then always made
+    (``(b|1, h, nq|1, nk + 1)``), per layer (each layer has its own sinks), never kept.
 
     ``q``, ``k`` and ``v`` enter the kernel in :func:`kernel_dtype`: on a GPU bf16/fp16 stay
     bf16/fp16 and the additive mask is rounded to that dtype (SDPA takes its float mask in
     the query's dtype; the bias is formed in fp32 and rounded once, its only loss), on the
     CPU they are computed in fp32."""
-    if bias is None and mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-    if bias is None and plain_causal:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    if sinks is None and bias is None and mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=scale)
+    if sinks is None and bias is None and plain_causal:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scale)
     work = kernel_dtype(q)
 
-    def additive_mask() -> Tensor:  # (b|1, h|1, nq, nk)
+    def additive_mask() -> Tensor:  # (b|1, h|1, nq|1, nk), or (b|1, h, nq|1, nk + 1) with sinks
         b, h, nq, _ = q.shape
         nk = k.shape[-2]
         if not torch.compiler.is_compiling():  # symbolic sizes there
             check_bytes(
                 "q x k",
                 f"{nq} x {nk} queries by keys (batch {b}, {h} heads)",
-                2 * b * h * nq * nk * work.itemsize,  # the bias and the masked bias
+                2 * b * h * nq * (nk + 1) * work.itemsize,  # the bias and the masked bias
                 device=q.device,
             )
         exact = compute_dtype(work)  # bias and mask combined in fp32, rounded once
@@ -152,18 +183,25 @@ def fused_attention(
             # (filled on the device: torch.tensor would copy from the host, a sync on CUDA)
             blocked = torch.full((), torch.finfo(work).min, dtype=exact, device=q.device)
             additive = torch.where(mask, additive, blocked)
-        additive = additive.to(work)
         # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
         # 2-3x slower and materialises the scores
-        return additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
+        additive = additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
+        if sinks is not None:  # the sink column: (B, h, Q, 1) beside (B, h, Q, nk)
+            rows, _, queries, _ = additive.shape
+            column = sinks.to(exact).view(1, h, 1, 1).expand(rows, h, queries, 1)
+            additive = torch.cat([additive.expand(rows, h, queries, nk), column], dim=-1)
+        return additive.to(work)
 
-    additive = additive_mask() if keep is None else keep(additive_mask)
+    additive = additive_mask() if keep is None or sinks is not None else keep(additive_mask)
+    if sinks is not None:  # the sink's key and value: zeros, (b, h, 1, d)
+        k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
+        v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
     # autocast off: it would round the float32 mask to half precision, where its most negative
     # value becomes -inf and a fully masked row zeros instead of uniform weights
     with autocast_off(q.device):
         if work != q.dtype:
             out = F.scaled_dot_product_attention(
-                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p
+                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p, scale=scale
             )
             return out.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p, scale=scale)

@@ -26,6 +26,7 @@ from .registry import build_for_model, entry
 __all__ = [
     "layers_of_types",
     "per_layer",
+    "per_layer_items",
     "rescaled_schedule",
     "resolve_pe",
     "resolve_schedule",
@@ -89,6 +90,20 @@ def per_layer(name: str, value: object, depth: int) -> list[int | None]:
         if item < 1:
             raise PosencValueError(f"{where} must be >= 1, got {item}")
     return list(items)
+
+
+def per_layer_items(
+    name: str, value: object, depth: int, check: Callable[[str, Any], Any]
+) -> list[Any]:
+    """``value`` (one setting, or a list with one per layer) as one entry per layer, each
+    passed through ``check(where, item)`` (which raises naming ``where``, e.g. ``sinks[2]``)."""
+    if not isinstance(value, (list, tuple)):
+        return [check(name, value)] * depth
+    if len(value) != depth:
+        raise PosencValueError(
+            f"{name} has {len(value)} entries but the model has depth={depth}: give one per layer"
+        )
+    return [check(f"{name}[{layer}]", item) for layer, item in enumerate(value)]
 
 
 def _name(item: object) -> str:

@@ -97,8 +97,13 @@ from .model_types import (
 )
 from .mrope_layouts import read_multimodal
 from .route import as_config
+from .scores import MSCALE_MODEL_TYPES, mscale_softmax_scale
 
-__all__ = ["query_scale_from_hf_config", "rotary_arguments_from_hf_config"]
+__all__ = [
+    "query_scale_from_hf_config",
+    "rotary_arguments_from_hf_config",
+    "softmax_scale_from_hf_config",
+]
 
 #: ``model_type``s not in :data:`KNOWN_MODEL_TYPES` already warned about in this process.
 _WARNED_MODEL_TYPES: set[str] = set()
@@ -503,3 +508,21 @@ def query_scale_from_hf_config(config: Any) -> tuple[float, int] | None:
             "original_max_position_embeddings, which its attention's query scale reads"
         )
     return beta, positive_int(f"{field}['{ORIGINAL}']", original)
+
+
+def softmax_scale_from_hf_config(config: Any, *, layer_type: str | None = None) -> float | None:
+    """The softmax scale of the attention whose rotation ``config`` describes, where its RoPE
+    dictionary changes it (:data:`~.scores.MSCALE_MODEL_TYPES`, DeepSeek-V2/V3 and their kin:
+    YaRN with ``mscale_all_dim``, :func:`~.scores.mscale_softmax_scale`), else ``None`` (the
+    attention's ``1 / sqrt`` of its head size). ``config`` as
+    :func:`rotary_arguments_from_hf_config` takes it."""
+    if isinstance(config, Mapping):
+        config = as_config(config).config
+    cfg = _text_model(config)
+    model_type = cfg.get("model_type") or ""
+    if model_type not in MSCALE_MODEL_TYPES:
+        return None
+    if layer_type is not None:
+        cfg = Fields(for_layer_type(cfg.raw, layer_type))
+    _, params = _rope_dict(cfg, layer_type)
+    return mscale_softmax_scale(cfg, params, model_type)

@@ -174,6 +174,31 @@ UNREAD_LAYER_FIELDS = {
 #: ``"sliding_window": null``).
 NULL_SWITCHES_OFF = ("sliding_window", "attention_chunk_size")
 
+#: The attention fields of the families whose softmax scale or soft-capping a config field sets
+#: (:mod:`.scores`), by the defaults their config class fills where the field is absent
+#: (a stated ``null`` is kept: no capping). ``"head_dim"``: the class derives it from the
+#: head size (Step 3.5: ``query_pre_attn_scalar = head_dim``; HyperCLOVA X:
+#: ``attention_multiplier = head_dim ** -0.5``), also from a stated ``null``.
+SCORE_DEFAULTS: dict[str, dict[str, Any]] = {
+    **{
+        model_type: {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0}
+        for model_type in ("gemma2", "vaultgemma", "t5_gemma_module")
+    },
+    **{
+        model_type: {"query_pre_attn_scalar": 256}
+        for model_type in ("gemma3_text", "t5gemma2_text", "t5gemma2_decoder")
+    },
+    **{
+        model_type: {"attention_multiplier": 1.0}
+        for model_type in ("granite", "granite4_vision_text", "granitemoe", "granitemoeshared")
+    },
+    "granite_docling_text": {"attention_multiplier": 0.015625},
+    "hyperclovax": {"attention_multiplier": "head_dim"},
+    "muse_glimmer_text": {"qk_scale_factor": 3.87},
+    "muse_spark_text": {"qk_scale_factor": 5.4730064863875},
+    "step3p5": {"query_pre_attn_scalar": "head_dim"},
+}
+
 #: The legacy fields the generic rules read (any model_type).
 _GENERIC = ("sliding_window_pattern", "max_window_layers", "no_rope_layer_interval")
 
@@ -228,6 +253,7 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in defaults.items():
         if key not in raw:
             raw[key] = value
+    _score_defaults(raw, model_type)
     needed = DERIVING_MODEL_TYPES.get(model_type, ())
     missing = [key for key in needed if raw.get(key) is None]
     if missing:
@@ -278,6 +304,29 @@ def derive(config: Mapping[str, Any]) -> dict[str, Any]:
             raw["rope_scaling"] = raw.pop("rope_parameters")
         _nested_rope(raw, raw["rope_local_base_freq"], theta, both=False)
     return raw
+
+
+def _score_defaults(raw: dict[str, Any], model_type: str) -> None:
+    """Fill :data:`SCORE_DEFAULTS` as the family's config class does (an absent field its
+    default; a ``"head_dim"`` default from the stated ``head_dim``, refused by name without
+    one)."""
+    for key, value in SCORE_DEFAULTS.get(model_type, {}).items():
+        if value == "head_dim":
+            if raw.get(key) is not None:
+                continue
+            if raw.get("head_dim") is not None:
+                head_dim = _count(raw, "head_dim")
+            elif raw.get("hidden_size") is not None and raw.get("num_attention_heads"):
+                head_dim = _count(raw, "hidden_size") // _count(raw, "num_attention_heads")
+            else:
+                raise PosencValueError(
+                    f"config of model_type {model_type!r} has no {key} and no head_dim, from "
+                    "which its transformers config class derives it; state it, or install "
+                    "transformers"
+                )
+            raw[key] = head_dim**-0.5 if key == "attention_multiplier" else head_dim
+        elif key not in raw:
+            raw[key] = value
 
 
 def _refuse_family_pattern(raw: Mapping[str, Any], model_type: str) -> None:

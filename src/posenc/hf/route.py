@@ -131,7 +131,7 @@ def as_config(config: Any) -> Read:
             built = cls.from_dict(copy.deepcopy(dict(config)))  # (it edits nested dicts)
     except Exception as error:  # transformers' validation: ValueError, TypeError, its own
         # (Phi-3's first config.json, LongRoPE named "su", is one transformers 5 cannot build)
-        why = str(error).splitlines()[0] if str(error) else ""
+        why = _one_line(str(error))  # whole: transformers' reason is on its later lines
         read = _own_rules(
             config,
             f"posenc's own rules (transformers {version} {cls.__name__} refuses it: "
@@ -206,6 +206,12 @@ def _class_named(model_type: Any) -> type | None:
         return None
     # (its lazy mapping's .get answers None for every type: index it)
     return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None  # noqa: SIM401
+
+
+def _one_line(text: str) -> str:
+    """``text`` whole, its lines joined by spaces (transformers' validation errors name the
+    validator on the first line and the reason on the next)."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 #: Per-layer fields a config class may derive from others and its defaults.

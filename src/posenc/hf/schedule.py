@@ -1,6 +1,7 @@
 """A transformers model's whole position schedule read from its config: widths, heads, key/value
 heads, head size, and per layer its encoding (RoPE with the layer type's θ and scaling, or
-none), its sliding window or chunk, and its query temperature; causal or not.
+none), its sliding window or chunk, its query temperature, and its attention's sinks, soft-cap
+and softmax scale; causal or not.
 
 A ``config.json`` dict is read as transformers reads it: built into the config class of its
 ``model_type`` and read through the object's attributes, properties included
@@ -30,9 +31,16 @@ A ``config.json`` dict is read as transformers reads it: built into the config c
 * RoPE parameters nested by layer type (Gemma 3, OLMo 3) give each type its own module; one
   set of parameters gives every RoPE layer the same module.
 
-posenc's layers keep their own norms, feed-forward and softmax scale (``1/sqrt(head_dim)``);
-what is read here is where positions enter, which is where ports go wrong. Weights are random:
-posenc loads no checkpoints.
+* What each layer's attention does to its scores (:mod:`~posenc.hf.scores`): learned
+  sinks (gpt-oss), soft-capping (Gemma 2's ``attn_logit_softcapping``) and the softmax scale
+  (``query_pre_attn_scalar``, ``attention_multiplier``, DeepSeek's YaRN ``mscale_all_dim`` read
+  by the rotary module); what posenc's attention does not do (Inkling's ``sink_proj``, OLMo's
+  and DBRX's ``clip_qkv``, ...) is refused by name. Falcon's key/value heads are read as
+  ``FalconAttention`` takes them.
+
+posenc's layers keep their own norms (q/k norms included) and feed-forward; what is read here
+is where positions enter and what the attention does to its scores, which is where ports go
+wrong. Weights are random: posenc loads no checkpoints.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from ..errors import PosencTypeError, PosencValueError
 from .config import query_scale_from_hf_config
 from .fields import Fields
 from .route import as_config
+from .scores import falcon_kv_heads, layer_scores, refuse_unread
 
 __all__ = [
     "LayerSchedule",
@@ -129,13 +138,18 @@ OVERRIDES = {
 
 @dataclass(frozen=True)
 class LayerSchedule:
-    """One layer: its type, its encoding (``None``: NoPE), window, chunk and query scale."""
+    """One layer: its type, its encoding (``None``: NoPE), window, chunk and query scale, and
+    what its attention does to the scores (:mod:`~posenc.hf.scores`): sinks,
+    soft-capping, softmax scale (``None``: ``1 / sqrt(head_dim)``)."""
 
     kind: str
     pe: PositionalEncoding | None
     window: int | None
     chunk: int | None
     query_scale: QueryScale | None
+    sinks: bool = False
+    softcap: float | None = None
+    softmax_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,12 @@ class ModelSchedule:
 
     def encoder_kwargs(self) -> dict[str, Any]:
         """The arguments of :class:`~posenc.Encoder` after ``dim, depth, num_heads``."""
+        scales = {layer.softmax_scale for layer in self.layers}
+        if len(scales) > 1:  # (no family of transformers 5.24 does this)
+            raise PosencValueError(
+                f"config model_type={self.model_type!r} gives its layers different softmax "
+                f"scales {sorted(scales, key=str)}: posenc's Encoder takes one for every layer"
+            )
         return {
             "pe": [layer.pe for layer in self.layers],
             "ffn_dim": self.intermediate_size,
@@ -168,6 +188,9 @@ class ModelSchedule:
             "window": [layer.window for layer in self.layers],
             "chunk": [layer.chunk for layer in self.layers],
             "query_scale": [layer.query_scale for layer in self.layers],
+            "sinks": [layer.sinks for layer in self.layers],
+            "softcap": [layer.softcap for layer in self.layers],
+            "softmax_scale": next(iter(scales), None),
         }
 
 
@@ -250,9 +273,13 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
         )
     causal = model_type not in BIDIRECTIONAL_MODEL_TYPES
     depth = _int(raw, "num_hidden_layers")
+    refuse_unread(raw, model_type, depth)  # what posenc's attention does not do, by name
     hidden = _int(raw, "hidden_size")
     heads = _int(raw, "num_attention_heads")
-    kv_heads = _int(raw, "num_key_value_heads", heads)
+    if model_type == "falcon":  # FalconAttention's own rule (multi_query: one head)
+        kv_heads = falcon_kv_heads(raw, heads)
+    else:
+        kv_heads = _int(raw, "num_key_value_heads", heads)
     head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
     if head_dim is None:
         raise PosencValueError(
@@ -284,6 +311,7 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
     nested = _nested_by_layer_type(raw)
     tuning = raw.get("attn_temperature_tuning")
     every_layer = query_scale_from_hf_config(model)  # Ministral 3
+    scores = layer_scores(raw, model_type, kinds, int(head_dim))
     beside = None if every_layer is None else QueryScale.ministral3(*every_layer)
     layers = []
     for i, kind in enumerate(kinds):
@@ -304,7 +332,22 @@ def read_schedule(config: Any, **overrides: Any) -> ModelSchedule:
             scale = QueryScale.llama4(
                 0.1 if attn_scale is None else attn_scale, 8192 if floor is None else floor
             )
-        layers.append(LayerSchedule(kind, pe, window, chunk, scale))
+        softmax_scale = scores[i].softmax_scale
+        rope_scale = getattr(pe, "softmax_scale", None)  # DeepSeek's YaRN mscale
+        if rope_scale is not None:
+            softmax_scale = rope_scale
+        layers.append(
+            LayerSchedule(
+                kind,
+                pe,
+                window,
+                chunk,
+                scale,
+                sinks=scores[i].sinks,
+                softcap=scores[i].softcap,
+                softmax_scale=softmax_scale,
+            )
+        )
     return ModelSchedule(
         model_type=model_type,
         hidden_size=hidden,

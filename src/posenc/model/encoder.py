@@ -21,10 +21,11 @@ from ..attention.backends import Backend
 from ..attention.checks import check_attention_pe, check_heads
 from ..attention.query_scale import QueryScale
 from ..encodings.base import AdditiveEncoding, PositionalEncoding
-from ..encodings.checks import check_bool, check_input, check_positive_int
+from ..encodings.checks import check_bool, check_input, check_positive_float, check_positive_int
 from ..encodings.schedule import (
     layers_of_types,
     per_layer,
+    per_layer_items,
     rescaled_schedule,
     resolve_pe,
     resolve_schedule,
@@ -59,6 +60,11 @@ class Encoder(nn.Module):
         chunk: chunked attention (Llama 4), as ``window``.
         query_scale: a :class:`~posenc.QueryScale` for every layer, or a per-layer list
             (``None`` there: none); Llama 4 scales its NoPE layers' queries.
+        sinks: learned attention sinks (see :class:`~posenc.MultiHeadAttention`) in every
+            layer (a bool), or per layer (a list of bools).
+        softcap: logit soft-capping ``c`` for every layer (a float), or per layer (a list,
+            ``None`` there: none).
+        softmax_scale: the logits' scale for every layer (``None``: ``1 / sqrt(head_dim)``).
         ffn_dim: feed-forward width (default ``4 * dim``).
         dropout: dropout in attention, feed-forward and residuals.
         causal: mask future positions (decoder-only models).
@@ -95,11 +101,23 @@ class Encoder(nn.Module):
         window: int | list[int | None] | None = None,
         chunk: int | list[int | None] | None = None,
         query_scale: QueryScale | list[QueryScale | None] | None = None,
+        sinks: bool | list[bool] = False,
+        softcap: float | list[float | None] | None = None,
+        softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("depth", depth)
         windows, chunks = per_layer("window", window, depth), per_layer("chunk", chunk, depth)
+        layer_sinks = per_layer_items("sinks", sinks, depth, check_bool)
+        softcaps = per_layer_items("softcap", softcap, depth, _positive_or_none)
+        if softmax_scale is not None:
+            if isinstance(softmax_scale, (list, tuple)):
+                raise PosencTypeError(
+                    f"softmax_scale is one number for every layer (or None), got a list "
+                    f"{softmax_scale!r}"
+                )
+            check_positive_float("softmax_scale", softmax_scale)
         scales = query_scale if isinstance(query_scale, (list, tuple)) else [query_scale] * depth
         if len(scales) != depth:
             raise PosencValueError(
@@ -161,6 +179,9 @@ class Encoder(nn.Module):
                 window=windows[i],
                 chunk=chunks[i],
                 query_scale=scales[i],
+                sinks=layer_sinks[i],
+                softcap=softcaps[i],
+                softmax_scale=softmax_scale,
             )
             for i in range(depth)
         )
@@ -320,6 +341,11 @@ class Encoder(nn.Module):
 
     def extra_repr(self) -> str:
         return "" if self.trained_length is None else f"trained_length={self.trained_length}"
+
+
+def _positive_or_none(name: str, value: object) -> float | None:
+    """``value`` as a finite float > 0, or ``None``; raise naming ``name`` otherwise."""
+    return None if value is None else check_positive_float(name, value)
 
 
 def _sharing_copy(module: nn.Module) -> Any:

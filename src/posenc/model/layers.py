@@ -88,6 +88,9 @@ class EncoderLayer(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         query_scale: QueryScale | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+        softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = check_bool("norm_first", norm_first)
@@ -103,6 +106,9 @@ class EncoderLayer(nn.Module):
             window=window,
             chunk=chunk,
             query_scale=query_scale,
+            sinks=sinks,
+            softcap=softcap,
+            softmax_scale=softmax_scale,
         )
         self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)

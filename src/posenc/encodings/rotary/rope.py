@@ -139,6 +139,10 @@ class RotaryEmbedding(RotaryEncoding):
     inv_freq: Tensor
     #: Rows built when the tables are first made; they grow by doubling when needed.
     initial_table_size: ClassVar[int] = 4096
+    #: The softmax scale of the attention this rotation belongs to, where the rotary config
+    #: changes it (:meth:`from_hf_config`: DeepSeek's YaRN ``mscale_all_dim``); ``None``: the
+    #: attention's own ``1 / sqrt(head_dim)``. Not used by the rotation itself.
+    softmax_scale: float | None = None
 
     def __init__(
         self,
@@ -222,13 +226,24 @@ class RotaryEmbedding(RotaryEncoding):
         config it cannot map exactly (no rotary embedding, contradicting fields, an odd or
         oversized rotary dimension, an unknown ``rope_type`` or key). A multimodal-RoPE config
         (Qwen2-VL, Qwen3-VL, GLM-4V, ...) gives a :class:`~posenc.MultimodalRotaryEmbedding`.
+
+        Where the rotary config changes the attention's softmax scale (DeepSeek-V2/V3 and
+        their kin: YaRN with ``mscale_all_dim`` multiplies ``qk_head_dim ** -0.5`` by
+        ``yarn_get_mscale(factor, mscale_all_dim) ** 2``), the module's :attr:`softmax_scale`
+        holds that scale; elsewhere it is ``None``.
         """
-        from ...hf.config import rotary_arguments_from_hf_config  # the one call up to posenc.hf
+        from ...hf.config import (  # the one call up to posenc.hf
+            rotary_arguments_from_hf_config,
+            softmax_scale_from_hf_config,
+        )
 
         arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
+        softmax_scale = softmax_scale_from_hf_config(config, layer_type=layer_type)
         arguments.update(kwargs)
         head_dim = arguments.pop("head_dim")
-        return _hf_class(cls, arguments)(head_dim, **arguments)
+        module = _hf_class(cls, arguments)(head_dim, **arguments)
+        module.softmax_scale = softmax_scale
+        return module
 
     def reset_tables(self, num_positions: int | None = None) -> None:
         """Recompute the frequencies (float64) and the float32 cos/sin tables on the module's
