@@ -8,6 +8,7 @@ torch.Size([1, 6, 32])
 
 from . import notebook  # noqa: F401  (installs the picture an encoding shows in Jupyter)
 from .attention.backends import Backend
+from .attention.config import AttentionConfig
 from .attention.module import MultiHeadAttention
 from .attention.query_scale import QueryScale
 from .attention.sdpa import scaled_dot_product_attention
@@ -64,6 +65,7 @@ from .errors import (
     get_memory_budget,
     set_memory_budget,
 )
+from .model.config import EncoderConfig
 from .model.encoder import Encoder, TransformerModel
 from .model.layers import EncoderLayer, FeedForward
 from .sequence.cache import KVCache
@@ -78,6 +80,7 @@ __all__ = [
     "ROPE_TYPES",
     "ALiBi",
     "AdditiveEncoding",
+    "AttentionConfig",
     "AxialRotaryEmbedding",
     "Backend",
     "BiasEncoding",
@@ -85,6 +88,7 @@ __all__ = [
     "CoPE",
     "DynamicPositionBias",
     "Encoder",
+    "EncoderConfig",
     "EncoderLayer",
     "Entry",
     "FeedForward",

@@ -24,15 +24,11 @@ from torch import Tensor, nn
 
 from ..encodings.base import PositionalEncoding
 from ..encodings.checks import (
-    check_bool,
     check_input,
-    check_positive_float,
-    check_positive_int,
-    check_probability,
 )
 from ..encodings.schedule import resolve_pe
 from ..encodings.state import BiasState, PositionState, RotaryState
-from ..errors import PosencValueError
+from ..errors import PosencTypeError, PosencValueError
 from ..sequence.cache import KVCache
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
@@ -45,13 +41,11 @@ from .backends import (
     choose_backend,
     learns,
 )
-from .checks import check_attention_pe, check_heads, check_reach
+from .checks import check_attention_pe
+from .config import AttentionConfig
 from .query_scale import QueryScale
 
-__all__ = ["BACKENDS", "MultiHeadAttention"]
-
-
-BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
+__all__ = ["MultiHeadAttention"]
 
 
 # --------------------------------------------------------------------------- module
@@ -150,37 +144,68 @@ class MultiHeadAttention(nn.Module):
         softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("num_heads", num_heads)
-        head_dim, num_kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise PosencValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-        if backend == Backend.FLEX and not flex.flex_available():
-            raise PosencValueError(
-                "backend='flex' needs torch.nn.attention.flex_attention (torch>=2.5)"
+        config = AttentionConfig(
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            causal=causal,
+            dropout=dropout,
+            bias=bias,
+            backend=backend,
+            compile_flex=compile_flex,
+            window=window,
+            chunk=chunk,
+            query_scale=query_scale,
+            sinks=sinks,
+            softcap=softcap,
+            softmax_scale=softmax_scale,
+        )
+        self._build(config, pe)
+
+    @classmethod
+    def from_config(
+        cls, config: AttentionConfig, *, pe: str | PositionalEncoding | None = None
+    ) -> MultiHeadAttention:
+        """The attention ``config`` describes (an :class:`~posenc.AttentionConfig`), with the
+        encoding ``pe``: the same module, parameter for parameter, as the keyword form.
+
+        >>> config = AttentionConfig(16, 4, causal=True, sinks=True)
+        >>> MultiHeadAttention.from_config(config, pe="alibi").sinks.shape
+        torch.Size([4])
+        """
+        if not isinstance(config, AttentionConfig):
+            raise PosencTypeError(
+                f"config must be a posenc.AttentionConfig, got {type(config).__name__}"
             )
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module._build(config, pe)
+        return module
+
+    def _build(self, config: AttentionConfig, pe: str | PositionalEncoding | None) -> None:
+        """Make the module's parameters and attributes from a checked record."""
+        #: The record this attention was built from.
+        self.config = config
+        dim, num_heads = config.dim, config.num_heads
+        head_dim, num_kv_heads = config.head_dim, config.num_kv_heads
+        assert head_dim is not None and num_kv_heads is not None  # (filled in by the record)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.num_kv_heads = num_kv_heads
-        self.window, self.chunk, self.query_scale = check_reach(window, chunk, query_scale)
-        self.causal = check_bool("causal", causal)
-        check_bool("bias", bias)
-        self.dropout = check_probability("dropout", dropout)
-        self.backend = Backend(backend)
-        self.compile_flex = check_bool("compile_flex", compile_flex)
-        check_bool("sinks", sinks)
-        self.softcap = None if softcap is None else check_positive_float("softcap", softcap)
-        self.softmax_scale = (
-            None if softmax_scale is None else check_positive_float("softmax_scale", softmax_scale)
-        )
+        self.window, self.chunk, self.query_scale = config.window, config.chunk, config.query_scale
+        self.causal, self.dropout = config.causal, config.dropout
+        self.backend = Backend(config.backend)
+        self.compile_flex = config.compile_flex
+        self.softcap, self.softmax_scale = config.softcap, config.softmax_scale
         if isinstance(pe, str):
             pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
         self.pe = check_attention_pe(pe, num_heads, self.head_dim)
         # one fused projection: h query heads, then g key and g value heads (3·D by default)
-        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=bias)
-        self.out = nn.Linear(num_heads * head_dim, dim, bias=bias)
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=config.bias)
+        self.out = nn.Linear(num_heads * head_dim, dim, bias=config.bias)
         #: The sink logit of each query head ``(h,)``, fp32, or ``None`` without sinks.
         self.sinks: nn.Parameter | None
-        if sinks:
+        if config.sinks:
             self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32))
         else:
             self.register_parameter("sinks", None)

@@ -18,14 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.backends import Backend
-from ..attention.checks import check_attention_pe, check_heads
+from ..attention.checks import check_attention_pe
+from ..attention.config import AttentionConfig
 from ..attention.query_scale import QueryScale
 from ..encodings.base import AdditiveEncoding, PositionalEncoding
-from ..encodings.checks import check_bool, check_input, check_positive_float, check_positive_int
+from ..encodings.checks import check_input, check_positive_int
 from ..encodings.schedule import (
     layers_of_types,
-    per_layer,
-    per_layer_items,
     rescaled_schedule,
     resolve_pe,
     resolve_schedule,
@@ -35,8 +34,9 @@ from ..sequence.cache import KVCache
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import randomize_positions
+from .config import Activation, EncoderConfig
 from .generation import check_tokens, generate
-from .layers import Activation, EncoderLayer
+from .layers import EncoderLayer
 
 __all__ = ["Encoder", "TransformerModel"]
 
@@ -106,57 +106,72 @@ class Encoder(nn.Module):
         softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
-        check_positive_int("dim", dim)
-        check_positive_int("depth", depth)
-        windows, chunks = per_layer("window", window, depth), per_layer("chunk", chunk, depth)
-        layer_sinks = per_layer_items("sinks", sinks, depth, check_bool)
-        softcaps = per_layer_items("softcap", softcap, depth, _positive_or_none)
-        if softmax_scale is not None:
-            if isinstance(softmax_scale, (list, tuple)):
-                raise PosencTypeError(
-                    f"softmax_scale is one number for every layer (or None), got a list "
-                    f"{softmax_scale!r}"
-                )
-            check_positive_float("softmax_scale", softmax_scale)
-        scales = query_scale if isinstance(query_scale, (list, tuple)) else [query_scale] * depth
-        if len(scales) != depth:
-            raise PosencValueError(
-                f"query_scale has {len(scales)} entries but the model has depth={depth}"
-            )
-        for i, item in enumerate(scales):
-            if item is not None and not isinstance(item, QueryScale):
-                raise PosencTypeError(
-                    f"query_scale[{i}] must be a posenc.QueryScale or None, got {item!r}"
-                )
-        if random_positions is not None:
-            check_positive_int("random_positions", random_positions)
-        check_positive_int("num_heads", num_heads)
-        head_size, kv_heads = check_heads(dim, num_heads, num_kv_heads, head_dim)
-        if ffn_dim is not None:
-            check_positive_int("ffn_dim", ffn_dim)
-        if pe_kwargs is not None and not isinstance(pe_kwargs, Mapping):
-            raise PosencTypeError(
-                f"pe_kwargs must be a dict or None, got {type(pe_kwargs).__name__}"
-            )
-        check_bool("norm_first", norm_first)
-        hidden = 4 * dim if ffn_dim is None else ffn_dim
-        # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
-        inner = (2 * num_heads + 2 * kv_heads) * head_size * dim  # qkv and output projections
-        layer_params = inner + 2 * dim * hidden + hidden + 9 * dim
-        check_bytes(
-            "dim x depth x ffn_dim",
-            f"{dim} x {depth} x {hidden}",
-            depth * layer_params * torch.get_default_dtype().itemsize,
+        attention = AttentionConfig(
+            dim,
+            num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            causal=causal,
+            dropout=dropout,
+            backend=backend,
+            softmax_scale=softmax_scale,
         )
+        config = EncoderConfig(
+            attention,
+            depth,
+            pe=pe,
+            ffn_dim=ffn_dim,
+            norm_first=norm_first,
+            activation=activation,
+            pe_kwargs=pe_kwargs,
+            random_positions=random_positions,
+            window=window,
+            chunk=chunk,
+            query_scale=query_scale,
+            sinks=sinks,
+            softcap=softcap,
+        )
+        self._build(config)
+
+    @classmethod
+    def from_config(cls, config: EncoderConfig) -> Encoder:
+        """The encoder ``config`` describes (an :class:`~posenc.EncoderConfig`): under one seed
+        the same parameters, with the same names, as the keyword form.
+
+        >>> config = EncoderConfig(AttentionConfig(32, 4), depth=2, pe="rope")
+        >>> Encoder.from_config(config)(torch.randn(1, 5, 32)).shape
+        torch.Size([1, 5, 32])
+        """
+        if not isinstance(config, EncoderConfig):
+            raise PosencTypeError(
+                f"config must be a posenc.EncoderConfig, got {type(config).__name__}"
+            )
+        encoder = cls.__new__(cls)
+        nn.Module.__init__(encoder)
+        encoder._build(config)
+        return encoder
+
+    def _build(self, config: EncoderConfig) -> None:
+        """Make the encodings and the layers from a checked record."""
+        #: The record this encoder was built from.
+        self.config = config
+        att = config.attention
+        dim, depth, num_heads, head_dim = att.dim, config.depth, att.num_heads, att.head_dim
+        assert head_dim is not None and att.num_kv_heads is not None
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
-        self.causal = check_bool("causal", causal)
-        self.random_positions = random_positions
-        self.num_kv_heads, self.head_dim = kv_heads, head_size
+        self.causal = att.causal
+        self.random_positions = config.random_positions
+        self.num_kv_heads, self.head_dim = att.num_kv_heads, head_dim
         distinct, self._pe_index = resolve_schedule(
-            pe,
+            config.pe,
             depth,
             lambda item: resolve_pe(
-                item, dim, num_heads, causal=causal, head_dim=head_size, pe_kwargs=pe_kwargs
+                item,
+                dim,
+                num_heads,
+                causal=att.causal,
+                head_dim=head_dim,
+                pe_kwargs=config.pe_kwargs,
             ),
         )
         # one encoding: ``self.pe``, as always (its parameters keep their names); several:
@@ -165,32 +180,14 @@ class Encoder(nn.Module):
         if self.pe is None:
             self.encodings = nn.ModuleList(distinct)
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                dim,
-                num_heads,
-                ffn_dim=ffn_dim,
-                dropout=dropout,
-                causal=causal,
-                norm_first=norm_first,
-                activation=activation,
-                backend=backend,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                window=windows[i],
-                chunk=chunks[i],
-                query_scale=scales[i],
-                sinks=layer_sinks[i],
-                softcap=softcaps[i],
-                softmax_scale=softmax_scale,
-            )
-            for i in range(depth)
+            EncoderLayer.from_config(config, attention) for attention in config.layer_attention()
         )
         # A pre-norm stack leaves its residual stream unnormalised: normalise once at the end.
-        self.norm = nn.LayerNorm(dim) if norm_first else nn.Identity()
+        self.norm = nn.LayerNorm(dim) if config.norm_first else nn.Identity()
         # Validate the pairing now rather than at the first forward.
         for encoding in distinct:
             if encoding.family != "additive":
-                check_attention_pe(encoding, num_heads, head_size)
+                check_attention_pe(encoding, num_heads, head_dim)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, device: Any = None, **overrides: Any) -> Encoder:
@@ -341,11 +338,6 @@ class Encoder(nn.Module):
 
     def extra_repr(self) -> str:
         return "" if self.trained_length is None else f"trained_length={self.trained_length}"
-
-
-def _positive_or_none(name: str, value: object) -> float | None:
-    """``value`` as a finite float > 0, or ``None``; raise naming ``name`` otherwise."""
-    return None if value is None else check_positive_float(name, value)
 
 
 def _sharing_copy(module: nn.Module) -> Any:

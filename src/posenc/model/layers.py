@@ -8,29 +8,28 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.backends import Backend
+from ..attention.config import AttentionConfig
 from ..attention.module import MultiHeadAttention
 from ..attention.query_scale import QueryScale
 from ..encodings.base import PositionalEncoding
-from ..encodings.checks import check_bool, check_input, check_positive_int, check_probability
+from ..encodings.checks import check_input, check_positive_int, check_probability
 from ..encodings.state import PositionState
-from ..errors import PosencValueError
+from ..errors import PosencTypeError, PosencValueError
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
 from . import fused
+from .config import ACTIVATIONS, Activation, EncoderConfig
 
-__all__ = ["Activation", "EncoderLayer", "FeedForward", "ResidualStep"]
+__all__ = ["EncoderLayer", "FeedForward", "ResidualStep"]
 
-Activation = Literal["relu", "gelu"]
 #: A residual step of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
 ResidualStep = Callable[[Tensor, Tensor], Tensor]
-_ACTIVATIONS = ("relu", "gelu")
 
 
 class FeedForward(nn.Module):
@@ -46,7 +45,7 @@ class FeedForward(nn.Module):
         super().__init__()
         check_positive_int("dim", dim)
         check_positive_int("hidden", hidden)
-        if activation not in _ACTIVATIONS:
+        if activation not in ACTIVATIONS:
             raise PosencValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
         self.activation = activation
         self.up = nn.Linear(dim, hidden)
@@ -93,16 +92,14 @@ class EncoderLayer(nn.Module):
         softmax_scale: float | None = None,
     ) -> None:
         super().__init__()
-        self.norm_first = check_bool("norm_first", norm_first)
-        self.attn = MultiHeadAttention(
+        attention = AttentionConfig(
             dim,
             num_heads,
-            pe=pe,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             causal=causal,
             dropout=dropout,
             backend=backend,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
             window=window,
             chunk=chunk,
             query_scale=query_scale,
@@ -110,7 +107,38 @@ class EncoderLayer(nn.Module):
             softcap=softcap,
             softmax_scale=softmax_scale,
         )
-        self.ffn = FeedForward(dim, ffn_dim or 4 * dim, dropout=dropout, activation=activation)
+        config = EncoderConfig(
+            attention, depth=1, ffn_dim=ffn_dim, norm_first=norm_first, activation=activation
+        )
+        self._build(config, config.layer_attention()[0], pe)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: EncoderConfig,
+        attention: AttentionConfig | None = None,
+        pe: PositionalEncoding | None = None,
+    ) -> EncoderLayer:
+        """A layer of the encoder ``config`` describes, with ``attention`` (default
+        ``config.attention``: one of :meth:`~posenc.EncoderConfig.layer_attention`) and the
+        encoding ``pe``."""
+        if not isinstance(config, EncoderConfig):
+            raise PosencTypeError(
+                f"config must be a posenc.EncoderConfig, got {type(config).__name__}"
+            )
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._build(config, config.attention if attention is None else attention, pe)
+        return layer
+
+    def _build(
+        self, config: EncoderConfig, attention: AttentionConfig, pe: PositionalEncoding | None
+    ) -> None:
+        dim, dropout = attention.dim, attention.dropout
+        self.norm_first = config.norm_first
+        self.attn = MultiHeadAttention.from_config(attention, pe=pe)
+        hidden = config.ffn_dim or 4 * dim
+        self.ffn = FeedForward(dim, hidden, dropout=dropout, activation=config.activation)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
 
