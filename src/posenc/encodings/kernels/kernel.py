@@ -3,20 +3,23 @@ can hand any of them to the code that rotates:
 
 * ``takes(x, pair, tables)``: whether it can rotate ``x`` (and ``pair``) with these tables
   (dtype, device, layout; ``tables`` ``None`` for a rotary module's own float32 tables);
-* ``rotate(x, out, cos, sin, interleaved)``: one tensor, into ``out`` (``x`` itself for in
-  place, or a fresh contiguous tensor of its shape), ``cos``/``sin`` broadcasting against
-  ``x.shape[:-1]``; channels past ``r = 2 * cos.shape[-1]`` pass through;
-* ``rotate_pair(q, k, cos, sin, interleaved, inplace, rows)``: ``q`` and ``k`` by the
-  same table rows in one go, or ``None`` where the data rule it out (the caller then rotates
-  each with ``rotate``, whose checks explain what is wrong). With ``rows``, ``cos`` and
-  ``sin`` are whole ``(positions, r/2)`` tables: an ``int`` ``p`` turns ``q``'s and ``k``'s
-  rows ``0, 1, ...`` by table rows ``p, p + 1, ...``; an integer tensor of positions
-  ``(n,)`` or ``(b, n)``, already checked against the tables, by the rows it names, read on
-  the device (a kernel that cannot index rows so returns ``None``).
+* ``rotate(x, out, cos, sin, interleaved, clockwise=False)``: one tensor, into ``out`` (``x``
+  itself for in place, or a fresh contiguous tensor of its shape), ``cos``/``sin``
+  broadcasting against ``x.shape[:-1]``; channels past ``r = 2 * cos.shape[-1]`` pass
+  through; ``clockwise``: by ``-θ`` (the inverse, and the backward);
+* ``rotate_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise=False)``: ``q`` and
+  ``k`` by the same table rows in one go, or ``None`` where the data rule it out (the caller
+  then rotates each with ``rotate``, whose checks explain what is wrong). With ``rows``,
+  ``cos`` and ``sin`` are whole ``(positions, r/2)`` tables: an ``int`` ``p`` turns ``q``'s
+  and ``k``'s rows ``0, 1, ...`` by table rows ``p, p + 1, ...``; an integer tensor of
+  positions ``(n,)`` or ``(b, n)``, already checked against the tables, by the rows it
+  names, read on the device (a kernel that cannot index rows so returns ``None``; its
+  ``reads_positions`` is ``False``).
 
 Three implement it: the C kernel (``native``, CPU), the blocked pure-torch path (``torch``,
-anything) and Triton (``triton``, CUDA). :mod:`.select` holds them and chooses; nothing else
-names one.
+anything) and Triton (``triton``, CUDA). Triton turns clockwise by a switch of its kernel;
+the other two negate ``sin`` (a table's worth of work). :mod:`.select` holds them and
+chooses; nothing else names one.
 
 Dimension legend: ``n`` sequence, ``r`` rotary channels.
 """
@@ -38,11 +41,11 @@ class Kernel:
 
     name: str
     takes: Callable[[Tensor, Tensor | None, Tables | None], bool]
-    rotate: Callable[[Tensor, Tensor, Tensor, Tensor, bool], None]
-    rotate_pair: Callable[
-        [Tensor, Tensor, Tensor, Tensor, bool, bool, int | Tensor | None],
-        tuple[Tensor, Tensor] | None,
-    ]
+    rotate: Callable[..., None]  # (x, out, cos, sin, interleaved, clockwise=False)
+    # (q, k, cos, sin, interleaved, inplace, rows, clockwise=False)
+    rotate_pair: Callable[..., tuple[Tensor, Tensor] | None]
+    pairs: bool = True  # whether rotate_pair ever turns a pair (else it always returns None)
+    reads_positions: bool = False  # whether rotate_pair takes rows as a tensor of positions
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r})"

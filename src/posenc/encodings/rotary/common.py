@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, check_positive_float, check_positive_int
-from ..kernels.rotate import check_inplace, rotate, rotate_pair
+from ..kernels.rotate import check_inplace, rotate, rotate_pair, rotate_pair_function
 from ..kernels.select import Mode, Plan, select
 from ..state import RotaryState
 
@@ -121,6 +121,13 @@ def rotate_qk(
             "q and k start at the same memory: rotating both in place would turn it twice; "
             "pass separate tensors or rotate out of place"
         )
+    if plan.mode is Mode.FUNCTION and q_tables is k_tables:  # one autograd node, one launch
+        if inplace:
+            check_inplace(q, *q_tables, name="q", plan=plan)
+            check_inplace(k, *k_tables, name="k", plan=plan)
+        pair = rotate_pair_function(q, k, *q_tables, interleaved, inplace, plan)
+        if pair is not None:
+            return pair
     return (
         rotate_one(q, q_tables, interleaved, inplace, "q", plan),
         rotate_one(k, k_tables, interleaved, inplace, "k", plan),
