@@ -108,16 +108,18 @@ def faked_launches() -> Iterator[FakeDriver]:
 
     fake = FakeDriver()
     previous_driver = driver._active
-    previous_interpreting = triton_entry.interpreting
+    tensor_ok = triton_entry._tensor_ok
     previous_kernel = os.environ.get("POSENC_ROTARY_KERNEL")
     driver.set_active(fake)
-    triton_entry.interpreting = lambda: True  # (CPU tensors stand in for CUDA ones)
+    triton_entry._tensor_ok = lambda x: (  # (CPU tensors stand in for CUDA ones)
+        x.dtype in triton_entry.DTYPES and 1 <= x.dim() <= triton_entry.MAX_DIMS
+    )
     os.environ["POSENC_ROTARY_KERNEL"] = "triton"
     try:
         yield fake
     finally:
         driver._active = previous_driver
-        triton_entry.interpreting = previous_interpreting
+        triton_entry._tensor_ok = tensor_ok
         if previous_kernel is None:
             del os.environ["POSENC_ROTARY_KERNEL"]
         else:

@@ -18,8 +18,9 @@ can hand any of them to the code that rotates:
 
 Three implement it: the C kernel (``native``, CPU), the blocked pure-torch path (``torch``,
 anything) and Triton (``triton``, CUDA). Triton turns clockwise by a switch of its kernel;
-the other two negate ``sin`` (a table's worth of work). :mod:`.select` holds them and
-chooses; nothing else names one.
+the other two negate ``sin`` (a table's worth of work). Under ``torch.compile`` Triton also
+offers ``compiled_pair``: q and k as one ``torch.library.triton_op``. :mod:`.select` holds
+them and chooses; nothing else names one.
 
 Dimension legend: ``n`` sequence, ``r`` rotary channels.
 """
@@ -46,6 +47,9 @@ class Kernel:
     rotate_pair: Callable[..., tuple[Tensor, Tensor] | None]
     pairs: bool = True  # whether rotate_pair ever turns a pair (else it always returns None)
     reads_positions: bool = False  # whether rotate_pair takes rows as a tensor of positions
+    # (q, k, cos, sin, interleaved) -> (q, k) turned as one operator that torch.compile traces
+    # into (its launch visible to inductor), or None where this call cannot
+    compiled_pair: Callable[..., tuple[Tensor, Tensor] | None] | None = None
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r})"

@@ -93,4 +93,21 @@ def rotate_pair(
     return out_q, out_k
 
 
-TRITON = Kernel("triton", takes, rotate, rotate_pair, reads_positions=True)
+def compiled_pair(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` out of place as the operator ``posenc::rotary_pair_triton``
+    (:func:`~.triton_kernel.rotary_pair_op`), for ``torch.compile``: inductor sees the Triton
+    kernel and launches it from its own code; autograd runs the same operator clockwise.
+    ``None`` under Triton's interpreter (tracing runs the operator on fake tensors, which the
+    interpreter would read) and where :func:`~.kernel.pair_refused`."""
+    if interpreting() or pair_refused(q, k, cos, False):
+        return None
+    from .triton_kernel import rotary_pair_op
+
+    return rotary_pair_op(q, k, cos, sin, interleaved, False)
+
+
+TRITON = Kernel(
+    "triton", takes, rotate, rotate_pair, reads_positions=True, compiled_pair=compiled_pair
+)

@@ -121,6 +121,11 @@ def rotate_qk(
             "q and k start at the same memory: rotating both in place would turn it twice; "
             "pass separate tensors or rotate out of place"
         )
+    compiled_pair = None if plan.kernel is None else plan.kernel.compiled_pair
+    if plan.mode is Mode.OPERATOR and q_tables is k_tables and compiled_pair is not None:
+        pair = compiled_pair(q, k, *q_tables, interleaved)  # one operator inductor sees into
+        if pair is not None:
+            return pair
     if plan.mode is Mode.FUNCTION and q_tables is k_tables:  # one autograd node, one launch
         if inplace:
             check_inplace(q, *q_tables, name="q", plan=plan)
