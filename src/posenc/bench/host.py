@@ -97,9 +97,10 @@ class FakeDriver:
 @contextmanager
 def faked_launches() -> Iterator[FakeDriver]:
     """Within: Triton's driver is a :class:`FakeDriver`, the Triton kernel takes CPU tensors,
-    and ``POSENC_ROTARY_KERNEL=triton`` sends posenc's rotations to it. On the way out the
-    kernels compiled meanwhile and posenc's launch plans are dropped (they would launch
-    nothing), and the rest is restored."""
+    and ``POSENC_ROTARY_KERNEL=triton`` sends posenc's rotations to it. On the way in and
+    out the compiled kernels and posenc's launch plans are dropped (a real one must not
+    launch on CPU addresses, nor a fake one launch nothing later), and the rest is
+    restored."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise PosencValueError("faked launches need Triton's compiler: unset TRITON_INTERPRET")
     from triton.runtime import driver
@@ -110,6 +111,8 @@ def faked_launches() -> Iterator[FakeDriver]:
     previous_driver = driver._active
     tensor_ok = triton_entry._tensor_ok
     previous_kernel = os.environ.get("POSENC_ROTARY_KERNEL")
+    triton_kernel._rotary_kernel.device_caches.clear()  # (no kernel made for a real device
+    triton_kernel._PLANS.clear()  # may launch on CPU addresses in here, nor fake ones later)
     driver.set_active(fake)
     triton_entry._tensor_ok = lambda x: (  # (CPU tensors stand in for CUDA ones)
         x.dtype in triton_entry.DTYPES and 1 <= x.dim() <= triton_entry.MAX_DIMS

@@ -225,6 +225,30 @@ def test_compiled_calls_keep_the_kernel(
         assert_close_to(leaf.grad, back)
 
 
+@pytest.mark.parametrize("positions", ["default", "per_row"])
+def test_training_is_one_launch_each_way(
+    launches: list[int], monkeypatch: pytest.MonkeyPatch, positions: str
+) -> None:
+    """Under autograd q and k are one node: one launch forward (rows of the whole table,
+    by a run or by positions read on the device) and one backward (the kernel clockwise),
+    with the formula's gradients."""
+    rope = posenc.RotaryEmbedding(D).to(DEVICE)
+    q = torch.randn(B, HQ, N, D, device=DEVICE, requires_grad=True)
+    k = torch.randn(B, HK, N, D, device=DEVICE, requires_grad=True)
+    pos = _positions(positions, N)
+    got_q, got_k = rope(q, k, pos)
+    assert len(launches) == 1 and got_q.grad_fn is got_k.grad_fn
+    g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+    assert len(launches) == 2
+    with monkeypatch.context() as m:
+        m.delenv("POSENC_ROTARY_KERNEL")
+        cos, sin = rope.cos_sin(pos, N, dtype=torch.float64)
+    for leaf, g in ((q, g_q), (k, g_k)):
+        assert leaf.grad is not None
+        assert_close_to(leaf.grad, rotate_reference(g.double(), cos, -sin))
+
+
 def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Positions that are not one run (packing, left padding) reach the kernel as positions
     over the module's whole cached table, in one launch for q and k: no gathered table."""

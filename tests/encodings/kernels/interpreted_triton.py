@@ -249,3 +249,41 @@ def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) 
     rotate_pair_triton(q, k, cos, sin, out_q=q, out_k=k, **options)
     for x, out in zip((q, k), got, strict=True):
         assert torch.equal(x, out)  # in place: the same numbers
+
+
+@pytest.mark.parametrize("d", [80, 112])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_head_sizes_80_and_112(d: int, interleaved: bool) -> None:
+    """Widths that are not powers of two, now constants of the compiled kernel (40 and 56
+    pairs in 64 lanes): a pair of grouped heads against the formula, and a partial rotation
+    (r = d - 16) whose last channels pass through."""
+    q = torch.randn(1, 3, 2, d, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 2, d, device=DEVICE, dtype=torch.bfloat16)
+    for r in (d, d - 16):
+        angles = torch.rand(2, r // 2, dtype=torch.float64, device=DEVICE) * 40
+        cos64, sin64 = angles.cos(), angles.sin()
+        got = rotate_pair_triton(q, k, cos64.float(), sin64.float(), interleaved=interleaved)
+        for out, x in zip(got, (q, k), strict=True):
+            assert_close_to(
+                out, rotate_reference(x.double(), cos64, sin64, interleaved=interleaved)
+            )
+            assert torch.equal(out[..., r:], x[..., r:])
+
+
+def test_the_compile_operator_runs_eagerly_with_its_gradient() -> None:
+    """``posenc::rotary_pair_triton`` called eagerly launches the kernel (its values the
+    formula's) and its autograd is the same operator turning the gradients back."""
+    from posenc.encodings.kernels.triton_kernel import rotary_pair_op
+
+    q = torch.randn(2, 4, 3, 8, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 2, 3, 8, device=DEVICE, requires_grad=True)
+    angles = torch.rand(3, 4, dtype=torch.float64, device=DEVICE) * 40
+    cos64, sin64 = angles.cos(), angles.sin()
+    got_q, got_k = rotary_pair_op(q, k, cos64.float(), sin64.float(), True, False)
+    for out, x in ((got_q, q), (got_k, k)):
+        assert_close_to(out.detach(), rotate_reference(x.double(), cos64, sin64, interleaved=True))
+    g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+    for leaf, g in ((q, g_q), (k, g_k)):
+        assert leaf.grad is not None
+        assert_close_to(leaf.grad, rotate_reference(g.double(), cos64, -sin64, interleaved=True))
