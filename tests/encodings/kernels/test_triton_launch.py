@@ -201,3 +201,34 @@ def test_a_compiled_pair_is_one_kernel_launch_each_way() -> None:
             assert fake.launches == 2
     finally:
         torch._dynamo.reset()
+
+
+def test_a_tensor_on_another_device_launches_under_its_device(
+    planned: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan for a tensor on CUDA device 1 while device 0 is current launches inside
+    ``torch.cuda.device(1)`` (the kernel is loaded, and runs, on the tensor's device); one
+    on the current device launches without a guard. (CUDA stood in for: CPU tensors, the
+    plan's device set by hand.)"""
+    entered: list[int] = []
+
+    class Guard:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            entered.append(self.index)
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append(-1)
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    q, cos = torch.randn(1, 2, 3, 8), torch.rand(3, 4)
+    tk._launch(q, q, None, None, cos, cos, None, False, False, True)
+    assert entered == [] and len(planned) == 1  # (CPU: no device)
+    for device, guarded in ((1, [1, -1]), (0, [])):
+        planned[0].device = device
+        entered.clear()
+        tk._launch(q, q, None, None, cos, cos, None, False, False, True)
+        assert entered == guarded

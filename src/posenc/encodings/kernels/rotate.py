@@ -18,8 +18,9 @@ where a scheme scales them (an attention factor, xPos's decay).
   arguments and call :func:`rotate`, which runs the plan :func:`~.select.select` made: a
   kernel (the C kernel, Triton or the tiled torch path; :mod:`.kernel`) eagerly, under
   autograd as one :class:`torch.autograd.Function` whose backward turns the incoming
-  gradient back with the same kernel, inside ``torch.compile`` and ``torch.export`` as one
-  custom operator (:mod:`~.ops`), or the formula.
+  gradient back with the same kernel (``q`` and ``k`` by the same tables: one node, one
+  ``rotate_pair`` each way), inside ``torch.compile`` and ``torch.export`` as one custom
+  operator (:mod:`~.ops`; Triton's pair as one ``triton_op``), or the formula.
 
 Nothing here compiles anything at import or on a call, or keeps global state: no
 ``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
@@ -153,7 +154,7 @@ class _PairRotation(torch.autograd.Function):
     """:class:`_Rotation` for ``q`` and ``k`` turned by the same tables: one node, whose
     forward is the kernel's ``rotate_pair`` (one Triton launch for both) and whose backward is
     the same call turning the incoming gradients clockwise (the kernel's switch: no ``-sin``
-    table is made on the Triton path). ``rows``: as :meth:`~.kernel.Kernel.rotate_pair`'s."""
+    table is made on the Triton path). ``rows``: as ``rotate_pair``'s (:mod:`.kernel`)."""
 
     @staticmethod
     def forward(  # type: ignore[override]

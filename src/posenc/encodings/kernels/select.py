@@ -7,8 +7,9 @@ for some calls and wrong for others:
 :class:`Mode`          what runs, and when
 =====================  ===================================================================
 ``EAGER``              a kernel, eagerly: nothing for autograd to record
-``FUNCTION``           a kernel as one autograd node (``_Rotation``): eager, ``x`` requires
-                       grad and the tables do not
+``FUNCTION``           a kernel as one autograd node (``_Rotation``; q and k by the same
+                       tables as one ``_PairRotation``): eager, ``x`` requires grad and
+                       the tables do not
 ``FORMULA``            :func:`~.rotate.rotate_reference` in eager mode: the tables require
                        grad (learned frequencies), which only the formula differentiates
 ``OPERATOR``           ``posenc::rotary`` under ``torch.compile``/``torch.export``, out of

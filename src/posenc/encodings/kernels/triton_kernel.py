@@ -31,6 +31,20 @@ rotation it runs: ``import posenc`` and the CLI never import triton. Under
 ``TRITON_INTERPRET=1`` (set before this module is imported) the kernel runs in Triton's
 interpreter on CPU tensors, which is how the tests check it without a GPU.
 
+The host's side of a launch is planned once per key (:func:`_launch`): the shapes, strides,
+dtypes, device, 16-byte alignment of every pointer and the switches of a call select a
+:class:`LaunchPlan` (the checks, the grid and the kernel's argument tuple, in plain integer
+arithmetic) made by the first call with that key. The first launch of a plan goes through
+Triton's ``JITFunction.run`` (binding, specialisation, compilation); later ones call the
+compiled kernel's launcher directly with the plan's arguments, as ``JITFunction.run`` does
+once it has found the kernel (where this Triton's ``JITFunction.run`` is seen to make that
+call: otherwise every launch goes through it). A decode step's host time drops from about
+46 µs to 15 (``posenc bench host``, ``benchmarks/rope.md``). Every program lies along grid x
+(:func:`launch_grid`), so that no count meets the 65,535 limit of y and z; tensors on a
+device other than the current one are launched under ``torch.cuda.device``. Under
+``torch.compile``, :func:`rotary_pair_op` is the pair as a ``torch.library.triton_op``,
+whose launch inductor sees and makes itself.
+
 An out-of-range position never reads a wrong row: :func:`rotate_triton` checks positions
 against the table (one read of their extent) unless the caller says it knows their bounds
 (``checked=True``), and the kernel itself masks any row outside the table to NaN.
@@ -535,7 +549,8 @@ def _launch_compiled(compiled: Any, plan: LaunchPlan, tensors: tuple[Tensor, ...
     the launcher called with the grid, the current stream, the kernel's handle and metadata,
     the launch hooks, and every argument in the kernel's order."""
     drv = _driver.active
-    stream = drv.get_current_stream(drv.get_current_device())
+    device = plan.device  # (the current device here: _launch made it so)
+    stream = drv.get_current_stream(drv.get_current_device() if device is None else device)
     grid = plan.grid
     assert grid is not None
     args = (*tensors, *plan.tail)
