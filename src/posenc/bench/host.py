@@ -12,7 +12,8 @@ tensors stand in for CUDA ones (their addresses are all the launch reads).
 Each call is timed as a whole, and in its two parts:
 
 * posenc's: the same call with the launch itself
-  (:func:`~posenc.encodings.kernels.triton_kernel._run`) a no-op: selection, checks, the plan lookup, outputs, table views;
+  (:func:`~posenc.encodings.kernels.triton_kernel._run`) a no-op: selection, checks, the
+  plan lookup, outputs, table views;
 * Triton's: that launch alone, with the arguments a call hands it (the stream lookup and
   the launcher call; on the first launch of a plan, ``JITFunction.run``).
 
