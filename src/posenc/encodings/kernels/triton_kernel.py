@@ -48,6 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
+from .kernel import overlap
 
 __all__ = ["rotate_pair_triton", "rotate_triton"]
 
@@ -398,8 +399,16 @@ def rotate_pair_triton(
     """:func:`rotate_triton` for ``q`` ``(b, hq, n, d)`` and ``k`` ``(b, hk, n, d)`` turned by
     the same table rows in one launch (tables that differ from head to head, e.g. heads-last
     ``(b, n, h, d)`` pairs, need ``hq == hk``).
-    ``out_q``/``out_k``: ``q``/``k`` themselves for in place (they must not overlap), others,
-    or ``None`` for new contiguous tensors."""
+    ``out_q``/``out_k``: ``q``/``k`` themselves for in place, others, or ``None`` for new
+    contiguous tensors; given ones must not share memory (:func:`~.kernel.overlap`), which
+    would turn the shared elements twice: :class:`~posenc.errors.PosencValueError`."""
+    if out_q is not None and out_k is not None and overlap(out_q, out_k) is not False:
+        raise PosencValueError(
+            f"q and k's outputs share memory, or may (out_q and out_k: q and k in place), "
+            f"which would turn the shared elements twice: out_q at byte "
+            f"{out_q.data_ptr()}, strides {tuple(out_q.stride())}; out_k at byte "
+            f"{out_k.data_ptr()}, strides {tuple(out_k.stride())}"
+        )
     out_q, out_k = _output(q, out_q), _output(k, out_k)
     _launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, checked)
     return out_q, out_k
