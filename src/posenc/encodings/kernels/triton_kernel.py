@@ -99,7 +99,9 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
     ``rows`` of batch ``b``, by ``cos``/``sin`` (or each head's own table rows)."""
     for i in tl.static_range(HEADS):
         h = (h0 + i).to(tl.int64)
-        head_ok = h0 + i < H
+        # (BLOCK_N,), not a 0-d boolean: Triton 3.9's interpreter widens one broadcast into
+        # a mask to int32, which its loads refuse
+        head_ok = rows * 0 + (h0 + i) < H
         if TABLE_PER_HEAD:  # tables (or positions) that differ from head to head
             cos, sin = _table(COS, SIN, POS, b, h, rows, row_ok, mask, jt, ROWS, c_sb, c_sh,
                               c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN, HAS_POS)
@@ -115,7 +117,7 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
             y = tl.reshape(tl.join(y1, y2), (BLOCK_N, 2 * BLOCK_HALF))
             tl.store(o_row + c[None, :] * o_sd, y.to(O.dtype.element_ty), mask=xm)
         else:  # the halves x[:r/2] and x[r/2:r]
-            xm = mask & head_ok
+            xm = mask & head_ok[:, None]
             x1 = tl.load(x_row + jt[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             x2 = tl.load(x_row + (jt + HALF)[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             y1 = x1 * cos - x2 * sin
@@ -334,6 +336,7 @@ def _launch(
         BLOCK_HALF=block_half,
         BLOCK_REST=triton.next_power_of_2(max(d - r, 1)),
         num_warps=warps,
+        enable_fp_fusion=True,  # (Triton's default before 3.10, stated: 3.9 warns where unset)
     )
 
 
