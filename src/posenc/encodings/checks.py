@@ -184,6 +184,23 @@ def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tenso
     return x
 
 
+def check_input_dtype(x: Tensor, params: torch.dtype, owner: str, *, name: str = "x") -> None:
+    """Refuse ``x`` whose dtype differs from ``params`` (the dtype of ``owner``'s parameters)
+    outside autocast, naming both, before any work (else a Linear or LayerNorm fails deep
+    inside). Under autocast on ``x``'s device the layers cast their inputs, so mixed dtypes
+    are taken, except float64 on either side, which autocast never casts."""
+    dtype = x.dtype
+    if dtype is params:
+        return
+    if torch.is_autocast_enabled(x.device.type) and torch.float64 not in (dtype, params):
+        return
+    raise PosencTypeError(
+        f"{name} has dtype {dtype} but the parameters of {owner} are {params}: convert one "
+        f"to the other ({name}.to({params}) or module.to({dtype})), or run under "
+        "torch.autocast (which casts neither float64)"
+    )
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype arithmetic is done in: fp32 for half types, the input's own otherwise."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
