@@ -39,6 +39,7 @@ from .encodings.base import PositionalEncoding
 from .encodings.checks import (
     check_bool,
     check_input,
+    check_input_dtype,
     check_positive_int,
     check_probability,
 )
@@ -182,6 +183,7 @@ class MultiHeadAttention(nn.Module):
         layers (the Encoder does); ``positions`` are then not read.
         """
         check_input(x, self.dim)  # bad input fails before the encoding does any work
+        check_input_dtype(x, self.qkv.weight.dtype, "MultiHeadAttention")
         b, n, _ = x.shape
         encoding = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
         context = SequenceContext.build(
@@ -248,6 +250,7 @@ class MultiHeadAttention(nn.Module):
         forward's :class:`~posenc.context.SequenceContext` when it is cached or packed (it
         then holds the padding mask); the other arguments as for :meth:`forward`."""
         check_input(x, self.dim)
+        check_input_dtype(x, self.qkv.weight.dtype, "MultiHeadAttention")
         if context is None:
             check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
             if self.reads_positions:

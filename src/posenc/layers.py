@@ -19,7 +19,13 @@ from .attention import MultiHeadAttention
 from .backends import Backend
 from .context import SequenceContext
 from .encodings.base import PositionalEncoding
-from .encodings.checks import check_bool, check_input, check_positive_int, check_probability
+from .encodings.checks import (
+    check_bool,
+    check_input,
+    check_input_dtype,
+    check_positive_int,
+    check_probability,
+)
 from .encodings.state import PositionState
 from .errors import PosencValueError
 from .masks import check_key_padding_mask
@@ -131,6 +137,7 @@ class EncoderLayer(nn.Module):
         """
         if state is None:
             check_input(x, self.attn.dim)
+            check_input_dtype(x, self.attn.qkv.weight.dtype, "EncoderLayer")
             if context is None:
                 check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
             state = self.attn.state_for(x, positions, pe, context)

@@ -22,7 +22,7 @@ from .backends import Backend
 from .cache import KVCache
 from .context import SequenceContext
 from .encodings.base import AdditiveEncoding, PositionalEncoding
-from .encodings.checks import check_bool, check_input, check_positive_int
+from .encodings.checks import check_bool, check_input, check_input_dtype, check_positive_int
 from .errors import PosencTypeError, PosencValueError, check_bytes
 from .generation import check_tokens, generate
 from .hf_models import build_from_hf_config
@@ -224,6 +224,7 @@ class Encoder(nn.Module):
         restarting at 0 in each (see :mod:`posenc.context`).
         """
         check_input(x, self.dim)
+        check_input_dtype(x, self.layers[0].attn.qkv.weight.dtype, "Encoder")
         b, n, _ = x.shape
         distinct = self.distinct_pes()
         widest = distinct[0]  # the encoding with the most position axes

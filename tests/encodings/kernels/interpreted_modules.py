@@ -156,6 +156,25 @@ def test_the_module_on_the_kernel_is_the_formula(
             assert_close_to(leaf.grad, x64.grad)
 
 
+@pytest.mark.parametrize("positions", [None, "decode"])
+def test_in_place_refuses_q_and_k_that_share_memory(
+    launches: list[int], positions: str | None
+) -> None:
+    """On the kernel as on the others: partly overlapping views refused by name before any
+    launch, nothing written."""
+    rope = posenc.RotaryEmbedding(8).to(DEVICE)
+    at = None if positions is None else torch.tensor([41], device=DEVICE)
+    buf = torch.randn(1, 2, 1 if at is not None else 5, 16, device=DEVICE)
+    before = buf.clone()
+    with pytest.raises(posenc.PosencValueError, match="q and k share memory"):
+        rope(buf[..., :8], buf[..., 4:12], at, inplace=True)
+    assert not launches and torch.equal(buf, before)
+    want = rope(buf[..., :8], buf[..., 8:], at)
+    got = rope(buf[..., :8], buf[..., 8:], at, inplace=True)
+    assert launches and got[0].data_ptr() == buf.data_ptr()
+    assert_close_to(torch.cat(got, -1), torch.cat(want, -1).double())
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 def test_the_functional_forms_on_the_kernel(launches: list[int], inplace: bool) -> None:
     x = torch.randn(B, N, HQ, D, device=DEVICE, dtype=torch.bfloat16)  # heads-last

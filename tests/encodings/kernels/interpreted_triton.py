@@ -219,6 +219,21 @@ def test_bad_arguments_are_named() -> None:
         rotate_triton(q, cos, cos, out=q[0])
 
 
+def test_in_place_pair_refuses_q_and_k_that_share_memory() -> None:
+    """Views sharing some elements (not their first) would turn those twice: refused, nothing
+    written; the halves of one buffer share bytes but no element, and rotate as apart."""
+    buf = torch.randn(1, 2, 5, 16, device=DEVICE)
+    before, cos = buf.clone(), torch.full((5, 4), 0.6, device=DEVICE)
+    q, k = buf[..., :8], buf[..., 4:12]
+    with pytest.raises(PosencValueError, match="q and k's outputs share memory"):
+        rotate_pair_triton(q, k, cos, cos + 0.2, out_q=q, out_k=k)
+    assert torch.equal(buf, before)
+    want = rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2)
+    rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2, out_q=buf[..., :8],
+                       out_k=buf[..., 8:])  # fmt: skip
+    assert torch.equal(buf, torch.cat(want, -1))
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("positioned", [False, True])
 def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) -> None:

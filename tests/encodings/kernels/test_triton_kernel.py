@@ -94,7 +94,9 @@ def _compile_for_sm90(dtype: str, unit: tuple[str, ...], **flags: object) -> tup
         if signature[name].startswith("*") or name in _MULTIPLES_OF_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": True}
+    )
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])

@@ -69,6 +69,7 @@ from triton.runtime import JITFunction
 from triton.runtime import driver as _driver
 
 from ...errors import PosencTypeError, PosencValueError
+from .kernel import overlap
 
 __all__ = ["rotate_pair_triton", "rotate_triton"]
 
@@ -145,7 +146,9 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
     ``rows`` of batch ``b``, by ``cos``/``sin`` (or each head's own table rows)."""
     for i in tl.static_range(HEADS):
         h = (h0 + i).to(tl.int64)
-        head_ok = h0 + i < H
+        # (BLOCK_N,), not a 0-d boolean: Triton 3.9's interpreter widens one broadcast into
+        # a mask to int32, which its loads refuse
+        head_ok = rows * 0 + (h0 + i) < H
         if TABLE_PER_HEAD:  # tables (or positions) that differ from head to head
             cos, sin = _table(COS, SIN, POS, b, h, rows, row_ok, mask, jt, ROWS, c_sb, c_sh,
                               c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN, HAS_POS)
@@ -161,7 +164,7 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
             y = tl.reshape(tl.join(y1, y2), (BLOCK_N, 2 * BLOCK_HALF))
             tl.store(o_row + c[None, :] * o_sd, y.to(O.dtype.element_ty), mask=xm)
         else:  # the halves x[:r/2] and x[r/2:r]
-            xm = mask & head_ok
+            xm = mask & head_ok[:, None]
             x1 = tl.load(x_row + jt[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             x2 = tl.load(x_row + (jt + HALF)[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             y1 = x1 * cos - x2 * sin
@@ -539,7 +542,12 @@ def _run(plan: LaunchPlan, *tensors: Tensor) -> None:
         _launch_compiled(compiled, plan, tensors)
         return
     assert plan.grid is not None
-    made = _rotary_kernel[plan.grid](*tensors, *plan.tail, num_warps=plan.num_warps)
+    made = _rotary_kernel[plan.grid](
+        *tensors,
+        *plan.tail,
+        num_warps=plan.num_warps,
+        enable_fp_fusion=True,  # (Triton's default before 3.10, stated: 3.9 warns where unset)
+    )
     if _DIRECT and hasattr(made, "packed_metadata") and hasattr(made, "function"):
         plan.compiled = made
 
@@ -632,8 +640,16 @@ def rotate_pair_triton(
     """:func:`rotate_triton` for ``q`` ``(b, hq, n, d)`` and ``k`` ``(b, hk, n, d)`` turned by
     the same table rows in one launch (tables that differ from head to head, e.g. heads-last
     ``(b, n, h, d)`` pairs, need ``hq == hk``).
-    ``out_q``/``out_k``: ``q``/``k`` themselves for in place (they must not overlap), others,
-    or ``None`` for new contiguous tensors."""
+    ``out_q``/``out_k``: ``q``/``k`` themselves for in place, others, or ``None`` for new
+    contiguous tensors; given ones must not share memory (:func:`~.kernel.overlap`), which
+    would turn the shared elements twice: :class:`~posenc.errors.PosencValueError`."""
+    if out_q is not None and out_k is not None and overlap(out_q, out_k) is not False:
+        raise PosencValueError(
+            f"q and k's outputs share memory, or may (out_q and out_k: q and k in place), "
+            f"which would turn the shared elements twice: out_q at byte "
+            f"{out_q.data_ptr()}, strides {tuple(out_q.stride())}; out_k at byte "
+            f"{out_k.data_ptr()}, strides {tuple(out_k.stride())}"
+        )
     out_q, out_k = _output(q, out_q), _output(k, out_k)
     _launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, checked)
     return out_q, out_k
@@ -656,7 +672,9 @@ def rotary_pair_op(
     plan = _plan(q, out_q, k, out_k, cos, sin, None, interleaved, clockwise)
     if plan.grid is not None:
         tensors = (q, out_q, k, out_k, cos, sin, cos)
-        wrap_triton(_rotary_kernel)[plan.grid](*tensors, *plan.tail, num_warps=plan.num_warps)
+        wrap_triton(_rotary_kernel)[plan.grid](
+            *tensors, *plan.tail, num_warps=plan.num_warps, enable_fp_fusion=True
+        )
     return out_q, out_k
 
 
