@@ -204,3 +204,40 @@ def test_autocast_every_backend_and_mask_training(name: str, backend: str, dtype
         out.float().square().mean().backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert grads and all(g is not None and torch.isfinite(g).all() for g in grads), what
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_an_input_in_another_dtype_is_refused_before_work_outside_autocast(
+    dtype: torch.dtype,
+) -> None:
+    """A float32 Encoder, MultiHeadAttention or EncoderLayer given bfloat16 or float64 ``x``
+    names both dtypes before any work (torch would fail deep inside a Linear); under autocast
+    a bfloat16 ``x`` is taken (within 2% of the float32 forward), while float64, which
+    autocast never casts, is still refused."""
+    torch.manual_seed(0)
+    modules = {
+        "Encoder": posenc.Encoder(16, 2, 2, pe="rope"),
+        "MultiHeadAttention": posenc.MultiHeadAttention(16, 2, pe="alibi"),
+        "EncoderLayer": posenc.EncoderLayer(16, 2),
+    }
+    x = torch.randn(2, 5, 16).to(dtype)
+    for owner, module in modules.items():
+        module.eval()
+        message = rf"x has dtype {dtype} but the parameters of {owner} are torch.float32"
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad), pytest.raises(posenc.PosencTypeError, match=message):
+                module(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if dtype is torch.float64:
+                with pytest.raises(posenc.PosencTypeError, match=message):
+                    module(x)
+            else:
+                got = module(x)
+        if dtype is not torch.float64:  # within autocast's 2% of the float32 forward
+            want = module(x.float())
+            assert torch.isfinite(got).all()
+            assert (got.float() - want).abs().max() <= TOLERANCE * want.abs().max()
+    double = posenc.Encoder(16, 1, 2).double()  # float64 parameters refuse float32 x too
+    message = r"torch\.float32 but the parameters of Encoder are torch\.float64"
+    with pytest.raises(posenc.PosencTypeError, match=message):
+        double(torch.randn(1, 3, 16))

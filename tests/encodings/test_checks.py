@@ -18,6 +18,7 @@ from posenc.encodings.checks import (
     check_positive_int,
     check_probability,
     compute_dtype,
+    resolve_bounded_positions,
     resolve_positions,
 )
 from posenc.errors import PosencTypeError, PosencValueError
@@ -98,6 +99,63 @@ def test_resolve_positions_default_and_accepted_shapes() -> None:
         resolve_positions(per_batch, 3, batch=3)
     meta = torch.full((3,), -1.0, device="meta")  # values cannot be read: not checked
     assert resolve_positions(meta, 3, integer=True) is meta
+
+
+#: The first whole numbers float64 cannot hold (2**53 + 1 rounds to 2**53: an angle 0.71 rad off
+#: at RoPE's first frequency) and the largest position taken.
+PAST = 2**53 + 1
+LIMIT = 2**53
+
+
+def test_positions_past_exact_float64_integers_are_refused_by_name() -> None:
+    """Integer and float positions, 1-D and per batch, on every path that reads them: the
+    shared checks, RoPE's reads (a decode step, a run, a few, many), xPos, an additive and a
+    bias encoding. 2**53 itself is exact and taken."""
+    message = rf"positions must be at most 2\*\*53 = {LIMIT}.*got a maximum of {PAST}"
+    bad = {
+        "int64": torch.tensor([0, PAST, 2]),
+        "float64": torch.tensor([0.0, 2.0**53 + 2, 1.0], dtype=torch.float64),
+    }
+    for t in bad.values():
+        largest = float(t.max()) if t.is_floating_point() else PAST
+        expected = message.replace(str(PAST), str(largest))
+        for given in (t, t[None].expand(2, 3)):
+            with pytest.raises(PosencValueError, match=expected):
+                resolve_positions(given, 3, batch=2)
+            with pytest.raises(PosencValueError, match=expected):
+                resolve_bounded_positions(given, 3, batch=2, device=None, name="positions")
+    at_limit = torch.tensor([0, LIMIT, 1])
+    assert resolve_positions(at_limit, 3) is at_limit
+    assert resolve_bounded_positions(at_limit, 3, batch=1, device=None, name="positions")[1] == (
+        LIMIT,
+        True,
+    )
+    rope, xpos = posenc.RotaryEmbedding(8), posenc.XPos(8)
+    for n, positions in [
+        (1, torch.tensor([PAST])),  # a decode step
+        (3, torch.tensor([PAST - 2, PAST - 1, PAST])),  # a run
+        (3, torch.tensor([5, PAST, 0])),  # a few
+        (20, torch.arange(PAST - 19, PAST + 1)),  # many
+        (3, torch.tensor([[0, 1, 2], [4, PAST, 6]])),  # per batch
+        (3, torch.tensor([0.0, 1.0, 2.0**53 + 2], dtype=torch.float64)),
+    ]:
+        q = torch.randn(2, 2, n, 8)
+        expected = message if not positions.is_floating_point() else "at most 2"
+        for module in (rope, xpos):
+            with pytest.raises(PosencValueError, match=expected):
+                module(q, q.clone(), positions)
+        x = torch.randn(2, n, 8)
+        with pytest.raises(PosencValueError, match=expected):
+            SINUSOIDAL(x, positions)
+        with pytest.raises(PosencValueError, match=expected):
+            posenc.MultiHeadAttention(8, 2, pe="alibi")(x, positions=positions)
+    q = torch.randn(1, 2, 1, 8)
+    got = rope(q, q.clone(), torch.tensor([LIMIT]))[0]
+    angles = LIMIT * rope.inv_freq.double()  # (the module's own float64 frequencies)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = q.double()[..., :4], q.double()[..., 4:]
+    want = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
 
 
 def test_check_input_and_compute_dtype() -> None:

@@ -205,3 +205,33 @@ def test_float_positions_leave_the_bound_unknown_and_it_is_read_once() -> None:
         assert cache.position_bound() == (8, True)  # read once, then kept
         encoder(x[:, :1], cache=cache)
         assert cache.position_bound() == (9, True)
+
+
+def test_positions_past_2_to_the_53_are_refused_without_a_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float64 holds every whole number up to 2**53 and not past it: explicit positions past
+    it are refused in the one read they cost, and default positions that continue a cache
+    past it are refused from the host's bound, with no read."""
+    encoder = _encoder("rope", {})
+    cache = posenc.KVCache()
+    x = torch.randn(1, 1, DIM)
+    with torch.no_grad():
+        with (
+            host_reads(monkeypatch) as calls,
+            pytest.raises(
+                posenc.PosencValueError,
+                match=r"positions must be at most 2\*\*53.*9007199254740993",
+            ),
+        ):
+            encoder(x, cache=cache, positions=torch.tensor([[2**53 + 1]]))
+        assert len(calls) == 1
+        encoder(x, cache=cache, positions=torch.tensor([[2**53 - 1]]))
+        encoder(x, cache=cache)  # at 2**53: still exact
+        assert cache.position_bound() == (2**53 + 1, True)
+        with (
+            host_reads(monkeypatch) as calls,
+            pytest.raises(posenc.PosencValueError, match=r"at most 2\*\*53.*9007199254740993"),
+        ):
+            encoder(x, cache=cache)
+        assert calls == []

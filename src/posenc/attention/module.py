@@ -23,9 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.base import PositionalEncoding
-from ..encodings.checks import (
-    check_input,
-)
+from ..encodings.checks import check_input, check_input_dtype
 from ..encodings.schedule import resolve_pe
 from ..encodings.state import BiasState, PositionState, RotaryState
 from ..errors import PosencTypeError, PosencValueError
@@ -239,6 +237,7 @@ class MultiHeadAttention(nn.Module):
         layers (the Encoder does); ``positions`` are then not read.
         """
         check_input(x, self.dim)  # bad input fails before the encoding does any work
+        check_input_dtype(x, self.qkv.weight.dtype, "MultiHeadAttention")
         b, n, _ = x.shape
         encoding = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
         context = SequenceContext.build(
@@ -305,6 +304,7 @@ class MultiHeadAttention(nn.Module):
         forward's :class:`~posenc.sequence.context.SequenceContext` when it is cached or packed (it
         then holds the padding mask); the other arguments as for :meth:`forward`."""
         check_input(x, self.dim)
+        check_input_dtype(x, self.qkv.weight.dtype, "MultiHeadAttention")
         if context is None:
             check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
             if self.reads_positions:

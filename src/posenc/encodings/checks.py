@@ -77,6 +77,23 @@ def _eager() -> bool:
     return not torch.compiler.is_compiling()
 
 
+#: The largest position taken: float64, in which angles and distances are formed, holds every
+#: whole number up to 2**53 and not past it (2**53 + 1 rounds to 2**53).
+MAX_POSITION = 2**53
+
+
+def check_position_range(name: str, low: float, high: float) -> None:
+    """Raise naming ``name`` where the smallest position ``low`` is negative or the largest
+    ``high`` is past :data:`MAX_POSITION` (values the caller already read: no read here)."""
+    if low < 0:
+        raise PosencValueError(f"{name} must be >= 0, got a minimum of {low}")
+    if high > MAX_POSITION:
+        raise PosencValueError(
+            f"{name} must be at most 2**53 = {MAX_POSITION} (past it float64, in which the "
+            f"angles are formed, does not hold every whole number), got a maximum of {high}"
+        )
+
+
 def resolve_positions(
     positions: Tensor | None,
     seq_len: int,
@@ -90,8 +107,9 @@ def resolve_positions(
     """Validate ``positions`` for a sequence of ``seq_len`` tokens, or make ``arange(seq_len)``.
 
     Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
-    Positions must be non-negative; with ``integer=True`` they must also be whole numbers.
-    ``values=False``: the caller checks the sign itself (:func:`resolve_bounded_positions`).
+    Positions must be finite, in ``[0, 2**53]`` (:func:`check_position_range`, both ends in
+    one read) and, with ``integer=True``, whole numbers. ``values=False``: the caller checks
+    the range itself (:func:`resolve_bounded_positions`).
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
@@ -117,9 +135,7 @@ def resolve_positions(
         bad = positions[positions != positions.round()].flatten()[0].item()
         raise PosencValueError(f"{name} must hold whole numbers for this encoding, got {bad}")
     if values and checkable and positions.numel():
-        smallest = positions.min()
-        if smallest < 0:
-            raise PosencValueError(f"{name} must be >= 0, got a minimum of {smallest.item()}")
+        check_position_range(name, *torch.stack(torch.aminmax(positions)).tolist())  # one read
     return positions
 
 
@@ -136,7 +152,7 @@ def resolve_bounded_positions(
     positions: Tensor, seq_len: int, *, batch: int, device: torch.device | None, name: str
 ) -> tuple[Tensor, PositionBound | None]:
     """:func:`resolve_positions` for given ``positions``, and for integer ones read in eager
-    mode their largest value: the sign check and the largest in one transfer (the one read
+    mode their largest value: the range check and the largest in one transfer (the one read
     an explicit position tensor costs a forward). ``None`` where nothing was read."""
     readable = (
         isinstance(positions, Tensor)
@@ -151,8 +167,7 @@ def resolve_bounded_positions(
     if not readable or not positions.numel():
         return positions, None
     low, high = torch.stack(torch.aminmax(positions)).tolist()  # one transfer
-    if low < 0:
-        raise PosencValueError(f"{name} must be >= 0, got a minimum of {low}")
+    check_position_range(name, low, high)
     return positions, PositionBound(high, True)
 
 
@@ -167,6 +182,23 @@ def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tenso
     if x.shape[-1] != dim:
         raise PosencValueError(f"{name} has last dimension {x.shape[-1]}, expected dim={dim}")
     return x
+
+
+def check_input_dtype(x: Tensor, params: torch.dtype, owner: str, *, name: str = "x") -> None:
+    """Refuse ``x`` whose dtype differs from ``params`` (the dtype of ``owner``'s parameters)
+    outside autocast, naming both, before any work (else a Linear or LayerNorm fails deep
+    inside). Under autocast on ``x``'s device the layers cast their inputs, so mixed dtypes
+    are taken, except float64 on either side, which autocast never casts."""
+    dtype = x.dtype
+    if dtype is params:
+        return
+    if torch.is_autocast_enabled(x.device.type) and torch.float64 not in (dtype, params):
+        return
+    raise PosencTypeError(
+        f"{name} has dtype {dtype} but the parameters of {owner} are {params}: convert one "
+        f"to the other ({name}.to({params}) or module.to({dtype})), or run under "
+        "torch.autocast (which casts neither float64)"
+    )
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -22,7 +22,7 @@ from ..attention.checks import check_attention_pe
 from ..attention.config import AttentionConfig
 from ..attention.query_scale import QueryScale
 from ..encodings.base import AdditiveEncoding, PositionalEncoding
-from ..encodings.checks import check_input, check_positive_int
+from ..encodings.checks import check_input, check_input_dtype, check_positive_int
 from ..encodings.schedule import (
     layers_of_types,
     rescaled_schedule,
@@ -243,6 +243,7 @@ class Encoder(nn.Module):
         restarting at 0 in each (see :mod:`posenc.sequence.context`).
         """
         check_input(x, self.dim)
+        check_input_dtype(x, self.layers[0].attn.qkv.weight.dtype, "Encoder")
         b, n, _ = x.shape
         distinct = self.distinct_pes()
         widest = distinct[0]  # the encoding with the most position axes

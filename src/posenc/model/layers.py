@@ -18,7 +18,7 @@ from ..attention.config import AttentionConfig
 from ..attention.module import MultiHeadAttention
 from ..attention.query_scale import QueryScale
 from ..encodings.base import PositionalEncoding
-from ..encodings.checks import check_input, check_positive_int, check_probability
+from ..encodings.checks import check_input, check_input_dtype, check_positive_int, check_probability
 from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
 from ..sequence.context import SequenceContext
@@ -166,6 +166,7 @@ class EncoderLayer(nn.Module):
         """
         if state is None:
             check_input(x, self.attn.dim)
+            check_input_dtype(x, self.attn.qkv.weight.dtype, "EncoderLayer")
             if context is None:
                 check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], read_values=True)
             state = self.attn.state_for(x, positions, pe, context)

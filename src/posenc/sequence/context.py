@@ -27,7 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..encodings.checks import PositionBound, resolve_bounded_positions
+from ..encodings.checks import (
+    MAX_POSITION,
+    PositionBound,
+    check_position_range,
+    resolve_bounded_positions,
+)
 from ..errors import PosencTypeError, PosencValueError
 from .cache import KVCache
 from .masks import attention_mask, check_key_padding_mask
@@ -175,7 +180,7 @@ class SequenceContext:
             if cache is not None and last_run is not None:
                 start = cache.position_bound()
             if seq and start is not None:
-                bound = PositionBound(start.largest + seq - 1, start.exact and not given)
+                bound = _within_range(start.largest + seq - 1, start.exact and not given)
         else:
             positions, bound = resolve_bounded_positions(
                 positions, seq, batch=batch, device=device, name="positions"
@@ -225,7 +230,7 @@ class SequenceContext:
             positions = following + torch.arange(seq, device=device)  # (b, n)
             start = cache.position_bound()  # every row's next position is at most this
             if start is not None and seq:
-                bound = PositionBound(start.largest + seq - 1, start.exact)
+                bound = _within_range(start.largest + seq - 1, start.exact)
         else:
             positions, bound = resolve_bounded_positions(
                 positions, seq, batch=batch, device=device, name="positions"
@@ -369,3 +374,14 @@ def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
             "cache's windowed layers no longer hold the keys such a token would read (use a "
             "new KVCache)"
         )
+
+
+def _within_range(largest: int, exact: bool) -> PositionBound | None:
+    """The bound on default positions that continue a cache, checked on the host: past
+    2**53 it refuses where some position equals it (``exact``), and is dropped where it is
+    only a bound (the positions are then read and checked where they are used)."""
+    if largest > MAX_POSITION:
+        if exact:
+            check_position_range("positions", 0, largest)
+        return None
+    return PositionBound(largest, exact)

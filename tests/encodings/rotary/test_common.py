@@ -63,7 +63,9 @@ def test_rotate_qk_gives_the_formula_on_every_plan(plan: Plan | None, inplace: b
 
 def test_rotate_qk_refuses_one_memory_in_place() -> None:
     q, tables = torch.randn(1, 2, 5, 8), _tables()
-    with pytest.raises(PosencValueError, match="start at the same memory"):
+    with pytest.raises(PosencValueError, match="q and k share memory"):
         rotate_qk(q, q[:, :1], tables, tables, False, True)
+    with pytest.raises(PosencValueError, match="q and k share memory"):  # not at q's start
+        rotate_qk(q, q[:, 1:], tables, tables, False, True)
     with pytest.raises(PosencTypeError, match="inplace"):
         rotate_qk(q, q.clone(), tables, tables, False, "yes")

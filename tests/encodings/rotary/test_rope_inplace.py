@@ -151,10 +151,51 @@ def test_in_place_refusals_in_modules() -> None:
         learned(q.clone(), q.clone(), inplace=True)
     with torch.no_grad():  # without autograd the learned frequencies are just numbers
         learned(q.clone(), q.clone(), inplace=True)
-    with pytest.raises(PosencValueError, match="q and k start at the same memory"):
+    with pytest.raises(PosencValueError, match="q and k share memory"):
         RotaryEmbedding(8)(q, q, inplace=True)
     with pytest.raises(TypeError, match="inplace must be a bool"):
         RotaryEmbedding(8)(q, q.clone(), inplace="yes")
+
+
+def _overlapping_rotations() -> list[tuple[str, torch.nn.Module, torch.Tensor | None]]:
+    """(label, module, positions): the pair kernel call (one table), the decode lane (table
+    rows read where they lie) and two tables (xPos: one rotation each)."""
+    return [
+        ("rope", RotaryEmbedding(8), None),
+        ("rope-decode", RotaryEmbedding(8), torch.tensor([41])),
+        ("rope-offset", RotaryEmbedding(8, interleaved=True), torch.arange(3, 8)),
+        ("xpos", XPos(8), None),
+    ]
+
+
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+@pytest.mark.parametrize("case", _overlapping_rotations(), ids=lambda c: c[0])
+def test_in_place_refuses_q_and_k_that_partly_overlap(
+    case: tuple, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Views that share some elements (not their first) would turn those twice: refused by
+    name, nothing written; neighbours that do not overlap (halves of one buffer, the heads of
+    a fused projection) rotate as they would out of place."""
+    _, module, positions = case
+    monkeypatch.setenv("POSENC_ROTARY_KERNEL", kernel)
+    n = 1 if positions is not None and positions.numel() == 1 else 5
+    buf = torch.randn(1, 2, n, 16)
+    before = buf.clone()
+    with pytest.raises(PosencValueError, match=r"q and k share memory \(q at byte"):
+        module(buf[..., :8], buf[..., 4:12], positions, inplace=True)
+    assert torch.equal(buf, before)  # nothing turned before the refusal
+    with pytest.raises(PosencValueError, match="q and k share memory"):  # k's last head, q's first
+        module(buf[:, :1, :, 8:], buf.view(1, 2, n, 2, 8)[:, :, :, 1], positions, inplace=True)
+    assert torch.equal(buf, before)
+    want = module(buf[..., :8], buf[..., 8:], positions)
+    got = module(buf[..., :8], buf[..., 8:], positions, inplace=True)
+    assert got[0].data_ptr() == buf.data_ptr()
+    assert_close(torch.cat(got, -1), torch.cat(want, -1), rtol=0, atol=0)
+    q, k = fused_qk(2, n, 2, 1, 8, torch.float32)
+    want = module(q, k, positions)
+    got = module(q, k, positions, inplace=True)
+    assert got[0] is q and got[1] is k
+    assert_close(got, want, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- decode

@@ -40,6 +40,7 @@ class Settings:
     decode_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # cache lengths
     decode_repeats: int = 9  # decode: timed generations per case
     threads: int = 0  # 0: torch's default
+    host_calls: int = 2000  # host: calls per timed round (the rounds: repeats, at least 3)
 
 
 DEFAULT = Settings()
@@ -66,6 +67,7 @@ QUICK = Settings(
     decode_tokens=(8, 8),
     decode_lengths=(4, 8, 16, 32, 64, 128),
     decode_repeats=2,
+    host_calls=20,
 )
 
 

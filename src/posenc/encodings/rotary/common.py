@@ -12,7 +12,8 @@ from torch import Tensor
 from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, check_positive_float, check_positive_int
 from ..state import RotaryState
-from .kernels.rotate import check_inplace, rotate, rotate_pair
+from .kernels.kernel import overlap
+from .kernels.rotate import check_inplace, rotate, rotate_pair, rotate_pair_function
 from .kernels.select import Mode, Plan, select
 
 
@@ -104,9 +105,9 @@ def rotate_qk(
     plan: Plan | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`rotate_one` for ``q`` and ``k``, the way ``plan`` says (``None``: :func:`select`
-    it for the pair); in place, they must not start at the same memory (the second rotation
-    would turn the first's result). With one pair of tables and a kernel running eagerly,
-    :func:`rotate_pair` first (the eager call in one go)."""
+    it for the pair); in place, they must not share memory anywhere (:func:`overlap`: the
+    second rotation would turn the first's result). With one pair of tables and a kernel
+    running eagerly, :func:`rotate_pair` first (the eager call in one go)."""
     inplace = check_bool("inplace", inplace)
     if plan is None:
         plan = select(q, q_tables, inplace=inplace, pair=k)
@@ -114,13 +115,29 @@ def rotate_qk(
         pair = rotate_pair(q, k, *q_tables, interleaved, inplace, plan)
         if pair is not None:
             return pair
-    if inplace and (
-        q is k or (plan.eager and not q.is_meta and q.numel() and q.data_ptr() == k.data_ptr())
-    ):
-        raise PosencValueError(
-            "q and k start at the same memory: rotating both in place would turn it twice; "
-            "pass separate tensors or rotate out of place"
-        )
+    if inplace and (q is k or (plan.eager and not q.is_meta and not k.is_meta)):
+        shared = True if q is k else overlap(q, k)
+        if shared is not False:
+            raise PosencValueError(
+                f"q and k {'share' if shared else 'may share'} memory (q at byte "
+                f"{q.data_ptr()}, shape {tuple(q.shape)}, strides {tuple(q.stride())}; k at "
+                f"byte {k.data_ptr()}, shape {tuple(k.shape)}, strides {tuple(k.stride())}"
+                f"{'' if shared else ': too tangled to tell apart cheaply'}): rotating both in "
+                "place would turn the shared elements twice; pass tensors that do not overlap "
+                "or rotate out of place"
+            )
+    compiled_pair = None if plan.kernel is None else plan.kernel.compiled_pair
+    if plan.mode is Mode.OPERATOR and q_tables is k_tables and compiled_pair is not None:
+        pair = compiled_pair(q, k, *q_tables, interleaved)  # one operator inductor sees into
+        if pair is not None:
+            return pair
+    if plan.mode is Mode.FUNCTION and q_tables is k_tables:  # one autograd node, one launch
+        if inplace:
+            check_inplace(q, *q_tables, name="q", plan=plan)
+            check_inplace(k, *k_tables, name="k", plan=plan)
+        pair = rotate_pair_function(q, k, *q_tables, interleaved, inplace, plan)
+        if pair is not None:
+            return pair
     return (
         rotate_one(q, q_tables, interleaved, inplace, "q", plan),
         rotate_one(k, k_tables, interleaved, inplace, "k", plan),

@@ -65,6 +65,7 @@ from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
 from .common import check_qk, rotary_state, rotate_one, rotate_qk
+from .kernels.rotate import rotate_pair_function
 from .kernels.select import Mode, Plan, select
 from .spec import RotarySpec
 from .tables import Extent, RotaryTables, bounded_positions, read_positions
@@ -396,7 +397,8 @@ class RotaryEmbedding(RotaryEncoding):
         read = read_positions(positions, n, b, q.device, plan.eager)
         if positions is None and n:
             read = None, (0, n - 1, True)  # (the default arange: one run from row 0)
-        if plan.mode is Mode.EAGER and self._decode_lane:  # rows of the table where they lie
+        lane = plan.mode is Mode.EAGER or (plan.mode is Mode.FUNCTION and not inplace)
+        if lane and self._decode_lane:  # rows of the table where they lie
             # one run p, p+1, ... (a decode step): its first row; other integer positions in
             # the table: the positions, for a kernel that indexes rows on the device
             rows = self._tables.first_row(read[1], n, q.device)
@@ -412,9 +414,14 @@ class RotaryEmbedding(RotaryEncoding):
             if rows is not None:
                 buffers = self._buffers
                 cos, sin = buffers["cos_cached"], buffers["sin_cached"]
-                kernel = plan.kernel
-                assert kernel is not None
-                pair = kernel.rotate_pair(q, k, cos, sin, self.interleaved, inplace, rows)
+                if plan.mode is Mode.EAGER:
+                    kernel = plan.kernel
+                    assert kernel is not None
+                    pair = kernel.rotate_pair(q, k, cos, sin, self.interleaved, inplace, rows)
+                else:  # under autograd: one node, its backward the same kernel clockwise
+                    pair = rotate_pair_function(
+                        q, k, cos, sin, self.interleaved, inplace, plan, rows
+                    )
                 if pair is not None:
                     return pair
         work = compute_dtype(q.dtype)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import MemoryBudgetError, check_bytes
-from ..checks import PositionBound, resolve_positions
+from ..checks import MAX_POSITION, PositionBound, check_position_range, resolve_positions
 from .common import unsqueeze_heads
 
 __all__ = ["FEW_POSITIONS", "RotaryTables", "bounded_positions", "read_positions"]
@@ -62,8 +62,9 @@ def read_positions(
     positions: Tensor | None, n: int, batch: int, device: Any, eager: bool
 ) -> tuple[Tensor | None, Extent | None]:
     """Validated positions (``None`` stays ``None``) and, for integer positions read in eager
-    mode, their :func:`_extent`. The common case (an integer tensor of the right shape,
-    nothing negative) costs one read, and a decode step's few 1-D positions one ``tolist``;
+    mode, their :func:`_extent`, checked to lie in ``[0, 2**53]``
+    (:func:`~posenc.encodings.checks.check_position_range`). The common case (an integer
+    tensor of the right shape) costs one read, and a decode step's few 1-D positions one ``tolist``;
     anything else goes through :func:`~posenc.encodings.checks.resolve_positions`, which
     names what is wrong."""
     if positions is None:
@@ -79,10 +80,13 @@ def read_positions(
     ):
         values = positions.tolist()
         lo = values[0]
-        if n == 1 and lo >= 0:
+        if n == 1 and 0 <= lo <= MAX_POSITION:
             return positions, (lo, lo, True)
-        if values == list(range(lo, lo + n)) and lo >= 0:
+        if values == list(range(lo, lo + n)) and lo >= 0 and lo + n - 1 <= MAX_POSITION:
             return positions, (lo, lo + n - 1, True)
+        lo, hi = min(values), max(values)
+        check_position_range("positions", lo, hi)
+        return positions, (lo, hi, False)
     if (
         eager
         and isinstance(positions, Tensor)
@@ -94,8 +98,8 @@ def read_positions(
         and not positions.is_meta
     ):
         extent = _extent(positions)
-        if extent[0] >= 0:
-            return positions, extent
+        check_position_range("positions", extent[0], extent[1])
+        return positions, extent
     return resolve_positions(positions, n, batch=batch, device=device), None
 
 

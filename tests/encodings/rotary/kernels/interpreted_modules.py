@@ -156,6 +156,25 @@ def test_the_module_on_the_kernel_is_the_formula(
             assert_close_to(leaf.grad, x64.grad)
 
 
+@pytest.mark.parametrize("positions", [None, "decode"])
+def test_in_place_refuses_q_and_k_that_share_memory(
+    launches: list[int], positions: str | None
+) -> None:
+    """On the kernel as on the others: partly overlapping views refused by name before any
+    launch, nothing written."""
+    rope = posenc.RotaryEmbedding(8).to(DEVICE)
+    at = None if positions is None else torch.tensor([41], device=DEVICE)
+    buf = torch.randn(1, 2, 1 if at is not None else 5, 16, device=DEVICE)
+    before = buf.clone()
+    with pytest.raises(posenc.PosencValueError, match="q and k share memory"):
+        rope(buf[..., :8], buf[..., 4:12], at, inplace=True)
+    assert not launches and torch.equal(buf, before)
+    want = rope(buf[..., :8], buf[..., 8:], at)
+    got = rope(buf[..., :8], buf[..., 8:], at, inplace=True)
+    assert launches and got[0].data_ptr() == buf.data_ptr()
+    assert_close_to(torch.cat(got, -1), torch.cat(want, -1).double())
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 def test_the_functional_forms_on_the_kernel(launches: list[int], inplace: bool) -> None:
     x = torch.randn(B, N, HQ, D, device=DEVICE, dtype=torch.bfloat16)  # heads-last
@@ -223,6 +242,30 @@ def test_compiled_calls_keep_the_kernel(
         back = rotate_reference(g.double(), cos, -sin)  # rot^T g
         assert leaf.grad is not None
         assert_close_to(leaf.grad, back)
+
+
+@pytest.mark.parametrize("positions", ["default", "per_row"])
+def test_training_is_one_launch_each_way(
+    launches: list[int], monkeypatch: pytest.MonkeyPatch, positions: str
+) -> None:
+    """Under autograd q and k are one node: one launch forward (rows of the whole table,
+    by a run or by positions read on the device) and one backward (the kernel clockwise),
+    with the formula's gradients."""
+    rope = posenc.RotaryEmbedding(D).to(DEVICE)
+    q = torch.randn(B, HQ, N, D, device=DEVICE, requires_grad=True)
+    k = torch.randn(B, HK, N, D, device=DEVICE, requires_grad=True)
+    pos = _positions(positions, N)
+    got_q, got_k = rope(q, k, pos)
+    assert len(launches) == 1 and got_q.grad_fn is got_k.grad_fn
+    g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+    assert len(launches) == 2
+    with monkeypatch.context() as m:
+        m.delenv("POSENC_ROTARY_KERNEL")
+        cos, sin = rope.cos_sin(pos, N, dtype=torch.float64)
+    for leaf, g in ((q, g_q), (k, g_k)):
+        assert leaf.grad is not None
+        assert_close_to(leaf.grad, rotate_reference(g.double(), cos, -sin))
 
 
 def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -219,6 +219,21 @@ def test_bad_arguments_are_named() -> None:
         rotate_triton(q, cos, cos, out=q[0])
 
 
+def test_in_place_pair_refuses_q_and_k_that_share_memory() -> None:
+    """Views sharing some elements (not their first) would turn those twice: refused, nothing
+    written; the halves of one buffer share bytes but no element, and rotate as apart."""
+    buf = torch.randn(1, 2, 5, 16, device=DEVICE)
+    before, cos = buf.clone(), torch.full((5, 4), 0.6, device=DEVICE)
+    q, k = buf[..., :8], buf[..., 4:12]
+    with pytest.raises(PosencValueError, match="q and k's outputs share memory"):
+        rotate_pair_triton(q, k, cos, cos + 0.2, out_q=q, out_k=k)
+    assert torch.equal(buf, before)
+    want = rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2)
+    rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2, out_q=buf[..., :8],
+                       out_k=buf[..., 8:])  # fmt: skip
+    assert torch.equal(buf, torch.cat(want, -1))
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("positioned", [False, True])
 def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) -> None:
@@ -249,3 +264,41 @@ def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) 
     rotate_pair_triton(q, k, cos, sin, out_q=q, out_k=k, **options)
     for x, out in zip((q, k), got, strict=True):
         assert torch.equal(x, out)  # in place: the same numbers
+
+
+@pytest.mark.parametrize("d", [80, 112])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_head_sizes_80_and_112(d: int, interleaved: bool) -> None:
+    """Widths that are not powers of two, now constants of the compiled kernel (40 and 56
+    pairs in 64 lanes): a pair of grouped heads against the formula, and a partial rotation
+    (r = d - 16) whose last channels pass through."""
+    q = torch.randn(1, 3, 2, d, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 2, d, device=DEVICE, dtype=torch.bfloat16)
+    for r in (d, d - 16):
+        angles = torch.rand(2, r // 2, dtype=torch.float64, device=DEVICE) * 40
+        cos64, sin64 = angles.cos(), angles.sin()
+        got = rotate_pair_triton(q, k, cos64.float(), sin64.float(), interleaved=interleaved)
+        for out, x in zip(got, (q, k), strict=True):
+            assert_close_to(
+                out, rotate_reference(x.double(), cos64, sin64, interleaved=interleaved)
+            )
+            assert torch.equal(out[..., r:], x[..., r:])
+
+
+def test_the_compile_operator_runs_eagerly_with_its_gradient() -> None:
+    """``posenc::rotary_pair_triton`` called eagerly launches the kernel (its values the
+    formula's) and its autograd is the same operator turning the gradients back."""
+    from posenc.encodings.rotary.kernels.triton_kernel import rotary_pair_op
+
+    q = torch.randn(2, 4, 3, 8, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 2, 3, 8, device=DEVICE, requires_grad=True)
+    angles = torch.rand(3, 4, dtype=torch.float64, device=DEVICE) * 40
+    cos64, sin64 = angles.cos(), angles.sin()
+    got_q, got_k = rotary_pair_op(q, k, cos64.float(), sin64.float(), True, False)
+    for out, x in ((got_q, q), (got_k, k)):
+        assert_close_to(out.detach(), rotate_reference(x.double(), cos64, sin64, interleaved=True))
+    g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+    for leaf, g in ((q, g_q), (k, g_k)):
+        assert leaf.grad is not None
+        assert_close_to(leaf.grad, rotate_reference(g.double(), cos64, -sin64, interleaved=True))

@@ -472,3 +472,60 @@ def test_transforms_and_modes_see_every_operation() -> None:
     y = x.clone().requires_grad_()
     apply_rotary(y, cos, sin).square().sum().backward()
     assert_close(grad, y.grad)
+
+
+# ------------------------------------------------------------------ the pair's autograd node
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rows", ["none", "run", "positions", "per_row"])
+def test_the_pair_node_has_the_formulas_gradient(interleaved: bool, rows: str) -> None:
+    """``_PairRotation`` (q and k as one autograd node, the backward the kernel turning
+    clockwise) in float64 on the pure-torch kernel: gradcheck against finite differences,
+    with broadcast tables and with whole tables read at a run of rows, at positions ``(n,)``
+    and at per-row positions ``(b, n)``."""
+    from posenc.encodings.rotary.kernels.select import TORCH
+
+    b, hq, hk, n, d = 2, 3, 1, 4, 6
+    q = torch.randn(b, hq, n, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, hk, n, d, dtype=torch.float64, requires_grad=True)
+    angles = torch.rand(3 * n, d // 2, dtype=torch.float64) * 9
+    cos, sin = angles.cos(), angles.sin()
+    at: int | torch.Tensor | None = {
+        "none": None,
+        "run": 5,
+        "positions": torch.tensor([7, 0, 3, 11]),
+        "per_row": torch.randint(0, 3 * n, (b, n)),
+    }[rows]
+    if at is None:
+        cos, sin = cos[:n], sin[:n]
+
+    def pair(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotate._PairRotation.apply(q, k, cos, sin, interleaved, False, TORCH, at)
+
+    assert torch.autograd.gradcheck(pair, (q, k))
+    # and the forward is eq. 34 at the rows named
+    tables = rotate._rows_tables(cos, sin, at, n)
+    got = pair(q, k)
+    for out, x in zip(got, (q, k), strict=True):
+        assert_close(out, rotate.rotate_reference(x, *tables, interleaved=interleaved))
+
+
+def test_training_turns_q_and_k_in_one_node_on_the_c_kernel() -> None:
+    """Under autograd a module's q and k are one node (one ``rotate_pair`` each way) on the C
+    kernel too, with the formula's gradient."""
+    if native._native is None:
+        pytest.skip("the C kernel is not built")
+    rope = posenc.RotaryEmbedding(8)
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    k = torch.randn(1, 1, 5, 8, requires_grad=True)
+    got_q, got_k = rope(q, k, torch.arange(3, 8))
+    assert type(got_q.grad_fn).__name__ == "_PairRotationBackward"
+    assert got_q.grad_fn is got_k.grad_fn
+    g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+    ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+    cos, sin = rope.cos_sin(torch.arange(3, 8), 5, dtype=torch.float64)
+    for leaf, g in ((q, g_q), (k, g_k)):
+        assert leaf.grad is not None
+        want = rotate.rotate_reference(g.double(), cos, -sin)  # R^T g
+        assert_close(leaf.grad.double(), want, atol=2e-6, rtol=2e-6)

@@ -56,9 +56,8 @@ def test_posenc_and_its_command_import_no_triton() -> None:
 # --------------------------------------------------------------------------- compiled for a GPU
 
 #: The integer arguments a launch with head dim 128 passes as multiples of 16 (which Triton
-#: tells the compiler): the pairs and the row, head and batch strides.
+#: tells the compiler): the row, head and batch strides.
 _MULTIPLES_OF_16 = (
-    "HALF",
     "c_sn",
     "s_sn",
     *(f"{t}_{s}" for t in ("q", "oq", "k", "ok") for s in ("sb", "sh", "sn")),
@@ -95,7 +94,9 @@ def _compile_for_sm90(dtype: str, unit: tuple[str, ...], **flags: object) -> tup
         if signature[name].startswith("*") or name in _MULTIPLES_OF_16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(kernel, signature, constexprs=constants, attrs=attrs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": True}
+    )
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
@@ -126,10 +127,33 @@ def test_every_variant_compiles_for_a_gpu_with_wide_accesses_and_no_spills(
         flags = dict(zip(switches, values, strict=True))
         flags |= {"SIGN": -1.0 if i % 2 else 1.0, "HEADS": 1 if flags["TABLE_PER_HEAD"] else 4}
         flags |= {"BLOCK_N": TILE_ELEMENTS // 64, "BLOCK_HALF": 64, "BLOCK_REST": 32}
+        flags |= {"HALF": 64, "REST": 32 if flags["COPY_REST"] else 0}
         ptx, usage = _compile_for_sm90(dtypes[i % 3], unit, **flags)
         assert "LOCAL:0" in usage and "STACK:0" in usage, (flags, usage)
         if dtypes[i % 3] == "*bf16" and not flags["HAS_POS"] and not flags["COPY_REST"]:
             assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx, flags
     flags = dict.fromkeys(switches, False) | {"SIGN": 1.0, "HEADS": 4, "BLOCK_N": 16}
-    flags |= {"BLOCK_HALF": 64, "BLOCK_REST": 1}
+    flags |= {"BLOCK_HALF": 64, "BLOCK_REST": 1, "HALF": 64, "REST": 0}
     _compile_for_sm90("*bf16", ("q_sd", "oq_sd"), **flags)  # k's channels strided
+
+
+@pytest.mark.slow  # (4 compilations, about 3 s)
+@pytest.mark.parametrize("half", [40, 56])
+def test_head_sizes_80_and_112_keep_wide_accesses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, half: int
+) -> None:
+    """The rotated width is a constant of the compiled kernel: at 40 or 56 pairs (head sizes
+    80 and 112, padded to 64 lanes) the compiler knows the masks run in whole 16-byte groups
+    and the second half starts 16-byte aligned, so bfloat16 rows still move in 16-byte loads
+    and stores, in both layouts."""
+    from posenc.encodings.rotary.kernels.triton_kernel import TILE_ELEMENTS
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    unit = ("q_sd", "oq_sd", "k_sd", "ok_sd")
+    for interleaved in (False, True):
+        flags = dict.fromkeys(("HAS_POS", "TABLE_PER_HEAD", "COPY_REST"), False)
+        flags |= {"INTERLEAVED": interleaved, "SIGN": 1.0, "HEADS": 4, "HALF": half, "REST": 0}
+        flags |= {"BLOCK_N": TILE_ELEMENTS // 64, "BLOCK_HALF": 64, "BLOCK_REST": 1}
+        ptx, usage = _compile_for_sm90("*bf16", unit, **flags)
+        assert "LOCAL:0" in usage, usage
+        assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx, (half, interleaved)

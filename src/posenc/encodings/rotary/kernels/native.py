@@ -117,12 +117,16 @@ def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved
     return True
 
 
-def rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+def rotate_native(
+    x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
+) -> None:
     """The native kernel's ``rotate`` (:mod:`.kernel`): write the rotation of ``x`` into
     ``out`` (``x`` itself, or a fresh tensor of its shape), on the pure-torch path only where
-    the kernel refuses an address (:func:`_native_buffer`)."""
+    the kernel refuses an address (:func:`_native_buffer`); clockwise by ``-sin``."""
     if x.numel() == 0:
         return
+    if clockwise:
+        sin = -sin
     # ``out`` is x or contiguous: every caller makes it so
     if not _rotate_native(x, out, cos, sin, interleaved):
         _rotate_torch(x, out, cos, sin, interleaved)
@@ -136,6 +140,7 @@ def rotate_pair_native(
     interleaved: bool,
     inplace: bool,
     rows: int | Tensor | None = None,
+    clockwise: bool = False,
 ) -> tuple[Tensor, Tensor] | None:
     """The native kernel's ``rotate_pair`` (:mod:`.kernel`): ``q`` and ``k`` turned by the
     same tables, what they share checked once. ``None``, with nothing written, where the data
@@ -147,6 +152,8 @@ def rotate_pair_native(
         return None
     if rows is not None and not isinstance(rows, int):
         return None
+    if clockwise:
+        sin = -sin
     bf16 = q.dtype is torch.bfloat16
     item = 2 if bf16 else 4
     tables = _kernel_tables(cos, sin, bf16, interleaved, rows)  # made once

@@ -18,8 +18,9 @@ where a scheme scales them (an attention factor, xPos's decay).
   arguments and call :func:`rotate`, which runs the plan :func:`~.select.select` made: a
   kernel (the C kernel, Triton or the tiled torch path; :mod:`.kernel`) eagerly, under
   autograd as one :class:`torch.autograd.Function` whose backward turns the incoming
-  gradient back with the same kernel, inside ``torch.compile`` and ``torch.export`` as one
-  custom operator (:mod:`~.ops`), or the formula.
+  gradient back with the same kernel (``q`` and ``k`` by the same tables: one node, one
+  ``rotate_pair`` each way), inside ``torch.compile`` and ``torch.export`` as one custom
+  operator (:mod:`~.ops`; Triton's pair as one ``triton_op``), or the formula.
 
 Nothing here compiles anything at import or on a call, or keeps global state: no
 ``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
@@ -35,6 +36,7 @@ from torch import Tensor
 
 from ....errors import PosencTypeError, PosencValueError
 from ...checks import compute_dtype
+from .kernel import Kernel, Tables, pair_refused
 from .ops import _rotate_in_place_op, _rotate_op
 from .select import Mode, Plan, rotate_with, select
 
@@ -106,8 +108,113 @@ class _Rotation(torch.autograd.Function):
             return apply_rotary(grad, cos, -sin, interleaved=interleaved), *(None,) * 5
         back = torch.empty_like(grad, memory_format=torch.contiguous_format)
         if grad.numel():
-            rotate_with(ctx.kernel, grad, back, cos, -sin, interleaved)  # type: ignore[attr-defined]
+            rotate_with(ctx.kernel, grad, back, cos, sin, interleaved, True)  # type: ignore[attr-defined]
         return back, None, None, None, None, None
+
+
+def _rows_tables(cos: Tensor, sin: Tensor, rows: int | Tensor | None, n: int) -> Tables:
+    """The tables ``rows`` names in whole ``(positions, r/2)`` tables, broadcasting against
+    ``(b, h, n)`` (``cos``, ``sin`` themselves without ``rows``)."""
+    if rows is None:
+        return cos, sin
+    if isinstance(rows, int):
+        return cos[rows : rows + n], sin[rows : rows + n]
+    if rows.dim() == 2:  # (b, n) -> (b, 1, n, r/2)
+        return cos[rows][:, None], sin[rows][:, None]
+    return cos[rows], sin[rows]
+
+
+def _pair_with(
+    kernel: Kernel,
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+    inplace: bool,
+    rows: int | Tensor | None,
+    clockwise: bool,
+) -> tuple[Tensor, Tensor]:
+    """``kernel.rotate_pair``, or (where it refuses the data, e.g. an address the C kernel
+    does not take, or gradients laid out otherwise) one rotation each."""
+    if kernel.takes(q, k, (cos, sin)):
+        pair = kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise)
+        if pair is not None:
+            return pair
+    tables = _rows_tables(cos, sin, rows, q.shape[-2])
+    outs = []
+    for x in (q, k):
+        out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+        rotate_with(kernel, x, out, *tables, interleaved, clockwise)
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+class _PairRotation(torch.autograd.Function):
+    """:class:`_Rotation` for ``q`` and ``k`` turned by the same tables: one node, whose
+    forward is the kernel's ``rotate_pair`` (one Triton launch for both) and whose backward is
+    the same call turning the incoming gradients clockwise (the kernel's switch: no ``-sin``
+    table is made on the Triton path). ``rows``: as ``rotate_pair``'s (:mod:`.kernel`)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        q: Tensor,
+        k: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        interleaved: bool,
+        inplace: bool,
+        kernel: Kernel,
+        rows: int | Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        out_q, out_k = _pair_with(kernel, q, k, cos, sin, interleaved, inplace, rows, False)
+        if inplace:
+            ctx.mark_dirty(q, k)
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved, ctx.kernel, ctx.rows = interleaved, kernel, rows  # type: ignore[attr-defined]
+        return out_q, out_k
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_q: Tensor, grad_k: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
+        interleaved, rows = ctx.interleaved, ctx.rows  # type: ignore[attr-defined]
+        if torch.is_grad_enabled():  # (create_graph: the backward must be differentiable too)
+            cos, sin = _rows_tables(cos, sin, rows, grad_q.shape[-2])
+            back_q = apply_rotary(grad_q, cos, -sin, interleaved=interleaved)
+            back_k = apply_rotary(grad_k, cos, -sin, interleaved=interleaved)
+            return back_q, back_k, *(None,) * 6
+        kernel = ctx.kernel  # type: ignore[attr-defined]
+        back_q, back_k = _pair_with(
+            kernel, grad_q, grad_k, cos, sin, interleaved, False, rows, True
+        )
+        return back_q, back_k, *(None,) * 6
+
+
+def rotate_pair_function(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+    inplace: bool,
+    plan: Plan,
+    rows: int | Tensor | None = None,
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` as one autograd node (:class:`_PairRotation`) where ``plan`` runs a
+    kernel under autograd (:attr:`Mode.FUNCTION`) and the kernel can turn them as a pair;
+    ``None`` otherwise (the caller turns each). In place, the caller has run
+    :func:`check_inplace` on each."""
+    kernel = plan.kernel
+    if plan.mode is not Mode.FUNCTION or kernel is None or not kernel.pairs:
+        return None
+    if pair_refused(q, k, cos, inplace) or not kernel.takes(q, k, (cos, sin)):
+        return None
+    if rows is not None and not isinstance(rows, int) and not kernel.reads_positions:
+        return None
+    return _PairRotation.apply(q, k, cos, sin, interleaved, inplace, kernel, rows)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -168,6 +275,8 @@ def rotate_pair(
     this does not apply (another mode, or data the kernel rules out: see
     :func:`~.kernel.pair_refused`): the caller then rotates each through
     :func:`rotate`."""
+    if plan.mode is Mode.FUNCTION and not inplace:
+        return rotate_pair_function(q, k, cos, sin, interleaved, inplace, plan, rows)
     if plan.mode is not Mode.EAGER:
         return None
     assert plan.kernel is not None

@@ -7,8 +7,9 @@ for some calls and wrong for others:
 :class:`Mode`          what runs, and when
 =====================  ===================================================================
 ``EAGER``              a kernel, eagerly: nothing for autograd to record
-``FUNCTION``           a kernel as one autograd node (``_Rotation``): eager, ``x`` requires
-                       grad and the tables do not
+``FUNCTION``           a kernel as one autograd node (``_Rotation``; q and k by the same
+                       tables as one ``_PairRotation``): eager, ``x`` requires grad and
+                       the tables do not
 ``FORMULA``            :func:`~.rotate.rotate_reference` in eager mode: the tables require
                        grad (learned frequencies), which only the formula differentiates
 ``OPERATOR``           ``posenc::rotary`` under ``torch.compile``/``torch.export``, out of
@@ -130,13 +131,15 @@ def _native_takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool
     )
 
 
-def _torch_rotate(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+def _torch_rotate(
+    x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
+) -> None:
     if x.numel():
-        pytorch._rotate_torch(x, out, cos, sin, interleaved)
+        pytorch._rotate_torch(x, out, cos, -sin if clockwise else sin, interleaved)
 
 
 NATIVE = Kernel("native", _native_takes, native.rotate_native, native.rotate_pair_native)
-TORCH = Kernel("torch", lambda x, pair, tables: True, _torch_rotate, lambda *args: None)
+TORCH = Kernel("torch", lambda x, pair, tables: True, _torch_rotate, lambda *a: None, pairs=False)
 #: Every kernel by the name ``POSENC_ROTARY_KERNEL`` gives it.
 KERNELS = {kernel.name: kernel for kernel in (NATIVE, TORCH, TRITON)}
 #: One plan per mode and kernel, made once (a decode step allocates none): by kernel
@@ -152,12 +155,19 @@ _KEY = os.environ.encodekey(KERNEL_VARIABLE) if hasattr(os.environ, "encodekey")
 
 
 def rotate_with(
-    kernel: Kernel, x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
+    kernel: Kernel,
+    x: Tensor,
+    out: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool,
+    clockwise: bool = False,
 ) -> None:
     """``kernel.rotate`` where it takes ``x`` and the tables, else the pure-torch path: for
     tensors torch laid out after the plan was made (a gradient in a backward, an operator's
     input at run time), which the caller cannot choose."""
-    (kernel if kernel.takes(x, None, (cos, sin)) else TORCH).rotate(x, out, cos, sin, interleaved)
+    chosen = kernel if kernel.takes(x, None, (cos, sin)) else TORCH
+    chosen.rotate(x, out, cos, sin, interleaved, clockwise)
 
 
 def forced_kernel(compiling: bool = False) -> Kernel | None:

@@ -52,12 +52,14 @@ def takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool:
     )
 
 
-def rotate(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+def rotate(
+    x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
+) -> None:
     """One launch: ``x`` into ``out`` (``x`` itself, or a fresh tensor)."""
-    from .triton_kernel import rotate_triton
+    from .triton_kernel import _launch
 
     if x.numel():
-        rotate_triton(x, cos, sin, out=out, interleaved=interleaved)
+        _launch(x, out, None, None, cos, sin, None, interleaved, clockwise, True)
 
 
 def rotate_pair(
@@ -68,12 +70,13 @@ def rotate_pair(
     interleaved: bool,
     inplace: bool,
     rows: int | Tensor | None = None,
+    clockwise: bool = False,
 ) -> tuple[Tensor, Tensor] | None:
     """``q`` and ``k`` in one launch (``None`` where :func:`~.kernel.pair_refused`); ``rows``
     as positions are read by the kernel on the device, never gathered into a table."""
     if pair_refused(q, k, cos, inplace):
         return None
-    from .triton_kernel import rotate_pair_triton
+    from .triton_kernel import _launch
 
     positions = None
     if isinstance(rows, int):  # one run of rows of the whole tables, as views
@@ -81,10 +84,30 @@ def rotate_pair(
         cos, sin = cos[rows : rows + n], sin[rows : rows + n]
     elif rows is not None:
         positions = rows
-    outs = {"out_q": q, "out_k": k} if inplace else {}
-    return rotate_pair_triton(
-        q, k, cos, sin, positions=positions, interleaved=interleaved, checked=True, **outs
-    )
+    if inplace:
+        out_q, out_k = q, k
+    else:
+        out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
+    _launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, True)
+    return out_q, out_k
 
 
-TRITON = Kernel("triton", takes, rotate, rotate_pair)
+def compiled_pair(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` out of place as the operator ``posenc::rotary_pair_triton``
+    (:func:`~.triton_kernel.rotary_pair_op`), for ``torch.compile``: inductor sees the Triton
+    kernel and launches it from its own code; autograd runs the same operator clockwise.
+    ``None`` under Triton's interpreter (tracing runs the operator on fake tensors, which the
+    interpreter would read) and where :func:`~.kernel.pair_refused`."""
+    if interpreting() or pair_refused(q, k, cos, False):
+        return None
+    from .triton_kernel import rotary_pair_op
+
+    return rotary_pair_op(q, k, cos, sin, interleaved, False)
+
+
+TRITON = Kernel(
+    "triton", takes, rotate, rotate_pair, reads_positions=True, compiled_pair=compiled_pair
+)

@@ -31,6 +31,20 @@ rotation it runs: ``import posenc`` and the CLI never import triton. Under
 ``TRITON_INTERPRET=1`` (set before this module is imported) the kernel runs in Triton's
 interpreter on CPU tensors, which is how the tests check it without a GPU.
 
+The host's side of a launch is planned once per key (:func:`_launch`): the shapes, strides,
+dtypes, device, 16-byte alignment of every pointer and the switches of a call select a
+:class:`LaunchPlan` (the checks, the grid and the kernel's argument tuple, in plain integer
+arithmetic) made by the first call with that key. The first launch of a plan goes through
+Triton's ``JITFunction.run`` (binding, specialisation, compilation); later ones call the
+compiled kernel's launcher directly with the plan's arguments, as ``JITFunction.run`` does
+once it has found the kernel (where this Triton's ``JITFunction.run`` is seen to make that
+call: otherwise every launch goes through it). A decode step's host time drops from about
+46 µs to 15 (``posenc bench host``, ``benchmarks/rope.md``). Every program lies along grid x
+(:func:`launch_grid`), so that no count meets the 65,535 limit of y and z; tensors on a
+device other than the current one are launched under ``torch.cuda.device``. Under
+``torch.compile``, :func:`rotary_pair_op` is the pair as a ``torch.library.triton_op``,
+whose launch inductor sees and makes itself.
+
 An out-of-range position never reads a wrong row: :func:`rotate_triton` checks positions
 against the table (one read of their extent) unless the caller says it knows their bounds
 (``checked=True``), and the kernel itself masks any row outside the table to NaN.
@@ -42,12 +56,20 @@ caller's leading dims, padded on the left with size-1 dims.
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.library import triton_op, wrap_triton
+from triton.runtime import JITFunction
+from triton.runtime import driver as _driver
 
 from ....errors import PosencTypeError, PosencValueError
+from .kernel import overlap
 
 __all__ = ["rotate_pair_triton", "rotate_triton"]
 
@@ -60,6 +82,32 @@ TILE_ELEMENTS = 1024
 NUM_WARPS = 4
 #: Heads a program turns with the same table rows (the table is loaded once for them).
 HEADS_PER_PROGRAM = 4
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # (before Triton 3.4)
+    _knobs = None
+
+
+def _calls_the_launcher_as_we_do() -> bool:
+    """Whether this Triton's ``JITFunction.run`` launches a compiled kernel with the call
+    :func:`_launch_compiled` repeats (read in its source once, at import): only then do later
+    launches of a plan skip it; otherwise every launch goes through it."""
+    try:
+        source = inspect.getsource(JITFunction.run)
+    except (OSError, TypeError):
+        return False
+    call = (
+        "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
+        "launch_metadata,"
+    )
+    hooks = "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())"
+    flat = " ".join(source.split())
+    return _knobs is not None and call in flat and hooks in flat
+
+
+#: Whether a plan's later launches call the compiled kernel directly (:func:`_run`).
+_DIRECT = _calls_the_launcher_as_we_do()
 
 
 # fmt: off
@@ -98,7 +146,9 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
     ``rows`` of batch ``b``, by ``cos``/``sin`` (or each head's own table rows)."""
     for i in tl.static_range(HEADS):
         h = (h0 + i).to(tl.int64)
-        head_ok = h0 + i < H
+        # (BLOCK_N,), not a 0-d boolean: Triton 3.9's interpreter widens one broadcast into
+        # a mask to int32, which its loads refuse
+        head_ok = rows * 0 + (h0 + i) < H
         if TABLE_PER_HEAD:  # tables (or positions) that differ from head to head
             cos, sin = _table(COS, SIN, POS, b, h, rows, row_ok, mask, jt, ROWS, c_sb, c_sh,
                               c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn, SIGN, HAS_POS)
@@ -114,7 +164,7 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
             y = tl.reshape(tl.join(y1, y2), (BLOCK_N, 2 * BLOCK_HALF))
             tl.store(o_row + c[None, :] * o_sd, y.to(O.dtype.element_ty), mask=xm)
         else:  # the halves x[:r/2] and x[r/2:r]
-            xm = mask & head_ok
+            xm = mask & head_ok[:, None]
             x1 = tl.load(x_row + jt[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             x2 = tl.load(x_row + (jt + HALF)[None, :] * x_sd, mask=xm, other=0.0).to(tl.float32)
             y1 = x1 * cos - x2 * sin
@@ -132,20 +182,25 @@ def _heads(X, O, h0, H, b, rows, row_ok, mask, jt, cos, sin, HALF, REST,
 @triton.jit
 def _rotary_kernel(
     Q, OQ, K, OK, COS, SIN, POS,
-    HQ, HK, N, HALF, REST, ROWS,
+    HQ, HK, N, HALF: tl.constexpr, REST: tl.constexpr, ROWS,
     q_sb, q_sh, q_sn, q_sd, oq_sb, oq_sh, oq_sn, oq_sd,
     k_sb, k_sh, k_sn, k_sd, ok_sb, ok_sh, ok_sn, ok_sd,
     c_sb, c_sh, c_sn, c_sd, s_sb, s_sh, s_sn, s_sd, p_sb, p_sh, p_sn,
-    GROUPS_Q,
+    GROUPS_Q, GROUPS, ROW_BLOCKS,
     SIGN: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POS: tl.constexpr,
     TABLE_PER_HEAD: tl.constexpr, COPY_REST: tl.constexpr, HEADS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
 ):
-    """Program ``(i, b, g)``: rows ``i * BLOCK_N ...`` of batch ``b``, heads ``g * HEADS ...``
-    of q (the first ``GROUPS_Q`` groups) or of k (the rest)."""
-    b = tl.program_id(1).to(tl.int64)
-    g = tl.program_id(2)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) along n
+    """Program ``(i, g, b)``, numbered ``i + ROW_BLOCKS * (g + GROUPS * b)`` along grid x
+    (:func:`launch_grid`): rows ``i * BLOCK_N ...`` of batch ``b``, heads ``g * HEADS ...`` of
+    q (the first ``GROUPS_Q`` groups) or of k (the rest). The rotated width (``HALF`` pairs,
+    ``REST`` kept channels) is a constant of the compiled kernel, so that the masks of a
+    width that is not a power of two (head sizes 80, 112) keep wide accesses."""
+    pid = tl.program_id(0)
+    i = pid % ROW_BLOCKS
+    g = (pid // ROW_BLOCKS) % GROUPS
+    b = (pid // ROW_BLOCKS // GROUPS).to(tl.int64)
+    rows = i * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) along n
     j = tl.arange(0, BLOCK_HALF)  # (BLOCK_HALF,) pairs
     row_ok = rows < N
     mask = row_ok[:, None] & (j < HALF)[None, :]  # (BLOCK_N, BLOCK_HALF)
@@ -176,11 +231,35 @@ def _rotary_kernel(
 # fmt: on
 
 
-def _lead4(t: Tensor) -> tuple[int, int, int, int]:
-    """Strides of ``t``'s dims as the kernel's ``(B, H, N, channels)``: leading dims padded
+# --------------------------------------------------------------------------- the launch
+
+#: The most programs along grid x (CUDA's limit; y and z take 65,535).
+MAX_GRID_X = 2**31 - 1
+#: Launch plans kept (:func:`_launch`); past this many the cache starts over (a prefill of
+#: every length from 1 to this makes one plan each).
+MAX_PLANS = 1024
+
+
+def launch_grid(row_blocks: int, batch: int, groups: int) -> tuple[int, int, int]:
+    """The grid of a launch over ``row_blocks`` blocks of rows, ``batch`` batches and
+    ``groups`` groups of heads (q's and k's): every program along grid x, numbered
+    ``i + row_blocks * (g + groups * b)`` as :func:`_rotary_kernel` reads it, so that no
+    count lands on y or z, where CUDA takes at most 65,535 (a heads-last ``(b, n, h, d)``
+    pair is ``2 n`` groups of one head)."""
+    programs = row_blocks * batch * groups
+    if programs > MAX_GRID_X:
+        raise PosencValueError(
+            f"the rotation needs {programs} programs ({row_blocks} blocks of rows x {batch} "
+            f"x {groups} groups of heads), more than CUDA's {MAX_GRID_X}"
+        )
+    return programs, 1, 1
+
+
+def _lead4(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Strides of a tensor's dims as the kernel's ``(B, H, N, channels)``: leading dims padded
     on the left with stride 0 (size 1), a size-1 dim given stride 0 (broadcast)."""
-    own = [s if n != 1 else 0 for n, s in zip(t.shape, t.stride(), strict=True)]
-    strides = [0] * (4 - t.dim()) + own
+    own = [s if n != 1 else 0 for n, s in zip(shape, stride, strict=True)]
+    strides = [0] * (4 - len(shape)) + own
     return strides[0], strides[1], strides[2], strides[3]
 
 
@@ -188,6 +267,14 @@ def _shape4(t: Tensor) -> tuple[int, int, int, int]:
     """``t``'s shape as the kernel's ``(B, H, N, channels)``."""
     shape = (1,) * (4 - t.dim()) + tuple(t.shape)
     return shape[0], shape[1], shape[2], shape[3]
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _check_positions(positions: Tensor, rows: int) -> None:
@@ -202,14 +289,13 @@ def _check_positions(positions: Tensor, rows: int) -> None:
         )
 
 
-def _broadcasts(name: str, t: Tensor, lead: tuple[int, int, int], dims: int) -> None:
-    """Raise unless the first ``dims`` dims of ``t`` broadcast against ``lead``."""
-    shape = tuple(t.shape[:dims])
+def _broadcasts(name: str, shape: tuple[int, ...], lead: tuple[int, int, int]) -> None:
+    """Raise unless ``shape`` (a tensor's leading dims) broadcasts against ``lead``."""
     if len(shape) > 3 or any(
         s not in (1, want) for s, want in zip(reversed(shape), reversed(lead), strict=False)
     ):
         raise PosencValueError(
-            f"{name} of shape {tuple(t.shape)} does not broadcast against the leading dims "
+            f"{name} of shape {shape} does not broadcast against the leading dims "
             f"{lead} of the rotated tensor"
         )
 
@@ -220,10 +306,9 @@ def _table_strides(
     positions: Tensor | None,
     lead: tuple[int, int, int],
     half: int,
-) -> tuple[tuple, tuple, tuple, Tensor, int]:
-    """The table and position strides the kernel walks over ``(B, H, N, pairs)``, the
-    positions tensor it reads (``cos`` as a dummy where there are none) and the number of
-    table rows (0 without positions)."""
+) -> tuple[tuple, tuple, tuple, int]:
+    """The table and position strides the kernel walks over ``(B, H, N, pairs)`` and the
+    number of table rows (0 without positions)."""
     for t in (cos, sin):
         if t.dim() < 1 or t.shape[-1] != half or t.shape != cos.shape:
             raise PosencValueError(
@@ -231,8 +316,9 @@ def _table_strides(
                 f"and {tuple(sin.shape)}"
             )
     if positions is None:
-        _broadcasts("cos", cos, lead, cos.dim() - 1)
-        return _lead4(cos), _lead4(sin), (0, 0, 0), cos, 0
+        _broadcasts("cos", tuple(cos.shape[:-1]), lead)
+        c = _lead4(tuple(cos.shape), cos.stride())
+        return c, _lead4(tuple(sin.shape), sin.stride()), (0, 0, 0), 0
     if positions.dtype not in (torch.int64, torch.int32):
         raise PosencTypeError(f"positions must be int64 or int32, got {positions.dtype}")
     if cos.dim() != 2:
@@ -240,16 +326,41 @@ def _table_strides(
             f"with positions, cos and sin must be whole (rows, {half}) tables, got "
             f"{tuple(cos.shape)}"
         )
-    if positions.dim() == 2 and positions.shape == (lead[0], lead[2]) and lead[1] > 1:
-        positions = positions[:, None]  # (b, n) -> (b, 1, n): one row per batch, all heads
-    _broadcasts("positions", positions, lead, positions.dim())
-    strides = _lead4(positions[..., None])[:3]
+    shape, stride = tuple(positions.shape), positions.stride()
+    if len(shape) == 2 and shape == (lead[0], lead[2]) and lead[1] > 1:
+        shape, stride = (shape[0], 1, shape[1]), (stride[0], 0, stride[1])  # (b, n) -> (b, 1, n)
+    _broadcasts("positions", shape, lead)
+    p_strides = _lead4((*shape, 1), (*stride, 1))[:3]
     c_strides = (0, 0, cos.stride(0), cos.stride(1))
     s_strides = (0, 0, sin.stride(0), sin.stride(1))
-    return c_strides, s_strides, strides, positions, cos.shape[0]
+    return c_strides, s_strides, p_strides, cos.shape[0]
 
 
-def _launch(
+@dataclass(eq=False)
+class LaunchPlan:
+    """What a launch for one set of shapes, strides, dtypes, alignments and switches passes,
+    computed once (:func:`_plan`) and reused by every later call with the same key.
+
+    ``grid``: :func:`launch_grid`'s (``None``: nothing to turn); ``tail``: the kernel's
+    arguments after its seven tensors, in its order (integers and constexprs); ``rows``: the
+    table rows positions index (0 without positions); ``device``: the CUDA device index
+    (``None`` for CPU tensors under the interpreter); ``compiled``: the compiled kernel once
+    a first launch through ``JITFunction.run`` made it, which later launches call directly
+    (:func:`_launch_compiled`)."""
+
+    grid: tuple[int, int, int] | None
+    tail: tuple
+    num_warps: int
+    rows: int
+    device: int | None
+    compiled: Any = None
+
+
+#: Plans by :func:`_key`.
+_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def _key(
     q: Tensor,
     out_q: Tensor,
     k: Tensor | None,
@@ -259,8 +370,65 @@ def _launch(
     positions: Tensor | None,
     interleaved: bool,
     clockwise: bool,
-    checked: bool,
-) -> None:
+) -> tuple:
+    """Everything a plan depends on: shapes, strides, dtypes, the device, which outputs are
+    the inputs, whether each pointer is 16-byte aligned (Triton compiles aligned pointers
+    into wider accesses) and the switches."""
+    key = (
+        q.shape,
+        q.stride(),
+        out_q.stride(),
+        q.dtype,
+        q.device,
+        out_q is q,
+        not q.data_ptr() & 15,
+        not out_q.data_ptr() & 15,
+        cos.shape,
+        cos.stride(),
+        sin.shape,
+        sin.stride(),
+        cos.dtype,
+        sin.dtype,
+        not cos.data_ptr() & 15,
+        not sin.data_ptr() & 15,
+        interleaved,
+        clockwise,
+    )
+    if k is not None:
+        assert out_k is not None
+        key += (
+            k.shape,
+            k.stride(),
+            out_k.stride(),
+            k.dtype,
+            k.device,
+            out_k is k,
+            not k.data_ptr() & 15,
+            not out_k.data_ptr() & 15,
+        )
+    if positions is not None:
+        key += (
+            positions.shape,
+            positions.stride(),
+            positions.dtype,
+            positions.device,
+            not positions.data_ptr() & 15,
+        )
+    return key
+
+
+def _plan(
+    q: Tensor,
+    out_q: Tensor,
+    k: Tensor | None,
+    out_k: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor | None,
+    interleaved: bool,
+    clockwise: bool,
+) -> LaunchPlan:
+    """Check the tensors and compute the launch (plain integer arithmetic)."""
     for name, t in (("q", q), ("k", k)):
         if t is not None and not 1 <= t.dim() <= 4:
             raise PosencValueError(f"{name} must have 1 to 4 dims, got shape {tuple(t.shape)}")
@@ -279,60 +447,134 @@ def _launch(
         )
     if r > d:
         raise PosencValueError(f"tables of {half} pairs need at least {r} channels, got {d}")
-    c_strides, s_strides, p_strides, pos, rows = _table_strides(
-        cos, sin, positions, (bq, hq, n), half
-    )
-    if positions is not None and not checked:
-        _check_positions(positions, rows)
+    c_strides, s_strides, p_strides, rows = _table_strides(cos, sin, positions, (bq, hq, n), half)
     table_per_head = c_strides[1] != 0 or s_strides[1] != 0 or p_strides[1] != 0
     if table_per_head and hk and hk != hq:
         raise PosencValueError(
             f"tables that differ from head to head need as many key heads as query heads, "
             f"got {hq} and {hk}"
         )
+    device = q.device.index if q.is_cuda else None
     if not (q.numel() and n):
-        return
-    block_half = triton.next_power_of_2(half)
-    block_n = max(1, min(triton.next_power_of_2(n), TILE_ELEMENTS // block_half))
+        return LaunchPlan(None, (), 1, rows, device)
+    block_half = _next_power_of_2(half)
+    block_n = max(1, min(_next_power_of_2(n), TILE_ELEMENTS // block_half))
     heads = 1 if table_per_head else HEADS_PER_PROGRAM
-    groups_q = triton.cdiv(hq, heads)
-    groups = groups_q + triton.cdiv(hk, heads)
+    groups_q = _cdiv(hq, heads)
+    groups = groups_q + _cdiv(hk, heads)
+    row_blocks = _cdiv(n, block_n)
     # (where one of q, k turns in place, it copies its own channels onto themselves)
     copy_rest = r < d and not (out_q is q and out_k is k)
-    grid = (triton.cdiv(n, block_n), bq, groups)
-    warps = max(1, min(NUM_WARPS, block_n * block_half // 256))
-    _rotary_kernel[grid](
-        q,
-        out_q,
-        k,
-        out_k,
-        cos,
-        sin,
-        pos,
+    tail = (
         hq,
         hk,
         n,
         half,
         d - r,
         rows,
-        *_lead4(q),
-        *_lead4(out_q),
-        *_lead4(k),
-        *_lead4(out_k),
+        *_lead4(tuple(q.shape), q.stride()),
+        *_lead4(tuple(out_q.shape), out_q.stride()),
+        *_lead4(tuple(k.shape), k.stride()),
+        *_lead4(tuple(out_k.shape), out_k.stride()),
         *c_strides,
         *s_strides,
         *p_strides,
         groups_q,
-        SIGN=-1.0 if clockwise else 1.0,
-        INTERLEAVED=interleaved,
-        HAS_POS=positions is not None,
-        TABLE_PER_HEAD=table_per_head,
-        COPY_REST=copy_rest,
-        HEADS=heads,
-        BLOCK_N=block_n,
-        BLOCK_HALF=block_half,
-        BLOCK_REST=triton.next_power_of_2(max(d - r, 1)),
-        num_warps=warps,
+        groups,
+        row_blocks,
+        -1.0 if clockwise else 1.0,  # SIGN
+        interleaved,
+        positions is not None,  # HAS_POS
+        table_per_head,
+        copy_rest,
+        heads,
+        block_n,
+        block_half,
+        _next_power_of_2(max(d - r, 1)),  # BLOCK_REST
+    )
+    warps = max(1, min(NUM_WARPS, block_n * block_half // 256))
+    return LaunchPlan(launch_grid(row_blocks, bq, groups), tail, warps, rows, device)
+
+
+def _launch(
+    q: Tensor,
+    out_q: Tensor,
+    k: Tensor | None,
+    out_k: Tensor | None,
+    cos: Tensor,
+    sin: Tensor,
+    positions: Tensor | None,
+    interleaved: bool,
+    clockwise: bool,
+    checked: bool,
+) -> None:
+    """One launch turning ``q`` into ``out_q`` (and ``k`` into ``out_k``), by the plan made
+    for these tensors' key (:func:`_key`) on the first such call: the checks and the
+    arithmetic of :func:`_plan` run once per key, not per call."""
+    key = _key(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if positions is not None and not checked:
+        _check_positions(positions, plan.rows)
+    if plan.grid is None:
+        return
+    if k is None:
+        k, out_k = q, out_q
+    pos = cos if positions is None else positions  # (a dummy pointer without positions)
+    device = plan.device
+    if device is not None and device != torch.cuda.current_device():
+        with torch.cuda.device(device):  # (the kernel is loaded, and runs, on q's device)
+            _run(plan, q, out_q, k, out_k, cos, sin, pos)
+    else:
+        _run(plan, q, out_q, k, out_k, cos, sin, pos)
+
+
+def _run(plan: LaunchPlan, *tensors: Tensor) -> None:
+    """The plan's launch on the current device: the compiled kernel called directly where a
+    first launch made it, else (that first launch, or Triton's interpreter) through
+    ``JITFunction.run``, which binds, specialises and compiles."""
+    compiled = plan.compiled
+    if compiled is not None:
+        _launch_compiled(compiled, plan, tensors)
+        return
+    assert plan.grid is not None
+    made = _rotary_kernel[plan.grid](
+        *tensors,
+        *plan.tail,
+        num_warps=plan.num_warps,
+        enable_fp_fusion=True,  # (Triton's default before 3.10, stated: 3.9 warns where unset)
+    )
+    if _DIRECT and hasattr(made, "packed_metadata") and hasattr(made, "function"):
+        plan.compiled = made
+
+
+def _launch_compiled(compiled: Any, plan: LaunchPlan, tensors: tuple[Tensor, ...]) -> None:
+    """What ``JITFunction.run`` does once it has found the compiled kernel (Triton 3.4-3.6):
+    the launcher called with the grid, the current stream, the kernel's handle and metadata,
+    the launch hooks, and every argument in the kernel's order."""
+    drv = _driver.active
+    device = plan.device  # (the current device here: _launch made it so)
+    stream = drv.get_current_stream(drv.get_current_device() if device is None else device)
+    grid = plan.grid
+    assert grid is not None
+    args = (*tensors, *plan.tail)
+    enter = _knobs.runtime.launch_enter_hook
+    metadata = None if enter is None else compiled.launch_metadata(grid, stream, *args)
+    compiled.run(
+        grid[0],
+        grid[1],
+        grid[2],
+        stream,
+        compiled.function,
+        compiled.packed_metadata,
+        metadata,
+        enter,
+        _knobs.runtime.launch_exit_hook,
+        *args,
     )
 
 
@@ -398,8 +640,55 @@ def rotate_pair_triton(
     """:func:`rotate_triton` for ``q`` ``(b, hq, n, d)`` and ``k`` ``(b, hk, n, d)`` turned by
     the same table rows in one launch (tables that differ from head to head, e.g. heads-last
     ``(b, n, h, d)`` pairs, need ``hq == hk``).
-    ``out_q``/``out_k``: ``q``/``k`` themselves for in place (they must not overlap), others,
-    or ``None`` for new contiguous tensors."""
+    ``out_q``/``out_k``: ``q``/``k`` themselves for in place, others, or ``None`` for new
+    contiguous tensors; given ones must not share memory (:func:`~.kernel.overlap`), which
+    would turn the shared elements twice: :class:`~posenc.errors.PosencValueError`."""
+    if out_q is not None and out_k is not None and overlap(out_q, out_k) is not False:
+        raise PosencValueError(
+            f"q and k's outputs share memory, or may (out_q and out_k: q and k in place), "
+            f"which would turn the shared elements twice: out_q at byte "
+            f"{out_q.data_ptr()}, strides {tuple(out_q.stride())}; out_k at byte "
+            f"{out_k.data_ptr()}, strides {tuple(out_k.stride())}"
+        )
     out_q, out_k = _output(q, out_q), _output(k, out_k)
     _launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, checked)
     return out_q, out_k
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+@triton_op("posenc::rotary_pair_triton", mutates_args=())
+def rotary_pair_op(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool
+) -> tuple[Tensor, Tensor]:
+    """``q`` and ``k`` turned by ``cos``/``sin`` (broadcasting against ``q.shape[:-1]``) into
+    new contiguous tensors, one launch, as an operator whose launch ``torch.compile`` sees
+    (:func:`torch.library.wrap_triton`): inductor launches the kernel itself, from its own
+    generated code. Run eagerly, it launches the kernel; on fake tensors, it only makes the
+    outputs. Its gradient is the same operator turning the other way (``clockwise``)."""
+    out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
+    plan = _plan(q, out_q, k, out_k, cos, sin, None, interleaved, clockwise)
+    if plan.grid is not None:
+        tensors = (q, out_q, k, out_k, cos, sin, cos)
+        wrap_triton(_rotary_kernel)[plan.grid](
+            *tensors, *plan.tail, num_warps=plan.num_warps, enable_fp_fusion=True
+        )
+    return out_q, out_k
+
+
+def _pair_op_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    _, _, cos, sin, interleaved, clockwise = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved, ctx.clockwise = interleaved, clockwise
+
+
+def _pair_op_backward(ctx: Any, grad_q: Tensor, grad_k: Tensor) -> tuple:
+    """Eq. 34 is orthogonal: the gradients turned the other way by the same operator."""
+    cos, sin = ctx.saved_tensors
+    back_q, back_k = rotary_pair_op(grad_q, grad_k, cos, sin, ctx.interleaved, not ctx.clockwise)
+    return back_q, back_k, None, None, None, None
+
+
+rotary_pair_op.register_autograd(_pair_op_backward, setup_context=_pair_op_context)
