@@ -9,6 +9,10 @@ compared bit for bit with the path that reads the positions (``bounded_positions
 by ``None``, as before), for every rotary scheme, through :class:`~posenc.Encoder` with a
 :class:`~posenc.KVCache`: plain, left-padded and packed prompts, then single steps and a
 chunk of two. ``benchmarks/sync_check.py --decode`` makes the same check on a GPU.
+
+Also counted: the constants posenc's code makes with ``torch.tensor`` (on CUDA a copy from
+the host, which waits for the stream) in flex attention with a mask, Shaw's bias and the
+sampling of a token: none, they are filled on the device.
 """
 
 from __future__ import annotations
