@@ -9,10 +9,15 @@ compared bit for bit with the path that reads the positions (``bounded_positions
 by ``None``, as before), for every rotary scheme, through :class:`~posenc.Encoder` with a
 :class:`~posenc.KVCache`: plain, left-padded and packed prompts, then single steps and a
 chunk of two. ``benchmarks/sync_check.py --decode`` makes the same check on a GPU.
+
+Also counted: the constants posenc's code makes with ``torch.tensor`` (on CUDA a copy from
+the host, which waits for the stream) in flex attention with a mask, Shaw's bias and the
+sampling of a token: none, they are filled on the device.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -235,3 +240,67 @@ def test_positions_past_2_to_the_53_are_refused_without_a_read(
         ):
             encoder(x, cache=cache)
         assert calls == []
+
+
+# --------------------------------------------------------------------------- host copies
+
+
+@contextmanager
+def host_copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
+    """The values posenc's code made into tensors with ``torch.tensor``: on CUDA each is a
+    copy from the host, which waits for the stream (a synchronisation as a read is);
+    ``torch.full`` fills on the device instead. (torch's own calls are not counted: its
+    eager flex attention on the CPU makes one.)"""
+    made: list[object] = []
+    real = torch.tensor
+
+    def counted(data, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("posenc"):
+            made.append(data)
+        return real(data, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "tensor", counted)
+        yield made
+
+
+@pytest.mark.parametrize("pe", ["alibi", "shaw"])
+def test_flex_with_a_mask_copies_nothing_from_the_host(
+    pe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flex attention with a causal mask (its offset) and Shaw's bias (its clip distance):
+    the constants are filled on the device; the output equals the math backend's."""
+    torch.manual_seed(0)
+    attn = posenc.MultiHeadAttention(16, 2, pe=pe, causal=True, backend="flex").eval()
+    ref = posenc.MultiHeadAttention(16, 2, pe=pe, causal=True, backend="math").eval()
+    ref.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        with host_copies(monkeypatch) as made:
+            got = attn(x)
+        assert attn.last_backend == "flex"
+        assert made == []
+        assert_close(got, ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_a_token_copies_nothing_from_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """top-k and nucleus cuts fill -inf from a Python number, and cut what they did before:
+    the tokens outside the top 3, then those past the 0.6 nucleus."""
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 5.0, 5.0, -1.0]])
+    with host_copies(monkeypatch) as made:
+        drawn = [
+            posenc.generation.sample_next(
+                logits,
+                temperature=1.0,
+                top_k=3,
+                top_p=0.6,
+                generator=torch.Generator().manual_seed(s),
+            )
+            for s in range(40)
+        ]
+    assert made == []
+    drawn = torch.stack(drawn)  # (draws, b)
+    # row 0: softmax of (4, 3, 2) gives 0.665 to token 0, past 0.6 alone; row 1: tokens 2
+    # and 3 hold 0.5 each, past 0.6 together
+    assert set(drawn[:, 0].tolist()) == {0}
+    assert set(drawn[:, 1].tolist()) == {2, 3}

@@ -189,7 +189,9 @@ def _mask_mod(
 ) -> Callable[..., Tensor] | None:
     if not causal and keep is None:
         return None
-    shift = torch.tensor(offset, device=device)  # a tensor: no recompilation per offset
+    # a tensor: no recompilation per offset; filled on the device (torch.tensor would copy
+    # from the host, which on CUDA waits for the stream)
+    shift = torch.full((), offset, device=device)
     if causal and keep is not None:
         return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx + shift) & keep[b, kv_idx]
     if causal:

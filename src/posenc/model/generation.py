@@ -47,15 +47,16 @@ def sample_next(
     work = logits.to(torch.promote_types(logits.dtype, torch.float32))
     # shift first: the largest logit becomes 0, so a tiny temperature gives -inf, never NaN
     work = (work - work.amax(dim=-1, keepdim=True)) / temperature
-    blocked = torch.tensor(-math.inf, dtype=work.dtype, device=work.device)
+    # (-inf filled in place of the cut logits: a Python number, no tensor copied from the
+    # host, which on CUDA waits for the stream at every token)
     if top_k is not None and top_k < work.shape[-1]:
         kth = work.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
-        work = torch.where(work < kth, blocked, work)
+        work = work.masked_fill(work < kth, -math.inf)
     if top_p is not None and top_p < 1.0:
         ordered, order = work.sort(dim=-1, descending=True)
         probs = ordered.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # the mass of the more likely tokens
-        cut = torch.where(before >= top_p, blocked, ordered)
+        cut = ordered.masked_fill(before >= top_p, -math.inf)
         work = torch.empty_like(work).scatter_(-1, order, cut)
     probs = work.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

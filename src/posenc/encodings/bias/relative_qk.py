@@ -161,7 +161,8 @@ class ShawRelativeBias(BiasEncoding):
         require_integral("k_positions", k_pos, "ShawRelativeBias")
         terms = self._query_terms(q)  # (b, h, nq, 2K+1)
         at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long())
-        K = torch.tensor(self.max_distance, device=q.device)  # a tensor: no recompile per K
+        # a tensor: no recompile per K; filled on the device, not copied from the host
+        K = torch.full((), self.max_distance, device=q.device)
 
         def shaw(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             r = (at_k(b, kv_idx) - at_q(b, q_idx)).clamp(-K, K) + K
