@@ -12,6 +12,7 @@ from .attention.module import MultiHeadAttention
 from .attention.query_scale import QueryScale
 from .attention.sdpa import scaled_dot_product_attention
 from .encodings.absolute.learned import LearnedPositionalEncoding
+from .encodings.absolute.learned_2d import LearnedPositionalEncoding2D
 from .encodings.absolute.sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
     Sinusoidal2DPositionalEncoding,
@@ -90,6 +91,7 @@ __all__ = [
     "InterleavedRotaryEmbedding",
     "KVCache",
     "LearnedPositionalEncoding",
+    "LearnedPositionalEncoding2D",
     "MemoryBudgetError",
     "MultiHeadAttention",
     "MultimodalRotaryEmbedding",
