@@ -92,6 +92,7 @@ FACTS: dict[str, Facts] = {
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
     "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
+    "swinv2-cpb": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
 }
 
 

@@ -36,7 +36,7 @@ from .encodings.bias.alibi import ALiBi, alibi_slopes
 from .encodings.bias.cope import CoPE
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
-from .encodings.bias.swin import SwinRelativeBias
+from .encodings.bias.swin import SwinRelativeBias, SwinV2ContinuousBias
 from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
 from .encodings.registry import Entry, available, build, build_for_model, entry, register
 from .encodings.rope_types.registry import (
@@ -116,6 +116,7 @@ __all__ = [
     "SinusoidalNDPositionalEncoding",
     "SinusoidalPositionalEncoding",
     "SwinRelativeBias",
+    "SwinV2ContinuousBias",
     "T5RelativeBias",
     "TransformerModel",
     "TransformerXLRelativeBias",

@@ -5,17 +5,19 @@ table resized to a new window included), against the index written out pair by p
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
 import torch
 from torch.testing import assert_close
-from transformers import BeitConfig
+from transformers import BeitConfig, Swinv2Config
 from transformers.models.beit.modeling_beit import BeitRelativePositionBias
 from transformers.models.swin.modeling_swin import SwinRelativePositionBias
+from transformers.models.swinv2.modeling_swinv2 import Swinv2SelfAttention
 
 import posenc
-from posenc import SwinRelativeBias
+from posenc import SwinRelativeBias, SwinV2ContinuousBias
 from posenc.encodings.bias.swin import window_coordinates
 from posenc.errors import PosencTypeError, PosencValueError
 from tests.encodings.bias.test_score_mod_training import _captured, _Reads
@@ -31,9 +33,10 @@ def _random(pe: SwinRelativeBias) -> SwinRelativeBias:
     return pe
 
 
-def test_is_the_grid_bias_scheme() -> None:
-    assert GRID_BIAS == ["swin-bias"]
+def test_are_the_grid_bias_schemes() -> None:
+    assert GRID_BIAS == ["swin-bias", "swinv2-cpb"]
     assert isinstance(posenc.build_for_model("swin-bias", 16, 4), SwinRelativeBias)
+    assert isinstance(posenc.build_for_model("swinv2-cpb", 16, 4), SwinV2ContinuousBias)
 
 
 @pytest.mark.parametrize("window", [(3, 3), (2, 3), (4, 2)])
@@ -196,6 +199,108 @@ def test_encoder_refuses_missing_coordinates() -> None:
         enc(torch.zeros(1, 9, 12))
 
 
+# --------------------------------------------------------------------------- swinv2-cpb
+
+
+def _swinv2(window: tuple[int, int], pretrained: tuple[int, int]) -> Swinv2SelfAttention:
+    config = Swinv2Config(embed_dim=4 * HEADS, qkv_bias=True)
+    theirs = Swinv2SelfAttention(
+        config, 4 * HEADS, HEADS, window, pretrained_window_size=list(pretrained)
+    )
+    with torch.no_grad():
+        for p in theirs.continuous_position_bias_mlp.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return theirs
+
+
+def _ours_from(theirs: Swinv2SelfAttention, window, pretrained) -> SwinV2ContinuousBias:  # type: ignore[no-untyped-def]
+    ours = SwinV2ContinuousBias(HEADS, window=window, pretrained_window=pretrained)
+    ours.continuous_position_bias_mlp.load_state_dict(
+        theirs.continuous_position_bias_mlp.state_dict()
+    )
+    return ours
+
+
+@pytest.mark.parametrize(
+    ("window", "pretrained"), [((3, 3), (0, 0)), ((2, 3), (0, 0)), ((4, 4), (3, 3))]
+)
+def test_cpb_equals_transformers_swinv2(
+    window: tuple[int, int], pretrained: tuple[int, int]
+) -> None:
+    """Swinv2SelfAttention with zero query and key weights attends by softmax(16·sigmoid(...))
+    alone: its attention probabilities are the softmax of posenc's bias."""
+    torch.manual_seed(0)
+    theirs = _swinv2(window, pretrained)
+    ours = _ours_from(theirs, window, pretrained)
+    with torch.no_grad():
+        for layer in (theirs.query, theirs.key):
+            layer.weight.zero_()
+            layer.bias.zero_() if layer.bias is not None else None
+        n = window[0] * window[1]
+        _, probs = theirs(torch.randn(1, n, 4 * HEADS), output_attentions=True)
+        coords = window_coordinates(*window)
+        bias = ours.bias(coords, coords)
+        # their bias, read from their own buffers and MLP as their forward reads it
+        table = theirs.continuous_position_bias_mlp(theirs.relative_coords_table).view(-1, HEADS)
+        want = 16 * torch.sigmoid(table[theirs.relative_position_index.view(-1)].view(n, n, HEADS))
+    assert ((bias - want.permute(2, 0, 1)).abs().max() / want.abs().max()).item() <= 2e-6
+    assert_close(torch.softmax(bias, dim=-1), probs[0], rtol=2e-5, atol=1e-7)
+
+
+def test_cpb_equals_the_formula_in_float64() -> None:
+    """16·sigmoid(W2 relu(W1 f(Δ) + b1)) with f the log-spaced offset, per pair, float64,
+    for coordinates spanning more than the window (the MLP extrapolates)."""
+    torch.manual_seed(2)
+    pe = SwinV2ContinuousBias(HEADS, window=(3, 4), mlp_dim=16).double()
+    coords = torch.randint(0, 6, (5, 2))
+    got = pe.bias(coords, coords, q=torch.zeros(1, HEADS, 5, 4, dtype=torch.float64))
+    w1, b1 = pe.continuous_position_bias_mlp[0].weight, pe.continuous_position_bias_mlp[0].bias
+    w2 = pe.continuous_position_bias_mlp[2].weight
+    for i in range(5):
+        for j in range(5):
+            f = []
+            for axis, size in enumerate((3, 4)):
+                u = 8.0 * float(coords[i, axis] - coords[j, axis]) / (size - 1)
+                f.append(math.copysign(math.log2(1 + abs(u)), u) / 3.0)
+            hidden = torch.relu(w1 @ torch.tensor(f, dtype=torch.float64) + b1)
+            want = 16 * torch.sigmoid(w2 @ hidden)
+            assert_close(got[:, i, j], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_cpb_score_mod_values_and_gradients_equal_the_bias(batched: bool) -> None:
+    torch.manual_seed(0)
+    pe = SwinV2ContinuousBias(HEADS, window=(2, 3), mlp_dim=8).double()
+    coords = window_coordinates(3, 3)
+    if batched:
+        coords = torch.stack([coords, coords.flip(0) + 4])
+    q = torch.zeros(2, HEADS, 9, 4, dtype=torch.float64)
+    mod = pe.score_mod(coords, coords, q=q)
+    assert mod is not None
+    got = _on_grid(mod, 2, HEADS, 9, 9)
+    want = pe.bias(coords, coords, q=q).expand(2, HEADS, 9, 9)
+    assert_close(got, want, rtol=0, atol=0)
+    weight = torch.randn(2, HEADS, 9, 9, dtype=torch.float64)
+    params = list(pe.parameters())
+    grads = torch.autograd.grad((got * weight).sum(), params)
+    wants = torch.autograd.grad((want * weight).sum(), params)
+    for grad, grad_want in zip(grads, wants, strict=True):
+        assert_close(grad, grad_want, rtol=1e-10, atol=1e-12)
+    learned = [t for t in _captured(mod) if t.requires_grad]
+    assert learned
+    with _Reads(learned) as reads:
+        mod(torch.zeros((), dtype=torch.float64), *(torch.tensor(i) for i in (1, 2, 3, 0)))
+    assert all(reads.reads[id(t)] == [True] for t in learned)
+
+
+def test_cpb_in_attention_and_relative() -> None:
+    torch.manual_seed(0)
+    attn = posenc.MultiHeadAttention(12, HEADS, pe="swinv2-cpb")
+    coords = window_coordinates(3, 3)
+    x = torch.randn(2, 9, 12)
+    assert_close(attn(x, positions=coords + 7), attn(x, positions=coords), rtol=0, atol=0)
+
+
 MISUSE = [
     Misuse("heads 0", lambda: SwinRelativeBias(0), PosencValueError, "num_heads", 0),
     Misuse(
@@ -234,6 +339,14 @@ MISUSE = [
         (3, 3, 2),
     ),
     Misuse("resize 0", lambda: SwinRelativeBias(2).resize(0), PosencValueError, "window[0]", 0),
+    Misuse("cpb mlp 0", lambda: SwinV2ContinuousBias(2, mlp_dim=0), PosencValueError, "mlp_dim", 0),
+    Misuse(
+        "cpb pretrained",
+        lambda: SwinV2ContinuousBias(2, pretrained_window=(3, -1)),
+        PosencValueError,
+        "pretrained_window[1]",
+        -1,
+    ),
 ]
 
 
