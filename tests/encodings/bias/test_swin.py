@@ -222,7 +222,8 @@ def _ours_from(theirs: Swinv2SelfAttention, window, pretrained) -> SwinV2Continu
 
 
 @pytest.mark.parametrize(
-    ("window", "pretrained"), [((3, 3), (0, 0)), ((2, 3), (0, 0)), ((4, 4), (3, 3))]
+    ("window", "pretrained"),
+    [((3, 3), (0, 0)), ((2, 3), (0, 0)), ((1, 3), (0, 0)), ((4, 4), (3, 3))],
 )
 def test_cpb_equals_transformers_swinv2(
     window: tuple[int, int], pretrained: tuple[int, int]
