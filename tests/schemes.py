@@ -30,8 +30,10 @@ def of_family(family: str) -> list[str]:
     return [name for name in NAMES if posenc.entry(name).family == family]
 
 
-#: The bias schemes.
-BIAS: list[str] = of_family("bias")
+#: The bias schemes on sequences, which the shared bias tests hand 1-D positions.
+BIAS: list[str] = [name for name in of_family("bias") if posenc.entry(name).cls.axes == 1]
+#: The bias schemes on grids (``(n, 2)`` coordinates): each tested in its own file.
+GRID_BIAS: list[str] = [name for name in of_family("bias") if posenc.entry(name).cls.axes > 1]
 #: Schemes on sequences (one coordinate per position), as opposed to 2-D/3-D grids.
 SEQUENCE: list[str] = [name for name in NAMES if posenc.entry(name).cls.axes == 1]
 
@@ -89,6 +91,8 @@ FACTS: dict[str, Facts] = {
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
+    "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
+    "swinv2-cpb": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
 }
 
 

@@ -13,6 +13,7 @@ from .attention.module import MultiHeadAttention
 from .attention.query_scale import QueryScale
 from .attention.sdpa import scaled_dot_product_attention
 from .encodings.absolute.learned import LearnedPositionalEncoding
+from .encodings.absolute.learned_2d import LearnedPositionalEncoding2D
 from .encodings.absolute.sinusoidal import (
     ScaledSinusoidalPositionalEncoding,
     Sinusoidal2DPositionalEncoding,
@@ -36,6 +37,7 @@ from .encodings.bias.alibi import ALiBi, alibi_slopes
 from .encodings.bias.cope import CoPE
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
+from .encodings.bias.swin import SwinRelativeBias, SwinV2ContinuousBias
 from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
 from .encodings.registry import Entry, available, build, build_for_model, entry, register
 from .encodings.rope_types.registry import (
@@ -95,6 +97,7 @@ __all__ = [
     "InterleavedRotaryEmbedding",
     "KVCache",
     "LearnedPositionalEncoding",
+    "LearnedPositionalEncoding2D",
     "MemoryBudgetError",
     "MultiHeadAttention",
     "MultimodalRotaryEmbedding",
@@ -117,6 +120,8 @@ __all__ = [
     "Sinusoidal3DPositionalEncoding",
     "SinusoidalNDPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "SwinRelativeBias",
+    "SwinV2ContinuousBias",
     "T5RelativeBias",
     "TransformerModel",
     "TransformerXLRelativeBias",

@@ -27,7 +27,7 @@ x = torch.randn(2, 8, 32)
 padding = torch.zeros(2, 8, dtype=torch.bool)
 padding[1, :2] = True
 for pe in posenc.available():
-    if pe in ("rope2d", "rope3d", "sinusoidal-2d", "sinusoidal-3d"):
+    if posenc.entry(pe).cls.axes > 1:
         continue  # they take coordinates, not a sequence
     enc = posenc.Encoder(32, 2, 4, pe=pe, causal=True)
     enc(x, key_padding_mask=padding)

@@ -137,7 +137,7 @@ def call(
     if pe.family == "rotary":
         return tuple(pe(inputs["q"], inputs["k"], positions))
     if pe.family == "bias":
-        pos = explicit_default(case, 1) if positions is None else positions
+        pos = explicit_default(case, pe.axes) if positions is None else positions
         return (pe.bias(pos, pos, q=inputs["q"], k=inputs["k"]),)
     return (pe(inputs["x"]),)
 
@@ -165,7 +165,7 @@ def expected_shapes(
         return [tuple(inputs["x"].shape)]
     if pe.family == "rotary":
         return [tuple(inputs["q"].shape), tuple(inputs["k"].shape)]
-    batched = positions is not None and positions.dim() == 2
+    batched = positions is not None and positions.dim() == (2 if pe.axes == 1 else 3)
     b, h, n = case.batch, case.heads, case.seq
     return [(b, h, n, n) if batched or pe.needs_qk else (h, n, n)]
 
@@ -234,6 +234,8 @@ def test_integer_schemes_reject_fractional_positions(name: str, seq: int, frac: 
     inputs = make_inputs(case, pe)
     positions = torch.arange(seq, dtype=torch.float64)
     positions[-1] += frac
+    if pe.axes > 1:  # coordinates: the fraction on every axis
+        positions = torch.stack([positions] * pe.axes, dim=-1)
     with pytest.raises(ValueError, match="positions"):
         call(pe, case, positions, inputs)
 

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..encodings.base import BiasEncoding
 from ..encodings.checks import check_positive_int
-from ..encodings.registry import available, build_for_model
+from ..encodings.registry import available, build_for_model, entry
 
 
 def _check(pe: object) -> BiasEncoding:
@@ -120,13 +120,14 @@ def bias_gallery(
     dim: int = 64,
     num_heads: int = 4,
 ) -> Figure:
-    """One row per scheme (default: every registered bias scheme): head 0's bias matrix, and
+    """One row per scheme (default: every registered bias scheme on sequences, as the grid
+    schemes such as ``swin-bias`` take coordinates): head 0's bias matrix, and
     every head's bias against distance. Learned schemes are shown at their (seeded)
     initialisation."""
     check_positive_int("positions", positions)
     check_positive_int("max_distance", max_distance)
     if names is None:
-        names = available("bias")
+        names = [name for name in available("bias") if entry(name).cls.axes == 1]
     if not names:
         raise PosencValueError(f"names must hold at least one bias scheme, got {names!r}")
     fig, axes = plt.subplots(

@@ -49,8 +49,8 @@ def test_axial_scores_depend_only_on_coordinate_differences() -> None:
 
 @pytest.mark.parametrize("name", [name for name in NAMES if posenc.entry(name).cls.axes > 1])
 def test_n_d_schemes_refuse_to_run_without_coordinates(name: str) -> None:
-    """Every surface that builds an N-D scheme (rope2d, rope3d, sinusoidal-2d/3d, any later
-    one) refuses a flattened input without coordinates, naming the positions it needs; the
+    """Every surface that builds an N-D scheme (rope2d, rope3d, sinusoidal-2d/3d, swin-bias,
+    any later one) refuses a flattened input without coordinates, naming the positions it needs; the
     axial RoPE rotated every token along the first axis instead. With coordinates it runs."""
     axes = posenc.entry(name).cls.axes
     x, tokens = torch.randn(2, 6, 24), torch.randint(0, 10, (2, 6))
@@ -67,6 +67,8 @@ def test_n_d_schemes_refuse_to_run_without_coordinates(name: str) -> None:
             with pytest.raises(ValueError, match=rf"needs positions.*\(seq, {axes}\)"):
                 call()
             assert call(positions=coords).shape == q.shape
+    elif pe.family == "bias":  # a bias has no forward of its own: attention asks it
+        surfaces["MultiHeadAttention"] = (posenc.MultiHeadAttention(24, 2, pe=name), x)
     else:
         surfaces["module"] = (pe, x)
     for what, (module, inputs) in surfaces.items():
