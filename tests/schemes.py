@@ -86,6 +86,7 @@ FACTS: dict[str, Facts] = {
     "kerple": Facts(_heads, relative=True, score_mod=True),
     "fire": Facts(_heads, score_mod=True),  # normalised by the query position
     "dpb": Facts(_heads, relative=True, score_mod=True),
+    "sandwich": Facts(_heads_and_head_dim, relative=True, score_mod=True),
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
