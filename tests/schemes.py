@@ -81,6 +81,7 @@ FACTS: dict[str, Facts] = {
     "xpos": Facts(_head_dim),  # its decay is centred on the sequence: relative only if fixed
     "rope2d": Facts(_head_dim, relative=True),
     "rope3d": Facts(_head_dim, relative=True),
+    "pope": Facts(_heads_and_head_dim, relative=True),
     "alibi": Facts(_heads, relative=True, score_mod=True),
     "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "kerple": Facts(_heads, relative=True, score_mod=True),
