@@ -17,9 +17,9 @@ is a transform of queries and keys, ``d`` channels in, ``2d`` out:
 
 ``δ`` sits on the queries, which have a phase per query head, so grouped-query keys need none
 and cached keys stay valid when ``δ`` is trained. x-transformers (``PolarEmbedding``,
-``apply_polar_pos_emb``) puts ``-δ`` on the keys' phase instead: the same ``cos((m - n)θ - δ)``
-in every score. The factor ``√2`` on the queries keeps the score scale of the paper and of
-x-transformers: attention divides by the square root of the width it sees, ``2d``, and
+``apply_polar_pos_emb``) adds ``δ`` to the keys' phase instead: the same ``cos((m - n)θ - δ)``
+in every score. The factor ``√2`` on the queries keeps x-transformers' score scale:
+attention divides by the square root of the width it sees, ``2d``, and
 ``√2 / √(2d) = 1 / √d``.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim.
@@ -52,7 +52,9 @@ class PoPE(RotaryEncoding):
 
     Checked against x-transformers' ``PolarEmbedding`` and ``apply_polar_pos_emb`` with the
     same ``δ``: the transformed keys, the scores, the attention outputs and the gradients of
-    ``q``, ``k`` and ``δ`` (``tests/encodings/rotary/test_pope.py``).
+    ``q``, ``k`` and ``δ``; and its ``Attention(polar_pos_emb=...)`` against
+    :class:`~posenc.MultiHeadAttention` with the weights copied
+    (``tests/encodings/rotary/test_pope.py``).
 
     Angles ``p θ_c - δ`` are formed in float64 and cast once to the work dtype (float32 for
     half-precision inputs); softplus is taken in the work dtype; the outputs have the inputs'
