@@ -83,11 +83,13 @@ FACTS: dict[str, Facts] = {
     "xpos": Facts(_head_dim),  # its decay is centred on the sequence: relative only if fixed
     "rope2d": Facts(_head_dim, relative=True),
     "rope3d": Facts(_head_dim, relative=True),
+    "pope": Facts(_heads_and_head_dim, relative=True),
     "alibi": Facts(_heads, relative=True, score_mod=True),
     "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "kerple": Facts(_heads, relative=True, score_mod=True),
     "fire": Facts(_heads, score_mod=True),  # normalised by the query position
     "dpb": Facts(_heads, relative=True, score_mod=True),
+    "sandwich": Facts(_heads_and_head_dim, relative=True, score_mod=True),
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions

@@ -237,8 +237,9 @@ def contribution_matrix(
 
     - additive: ``PE(i) · PE(j) / sqrt(d)`` (the position-position term of the logit of
       ``x + PE``), one "head";
-    - rotary: ``<R(i) q, R(j) q> / sqrt(d)`` averaged over random ``q`` (for a zero-mean
-      random q and k the average would vanish, so the query and key share one vector);
+    - rotary: ``<R(i) q, R(j) q> / sqrt(w)`` averaged over random ``q`` (for a zero-mean
+      random q and k the average would vanish, so the query and key share one vector), ``w``
+      the width of the rotated vectors; per head for schemes with per-head phases (PoPE);
     - bias: the bias itself (schemes that read q and k get random ones), per head;
     - none: zeros.
     """
@@ -247,7 +248,8 @@ def contribution_matrix(
     d = int(getattr(pe, "dim", dim)) if pe.family == "additive" else _head_dim(pe, dim)
     heads = int(getattr(pe, "num_heads", 1))
     # float64: the n x n result per head, the bias's temporaries, and the rotated samples
-    nbytes = 8 * (3 * heads * count * count + 4 * max(samples, heads) * count * d)
+    rows = samples * heads * 2 if pe.family == "rotary" else max(samples, heads)  # 2d: PoPE
+    nbytes = 8 * (3 * heads * count * count + 4 * rows * count * d)
     check_bytes("positions x dim", f"{count} x {d}", nbytes)
     pos = default_positions(pe, positions) if isinstance(positions, int) else positions
     n = pos.shape[0]
@@ -259,13 +261,19 @@ def contribution_matrix(
     if pe.family == "rotary":
         d = _head_dim(pe, dim)
         q = torch.randn(samples, 1, d, generator=gen, dtype=torch.float64).expand(samples, n, d)
-        q = q.unsqueeze(0)  # (1, samples, n, d): the samples ride on the head axis
-        rq, rk = pe(q, q, pos)  # (1, samples, n, d)
-        # the mean over samples of rq_s(i) . rk_s(j) is one product of (n, samples * d)
-        # matrices: never the (samples, n, n) stack, which is 4 GiB for a 16^3 grid
-        rq = rq[0].transpose(0, 1).reshape(n, samples * d)
-        rk = rk[0].transpose(0, 1).reshape(n, samples * d)
-        return (rq @ rk.T / (samples * math.sqrt(d))).unsqueeze(0)  # (1, n, n)
+        # (1, samples, n, d): the samples ride on the head axis; with a phase per head
+        # (PoPE) on the batch axis instead, (samples, h, n, d)
+        q = q.unsqueeze(0) if heads == 1 else q.unsqueeze(1).expand(samples, heads, n, d)
+        rq, rk = pe(q, q, pos)  # (1, samples, n, w) | (samples, h, n, w)
+        # the mean over samples of rq_s(i) . rk_s(j) is one product of (n, samples * w)
+        # matrices: never the (samples, n, n) stack, which is 4 GiB for a 16^3 grid. The
+        # width w is what attention scales by: d, or 2d for PoPE's complex channels
+        w = rq.shape[-1]
+        if heads == 1:
+            rq, rk = (t.transpose(1, 2).reshape(1, n, samples * w) for t in (rq, rk))
+        else:
+            rq, rk = (t.permute(1, 2, 0, 3).reshape(heads, n, samples * w) for t in (rq, rk))
+        return rq @ rk.transpose(1, 2) / (samples * math.sqrt(w))  # (1 | h, n, n)
     if pe.family == "bias":
         h = pe.num_heads  # type: ignore[attr-defined]
         d = _head_dim(pe, dim)

@@ -18,6 +18,7 @@ from .bias import (  # noqa: F401
     cope,
     relative,
     relative_qk,
+    sandwich,
     t5,
 )
-from .rotary import multimodal, rope  # noqa: F401
+from .rotary import multimodal, pope, rope  # noqa: F401

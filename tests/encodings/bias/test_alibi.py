@@ -12,8 +12,10 @@ from torch.testing import assert_close
 from transformers.models.bloom.modeling_bloom import _get_alibi_slopes, build_alibi_tensor
 from transformers.models.falcon.modeling_falcon import build_alibi_tensor as falcon_alibi_tensor
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+from x_transformers.x_transformers import AlibiPositionalBias
 
 from posenc.encodings.bias.alibi import ALiBi, alibi_slopes
+from tests.encodings.bias.test_common import _eval_score_mod
 from tests.misuse import Misuse, cases, check
 
 
@@ -160,6 +162,78 @@ def test_alibi_slopes_stay_float64_after_casts() -> None:
     assert "slopes" not in pe.state_dict()
 
 
+# --------------------------------------------------------------------------- options
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max())
+
+
+@pytest.mark.parametrize(("num_heads", "alibi_heads"), [(8, 4), (8, 8), (6, 3), (12, 5), (4, 1)])
+def test_alibi_heads_match_x_transformers(num_heads: int, alibi_heads: int) -> None:
+    """x-transformers' ``alibi_num_heads``: the first heads get the slopes of that many heads,
+    the rest zero bias (its ``AlibiPositionalBias(heads=alibi_num_heads, total_heads=heads)``,
+    float32 slopes)."""
+    peer = AlibiPositionalBias(heads=alibi_heads, total_heads=num_heads)
+    pe = ALiBi(num_heads, alibi_heads=alibi_heads)
+    qp, kp = torch.tensor([0, 3, 4, 7, 11]), torch.arange(13)
+    want = peer.forward_custom_pos(qp, kp)  # (h, nq, nk)
+    got = pe.bias(qp, kp)
+    assert got.shape == want.shape == (num_heads, 5, 13)
+    assert _relative_error(got, want) <= 2e-5
+    assert torch.equal(got[alibi_heads:], torch.zeros_like(got[alibi_heads:]))
+    assert not got[alibi_heads:].signbit().any()  # +0.0, not -0.0
+    # the same with every head's causal prefix of one forward (x-transformers' forward)
+    assert _relative_error(pe.bias(torch.arange(7), torch.arange(7)), peer(7, 7)) <= 2e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi_heads_and_slopes_follow_the_formula(causal: bool) -> None:
+    slopes = [0.75, 0.125, 2.0]
+    pe = ALiBi(5, alibi_heads=3, slopes=slopes, causal=causal)
+    qp = torch.tensor([[0.0, 2.5, 5.0], [1.0, 2.0, 9.0]])
+    kp = torch.tensor([[1.0, 3.0, 4.0, 9.5], [0.0, 0.5, 7.0, 8.0]])
+    q = torch.zeros(2, 5, 3, 4, dtype=torch.float64)
+    got = pe.bias(qp, kp, q=q)  # (b, h, nq, nk)
+    want = torch.zeros(2, 5, 3, 4, dtype=torch.float64)
+    for b in range(2):
+        for h, m in enumerate(slopes):
+            for i in range(3):
+                for j in range(4):
+                    d = float(qp[b, i]) - float(kp[b, j])
+                    want[b, h, i, j] = -m * (d if causal else abs(d))
+    assert_close(got, want, rtol=0, atol=1e-14)
+    mod = pe.score_mod(qp, kp, q=q)  # fractional positions: computed in the kernel
+    grid = (
+        torch.arange(2).view(2, 1, 1, 1),
+        torch.arange(5).view(1, 5, 1, 1),
+        torch.arange(3).view(1, 1, 3, 1),
+        torch.arange(4).view(1, 1, 1, 4),
+    )
+    assert torch.equal(mod(torch.zeros(2, 5, 3, 4, dtype=torch.float64), *grid), got)
+
+
+@pytest.mark.parametrize("alibi_heads", [2, 4])
+def test_alibi_given_slopes_match_x_transformers(alibi_heads: int) -> None:
+    slopes = [0.5, 0.03125, 0.2, 1.5][:alibi_heads]
+    peer = AlibiPositionalBias(heads=alibi_heads, total_heads=4, slopes=slopes)
+    pe = ALiBi(4, alibi_heads=alibi_heads, slopes=slopes)
+    pos = torch.arange(10)
+    assert _relative_error(pe.bias(pos, pos), peer.forward_custom_pos(pos, pos)) <= 2e-5
+    assert_close(
+        _eval_score_mod(pe.score_mod(pos, pos), 1, 4, 10, 10)[0], pe.bias(pos, pos).double()
+    )
+
+
+def test_alibi_options_survive_casts_and_show_in_repr() -> None:
+    pe = ALiBi(4, alibi_heads=2, slopes=[0.1, 0.3]).to(torch.bfloat16)
+    assert pe.slopes.dtype == torch.float64
+    assert pe.slopes.tolist() == [0.1, 0.3, 0.0, 0.0]
+    assert "alibi_heads=2" in repr(pe) and "slopes=[0.1, 0.3]" in repr(pe)
+    assert torch.equal(ALiBi(4, alibi_heads=4).slopes, ALiBi(4).slopes)
+    assert torch.equal(ALiBi(6, alibi_heads=3).slopes[:3], alibi_slopes(3))
+
+
 # --------------------------------------------------------------------------- bad input
 
 MISUSE = [
@@ -168,6 +242,12 @@ MISUSE = [
     Misuse("causal-str", lambda: ALiBi(2, causal="yes"), TypeError, "causal", "str"),
     Misuse("max-bias-zero", lambda: ALiBi(2, max_bias=0), ValueError, "max_bias", 0),
     Misuse("max-bias-str", lambda: ALiBi(2, max_bias="8"), TypeError, "max_bias", "str"),
+    Misuse("alibi-heads-zero", lambda: ALiBi(2, alibi_heads=0), ValueError, "alibi_heads", 0),
+    Misuse("alibi-heads-many", lambda: ALiBi(2, alibi_heads=3), ValueError, "alibi_heads", 3),
+    Misuse("slopes-count", lambda: ALiBi(2, slopes=[0.5]), ValueError, "slopes", 1),
+    Misuse("slopes-str", lambda: ALiBi(2, slopes="ab"), TypeError, "slopes", "str"),
+    Misuse("slopes-nan", lambda: ALiBi(1, slopes=[float("nan")]), ValueError, "slopes", "nan"),
+    Misuse("slopes-none-item", lambda: ALiBi(1, slopes=[None]), TypeError, "slopes", None),
 ]  # fmt: skip
 
 

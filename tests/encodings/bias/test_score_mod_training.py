@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.testing import assert_close
 
 import posenc
+from posenc.encodings.bias.common import DistanceBias
 from posenc.encodings.bias.relative import FIRE
 from tests.schemes import BIAS, FACTS, qk
 
@@ -70,15 +71,15 @@ def test_score_mod_values_and_gradients_equal_the_bias(name: str, where: str) ->
     positions = POSITIONS[where]
     mod = pe.score_mod(positions, positions, q=q, k=k)
     if mod is None:  # only a table by distance, which fractional positions cannot index
-        assert where == "fractional" and name in ("kerple", "dpb")
+        assert where == "fractional" and not FACTS[name].integer_positions
+        assert type(pe).score_mod is DistanceBias.score_mod
         return
     got = _on_grid(mod, 2, 4, 9)
     want = pe.bias(positions, positions, q=q, k=k).expand(2, 4, 9, 9)
     assert_close(got, want, rtol=1e-12, atol=1e-12)
 
     inputs = [p for p in pe.parameters() if p.requires_grad] + ([q] if pe.needs_qk else [])
-    if name == "alibi":  # fixed slopes: nothing to train
-        assert not inputs
+    if not inputs:  # a fixed bias (ALiBi, Sandwich): nothing to train
         return
     weight = torch.randn(2, 4, 9, 9, dtype=torch.float64)  # a loss that weighs every score
     grads = torch.autograd.grad((got * weight).sum(), inputs, allow_unused=True)
@@ -133,7 +134,7 @@ def test_each_captured_tensor_that_requires_grad_is_indexed_once(name: str, wher
         return  # covered by the test above
     captured = _captured(mod)
     learned = [t for t in captured if t.requires_grad]
-    if name != "alibi":  # ALiBi's slopes are fixed; every other scheme learns its bias
+    if any(p.requires_grad for p in pe.parameters()):  # a learned bias: its table is captured
         assert learned, f"{name}'s score_mod captures nothing that carries a gradient"
     index = torch.tensor(1), torch.tensor(3), torch.tensor(5), torch.tensor(2)  # b, h, q, kv
     with _Reads(learned) as reads:

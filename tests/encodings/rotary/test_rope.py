@@ -5,6 +5,8 @@ gradients, bad input, and the Encoder end to end. xPos and axial RoPE have their
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -446,6 +448,9 @@ def test_encoder_with_rotary_is_shift_invariant_and_order_aware(pe: str) -> None
     enc = _encoder(pe)
     if pe == "xpos":
         enc.pe.center = 0.0  # a fixed centre: shifts then cancel exactly
+    if pe == "pope":  # at phase 0 its scores are even in i - j: a phase makes order count
+        with torch.no_grad():
+            enc.pe.phase.uniform_(-2 * math.pi, 0.0)
     x = torch.randn(2, 9, 32)
     positions = torch.arange(9)
     out = enc(x, positions=positions)

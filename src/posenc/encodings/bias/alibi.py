@@ -12,17 +12,22 @@ head count that is not a power of two it pads to the next power ``2p``, computes
 and keeps the odd-numbered ones, then the even-numbered ones, up to ``n`` — the same slopes in
 the same order as the paper's rule above with 8 replaced by ``B`` (``max_bias`` here; checked
 against transformers' ``build_mpt_alibi_tensor``). ``B = 8`` gives the paper's slopes.
+
+``alibi_heads`` puts the bias on the first heads only (x-transformers' ``alibi_num_heads``):
+those heads get the slopes of that many heads, the others no bias. ``slopes`` gives the
+slopes of those heads outright.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ...errors import PosencTypeError
+from ...errors import PosencTypeError, PosencValueError
 from ..base import ScoreMod
 from ..checks import check_positive_float, check_positive_int
 from ..registry import register
@@ -71,13 +76,17 @@ class ALiBi(DistanceBias):
         num_heads: number of heads (any count; see :func:`alibi_slopes`).
         max_bias: the largest exponent ``B`` of the slopes ``2^(-B·h/n)``; 8 (default) is the
             paper's sequence, other values MPT's ``alibi_bias_max``.
+        alibi_heads: bias only the first this many heads, with the slopes of that many heads
+            (x-transformers' ``alibi_num_heads``); the other heads get no bias. Default: all.
+        slopes: the slopes of the biased heads, one float each, instead of the geometric
+            sequence (``max_bias`` is then unused).
         causal: use the paper's decoder form ``-m_h · (i - j)``, which equals the symmetric
             one on every key a causal mask keeps (``j <= i``) and is positive on the keys it
             removes; the default symmetric form ``-m_h · |i - j|`` suits encoders.
 
-    Positions may be fractional (interpolated). ``slopes`` is a float64 buffer (not saved in
-    checkpoints) that keeps float64 after ``.to(dtype)``; the bias is formed in the queries'
-    compute dtype.
+    Positions may be fractional (interpolated). ``slopes`` (every head's, zero past
+    ``alibi_heads``) is a float64 buffer (not saved in checkpoints) that keeps float64 after
+    ``.to(dtype)``; the bias is formed in the queries' compute dtype.
 
     >>> ALiBi(2).bias(torch.arange(3), torch.arange(3))[1]
     tensor([[ 0.0000, -0.0039, -0.0078],
@@ -88,21 +97,43 @@ class ALiBi(DistanceBias):
     paper: ClassVar[str] = PAPER
     slopes: Tensor
 
-    def __init__(self, num_heads: int, *, causal: bool = False, max_bias: float = 8.0) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        causal: bool = False,
+        max_bias: float = 8.0,
+        alibi_heads: int | None = None,
+        slopes: Sequence[float] | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         if not isinstance(causal, bool):
             raise PosencTypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
         self.max_bias = check_positive_float("max_bias", max_bias)
-        slopes = alibi_slopes(num_heads, max_bias=self.max_bias)
-        self.register_buffer("slopes", slopes, persistent=False)
+        if alibi_heads is not None:
+            check_positive_int("alibi_heads", alibi_heads)
+            if alibi_heads > num_heads:
+                raise PosencValueError(
+                    f"alibi_heads ({alibi_heads}) must be at most num_heads ({num_heads})"
+                )
+        self.alibi_heads = num_heads if alibi_heads is None else alibi_heads
+        self.given_slopes = None if slopes is None else _check_slopes(slopes, self.alibi_heads)
+        self.register_buffer("slopes", self._slopes(None), persistent=False)
+
+    def _slopes(self, device: Any) -> Tensor:
+        """Every head's slope, float64 ``(num_heads,)``: zero past ``alibi_heads``."""
+        if self.given_slopes is None:
+            head = alibi_slopes(self.alibi_heads, max_bias=self.max_bias, device=device)
+        else:
+            head = torch.tensor(self.given_slopes, dtype=torch.float64, device=device)
+        rest = torch.zeros(self.num_heads - self.alibi_heads, dtype=torch.float64, device=device)
+        return torch.cat([head, rest])
 
     def reset_slopes(self) -> None:
         """Rebuild ``slopes`` in float64 on the current device (after ``to_empty``/``.to()``)."""
-        self.slopes = alibi_slopes(
-            self.num_heads, max_bias=self.max_bias, device=self.slopes.device
-        )
+        self.slopes = self._slopes(self.slopes.device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> ALiBi:
         super()._apply(fn, recurse)
@@ -142,4 +173,26 @@ class ALiBi(DistanceBias):
 
     def extra_repr(self) -> str:
         text = f"num_heads={self.num_heads}, causal={self.causal}"
-        return text if self.max_bias == 8.0 else text + f", max_bias={self.max_bias:g}"
+        if self.max_bias != 8.0:
+            text += f", max_bias={self.max_bias:g}"
+        if self.alibi_heads != self.num_heads:
+            text += f", alibi_heads={self.alibi_heads}"
+        return text if self.given_slopes is None else text + f", slopes={list(self.given_slopes)}"
+
+
+def _check_slopes(slopes: object, count: int) -> tuple[float, ...]:
+    """``slopes`` as a tuple of ``count`` finite floats."""
+    if isinstance(slopes, (str, bytes, Tensor)) or not isinstance(slopes, Sequence):
+        raise PosencTypeError(f"slopes must be a sequence of floats, got {type(slopes).__name__}")
+    values = []
+    for value in slopes:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PosencTypeError(f"slopes must hold floats, got {value!r}")
+        if not math.isfinite(value):
+            raise PosencValueError(f"slopes must be finite, got {value!r}")
+        values.append(float(value))
+    if len(values) != count:
+        raise PosencValueError(
+            f"slopes must give one slope per ALiBi head ({count}), got {len(values)}"
+        )
+    return tuple(values)
