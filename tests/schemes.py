@@ -69,6 +69,8 @@ class Facts:
     #: Bias schemes: it can add its bias through a flex_attention ``score_mod`` (without one,
     #: attention materialises the bias).
     score_mod: bool = False
+    #: The head size must be a multiple of this (rotary schemes: pairs over their axes).
+    head_dim_multiple: int = 1
 
 
 FACTS: dict[str, Facts] = {
@@ -89,7 +91,7 @@ FACTS: dict[str, Facts] = {
     "kerple": Facts(_heads, relative=True, score_mod=True),
     "fire": Facts(_heads, score_mod=True),  # normalised by the query position
     "dpb": Facts(_heads, relative=True, score_mod=True),
-    "sandwich": Facts(_heads_and_head_dim, relative=True, score_mod=True),
+    "sandwich": Facts(_heads_and_head_dim, relative=True, score_mod=True, head_dim_multiple=2),
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions

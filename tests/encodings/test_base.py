@@ -63,7 +63,7 @@ def _head_dim_multiple(name: str) -> int:
     cls = posenc.entry(name).cls
     if cls.family == "rotary":
         return 2 * cls.axes  # pairs, split evenly over the axes
-    return 1
+    return FACTS[name].head_dim_multiple
 
 
 @st.composite
@@ -164,7 +164,8 @@ def expected_shapes(
     if pe.family in ("additive", "none"):
         return [tuple(inputs["x"].shape)]
     if pe.family == "rotary":
-        return [tuple(inputs["q"].shape), tuple(inputs["k"].shape)]
+        widen = (*inputs["q"].shape[:-1], inputs["q"].shape[-1] * pe.width_factor)
+        return [widen, (*inputs["k"].shape[:-1], inputs["k"].shape[-1] * pe.width_factor)]
     batched = positions is not None and positions.dim() == (2 if pe.axes == 1 else 3)
     b, h, n = case.batch, case.heads, case.seq
     return [(b, h, n, n) if batched or pe.needs_qk else (h, n, n)]

@@ -170,6 +170,9 @@ class RotaryEncoding(PositionalEncoding):
     """Rotates queries and keys by position: ``q, k = rotate(q, k, positions)``."""
 
     family: ClassVar[Family] = "rotary"
+    #: How many times wider the rotated q and k come out than they went in (PoPE: 2, its
+    #: magnitudes and phases as a real dot product of twice the width); rotations keep it 1.
+    width_factor: ClassVar[int] = 1
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> RotaryEncoding:

@@ -69,6 +69,8 @@ class PoPE(RotaryEncoding):
             ``polar_bias_uniform_init``) instead of zeros.
     """
 
+    width_factor = 2
+
     paper: ClassVar[str] = "Gopalakrishnan et al. 2025, PoPE, arXiv:2509.10534"
     inv_freq: Tensor
 
