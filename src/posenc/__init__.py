@@ -66,6 +66,7 @@ from .model import Encoder, TransformerModel
 from .positions import positions_from_padding, randomize_positions
 from .query_scale import QueryScale
 from .sdpa import scaled_dot_product_attention
+from .streaming import StreamingCache
 
 __version__ = "0.1.0"
 
@@ -111,6 +112,7 @@ __all__ = [
     "Sinusoidal3DPositionalEncoding",
     "SinusoidalNDPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "StreamingCache",
     "T5RelativeBias",
     "TransformerModel",
     "TransformerXLRelativeBias",

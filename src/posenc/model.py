@@ -37,6 +37,7 @@ from .schedule import (
     resolve_pe,
     resolve_schedule,
 )
+from .streaming import StreamingCache
 
 __all__ = ["Encoder", "TransformerModel"]
 
@@ -207,7 +208,7 @@ class Encoder(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
@@ -247,11 +248,14 @@ class Encoder(nn.Module):
         if context is None:
             check_key_padding_mask(key_padding_mask, b, n, read_values=True)
         else:
-            positions, key_padding_mask = context.positions, None  # the context holds both
+            # the context holds both (additive encodings add at absolute_positions: those
+            # of the tokens in their rows, where a StreamingCache's in-cache ones differ)
+            positions, key_padding_mask = context.absolute_positions, None
         if self.training and self.random_positions is not None and cache is None:
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
             if context is not None:
                 context.positions = context.key_positions = positions
+                context.absolute_positions = positions
                 context.bound = None
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
@@ -260,12 +264,7 @@ class Encoder(nn.Module):
             if context is None:
                 states.append(pe.position_state(positions, x))
             else:
-                memo = {} if cache is None else cache.memo(pe)
-                states.append(
-                    pe.context_state(
-                        context.positions, context.key_positions, x, memo, bound=context.bound
-                    )
-                )
+                states.append(context.state(pe, x))
         for layer, index in zip(self.layers, self._pe_index, strict=True):
             x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
         if context is not None:
@@ -388,7 +387,7 @@ class TransformerModel(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
         logits_to_keep: int = 0,
     ) -> Tensor:
@@ -422,6 +421,7 @@ class TransformerModel(nn.Module):
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
         key_padding_mask: Tensor | None = None,
+        cache: KVCache | StreamingCache | None = None,
     ) -> Tensor:
         """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` new tokens:
         ``(b, n + steps)``. Needs a causal model; runs without autograd, in the model's
@@ -437,6 +437,12 @@ class TransformerModel(nn.Module):
         ``key_padding_mask`` ``(b, n)`` (True = padding) marks a left-padded prompt: each row
         then generates what it would alone.
 
+        ``cache``: an empty cache to fill (default: a new :class:`~posenc.KVCache`). A
+        :class:`~posenc.StreamingCache` keeps only each row's first ``sink_tokens`` and last
+        ``window`` tokens, at positions inside the cache (StreamingLLM): memory stays flat
+        however long the generation; a prompt longer than ``sink_tokens + window`` goes
+        through that many tokens at once, then one token per call.
+
         >>> model = TransformerModel(20, 16, 1, 2, pe="alibi", causal=True).eval()
         >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
         torch.Size([1, 7])
@@ -451,6 +457,7 @@ class TransformerModel(nn.Module):
             eos_token_id=eos_token_id,
             generator=generator,
             key_padding_mask=key_padding_mask,
+            cache=cache,
         )
 
     @classmethod
