@@ -121,6 +121,24 @@ def test_a_decode_step_equals_a_forward_over_the_sinks_and_the_window(
             assert len(cache) == len(_kept(t)) <= S + W
 
 
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi"])
+def test_a_step_under_autograd_has_the_reference_gradient(name: str) -> None:
+    """The training path: keys rotated out of place, held keys concatenated."""
+    model = _model(name, {})
+    tokens = _tokens(seed=12)
+    cache = posenc.StreamingCache(sink_tokens=S, window=W)
+    model(tokens[:, :PROMPT], cache=cache)
+    for t in range(PROMPT, N):
+        step = model(tokens[:, t : t + 1], cache=cache)[:, -1]
+    reference = _reference(model, tokens, N - 1)
+    assert_close(step, reference, atol=ATOL, rtol=RTOL)
+    weights = [model.embed.weight, model.encoder.layers[0].attn.qkv.weight]
+    got = torch.autograd.grad(step.square().sum(), weights)
+    want = torch.autograd.grad(reference.square().sum(), weights)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, atol=1e-4, rtol=1e-3)
+
+
 @pytest.mark.parametrize("backend", ["math", "sdpa", "flex"])
 @pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "t5", "cope"])
 def test_every_backend_streams_exactly(name: str, backend: str) -> None:

@@ -177,7 +177,8 @@ class MultiHeadAttention(nn.Module):
 
         Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, nk))`` with ``need_weights``.
         With a :class:`~posenc.KVCache`, ``x`` holds the new tokens only: their keys and
-        values join the cache and they attend to every cached token (``nk`` keys in all).
+        values join the cache and they attend to every cached token (``nk`` keys in all);
+        with a :class:`~posenc.StreamingCache`, to the sinks and the window it keeps.
         ``pe`` overrides the module's own encoding. ``state`` is that encoding's
         :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
         layers (the Encoder does); ``positions`` are then not read.
