@@ -222,8 +222,9 @@ class Encoder(nn.Module):
         ``cache`` (a :class:`~posenc.KVCache`): ``x`` holds the new tokens, which attend to
         every cached one and join the cache; positions continue where it stands unless
         given. A :class:`~posenc.StreamingCache` keeps only the sinks and the window, at
-        positions inside the cache (:mod:`posenc.streaming`). ``document_ids``: packed documents, each attended to alone, with positions
-        restarting at 0 in each (see :mod:`posenc.context`).
+        positions inside the cache (:mod:`posenc.streaming`). ``document_ids``: packed
+        documents, each attended to alone, with positions restarting at 0 in each (see
+        :mod:`posenc.context`).
         """
         check_input(x, self.dim)
         b, n, _ = x.shape

@@ -405,7 +405,7 @@ def _streaming(s: Settings, section: Section) -> Table:
         )  # fmt: skip
     section.data["streaming"] = rows
     section.notes.append(
-        f"streaming: `TransformerModel({vocab}, {dim}, {depth}, {heads}, pe=\"rope\", "
+        f'streaming: `TransformerModel({vocab}, {dim}, {depth}, {heads}, pe="rope", '
         f"causal=True)`; a StreamingCache holds {sinks} sink and {window} window tokens "
         "whatever the length (keys rotated when read), a KVCache every token; the two give "
         "different tokens once tokens leave the window (StreamingLLM reads fewer)"
