@@ -140,7 +140,7 @@ def test_a_step_under_autograd_has_the_reference_gradient(name: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa", "flex"])
-@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "t5", "cope"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "cope"])
 def test_every_backend_streams_exactly(name: str, backend: str) -> None:
     model = _model(name, {}, backend=backend)
     tokens = _tokens(seed=2)
@@ -283,7 +283,7 @@ def test_each_layer_attends_over_its_held_keys_at_in_cache_positions(case: str) 
 @pytest.mark.parametrize("padded", [False, True], ids=["plain", "left-padded"])
 def test_the_held_storage_stays_flat_over_many_steps(padded: bool) -> None:
     model = _model("rope", {}, depth=2)
-    sinks, window, steps = 2, 4, 40
+    sinks, window, steps = 2, 4, 24
     cache = posenc.StreamingCache(sink_tokens=sinks, window=window)
     prompt = _tokens(seed=7, n=5)
     mask = torch.tensor([[True, True, False, False, False], [False] * 5]) if padded else None
