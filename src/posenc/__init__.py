@@ -72,6 +72,7 @@ from .model.encoder import Encoder, TransformerModel
 from .model.layers import EncoderLayer, FeedForward
 from .sequence.cache import KVCache
 from .sequence.positions import positions_from_padding, randomize_positions
+from .sequence.streaming import StreamingCache
 
 __version__ = "0.1.0"
 
@@ -120,6 +121,7 @@ __all__ = [
     "Sinusoidal3DPositionalEncoding",
     "SinusoidalNDPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "StreamingCache",
     "SwinRelativeBias",
     "SwinV2ContinuousBias",
     "T5RelativeBias",

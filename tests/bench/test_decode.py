@@ -29,7 +29,12 @@ def test_the_suite_runs_end_to_end_and_fills_its_tables() -> None:
     (section,) = run_suites(["decode"], TINY)
     assert section.name == "decode" and section.seconds > 0
     assert section.data["tokens_agree"] is True
-    cached, peer, growth = section.tables
+    cached, peer, growth, streaming = section.tables
+    assert [row[0] for row in streaming.rows] == ["KVCache", "StreamingCache(2, 4)"]
+    kv, stream = section.data["streaming"]
+    assert kv["tokens_held"] == 4 + 16 - 1 and stream["tokens_held"] == 2 + 4
+    assert stream["bytes_held"] == stream["bytes_allocated"] < kv["bytes_held"]
+    assert kv["bytes_held"] <= kv["bytes_allocated"]
     assert [row[0] for row in cached.rows] == [
         "posenc `model.generate` (KV cache)",
         "recompute the whole prefix each step",
@@ -41,7 +46,7 @@ def test_the_suite_runs_end_to_end_and_fills_its_tables() -> None:
         ["manual loop", "transformers LlamaForCausalLM"],
     ]
     assert [row[0] for row in growth.rows] == ["4", "8", "16"]
-    for table in (cached, peer, growth):
+    for table in (cached, peer, growth, streaming):
         assert all(len(row) == len(table.headers) for row in table.rows)
     for row in section.data["cached"] + section.data["peer"]:
         assert {"case", "implementation", "median_s", "low_s", "high_s", "tokens_per_s"} <= set(row)

@@ -30,6 +30,7 @@ from ..errors import PosencTypeError, PosencValueError
 from ..sequence.cache import KVCache
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
+from ..sequence.streaming import StreamingCache
 from . import flex
 from .backends import (
     BACKEND_FUNCTIONS,
@@ -219,7 +220,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         pe: PositionalEncoding | None = None,
         state: PositionState | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention over ``x``: ``Concat(head_1, ..., head_h) W_O`` (eq. 4 of the paper).
@@ -231,7 +232,8 @@ class MultiHeadAttention(nn.Module):
 
         Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, nk))`` with ``need_weights``.
         With a :class:`~posenc.KVCache`, ``x`` holds the new tokens only: their keys and
-        values join the cache and they attend to every cached token (``nk`` keys in all).
+        values join the cache and they attend to every cached token (``nk`` keys in all);
+        with a :class:`~posenc.StreamingCache`, to the sinks and the window it keeps.
         ``pe`` overrides the module's own encoding. ``state`` is that encoding's
         :meth:`~posenc.PositionalEncoding.position_state`, made once by the caller for many
         layers (the Encoder does); ``positions`` are then not read.
@@ -328,10 +330,7 @@ class MultiHeadAttention(nn.Module):
             return None
         if context is None:
             return pe.position_state(positions, x)
-        memo = {} if context.cache is None else context.cache.memo(pe)
-        return pe.context_state(
-            context.positions, context.key_positions, x, memo, bound=context.bound
-        )
+        return context.state(pe, x)
 
     def _heads(
         self,
@@ -346,13 +345,18 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self._project(x)  # (b, h, n, d); k, v (b, g, n, d)
-        q, k, bias_state = self._apply_state(q, k, state)
-        if self.query_scale is not None:
-            assert context is not None  # forward made one: reads_positions
-            q = self.query_scale.apply(q, context.positions)
+        # a StreamingCache holds keys before rotation: every key is rotated once read
+        at_read = context is not None and context.keys_at_read
+        if not at_read:
+            q, k, bias_state = self._apply_state(q, k, state)
         if context is not None:
             k, v = context.keys_values(self, k, v)  # (b, g, nk, d): the cached keys first
             key_padding_mask = context.last_keys(k.shape[2])[1]
+        if at_read:  # (never in place: k is the cache's)
+            q, k, bias_state = self._apply_state(q, k, state, inplace=False)
+        if self.query_scale is not None:
+            assert context is not None  # forward made one: reads_positions
+            q = self.query_scale.apply(q, context.positions)
         if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
             k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
         call = AttentionCall(
@@ -391,14 +395,14 @@ class MultiHeadAttention(nn.Module):
 
     @staticmethod
     def _apply_state(
-        q: Tensor, k: Tensor, state: PositionState | None
+        q: Tensor, k: Tensor, state: PositionState | None, inplace: bool = True
     ) -> tuple[Tensor, Tensor, BiasState | None]:
         """A rotary state rotates ``q`` and ``k``; a bias state is handed on to the softmax."""
         if isinstance(state, RotaryState):
             # q and k are fresh projections: rotate them in their own storage where autograd
             # is off (under autograd they are unbind views, which must not change in place);
             # inside torch.compile inductor fuses the out-of-place rotation instead
-            fresh = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            fresh = inplace and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             q, k = state(q, k, inplace=fresh)
         return q, k, state if isinstance(state, BiasState) else None
 

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from ..errors import PosencValueError
 from .checks import (
     PositionBound,
     check_input,
@@ -182,6 +183,28 @@ class RotaryEncoding(PositionalEncoding):
         """A rotation for every layer. This default calls :meth:`forward` in each layer;
         schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
         return RotaryState(lambda q, k, inplace: self(q, k, positions))
+
+    def read_state(
+        self,
+        key_positions: Tensor | None,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        queries: int,
+        keys: int,
+        bound: PositionBound | None = None,
+    ) -> RotaryState:
+        """The rotation of a forward whose cache holds keys **before** rotation (a
+        :class:`~posenc.StreamingCache`): every key read, cached or new, at ``key_positions``
+        ``(b, keys)`` (``None``: ``arange(keys)``), and the ``queries`` new queries at the
+        positions of the last ``queries`` keys (their own). ``memo`` and ``bound`` as for
+        :meth:`context_state`. A scheme that cannot rotate keys apart from queries refuses
+        here, by name (this default)."""
+        name = self.registry_name() or type(self).__name__
+        raise PosencValueError(
+            f"{name} cannot rotate cached keys when they are read, which a StreamingCache "
+            "needs (its keys take positions inside the cache); use a posenc.KVCache"
+        )
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None

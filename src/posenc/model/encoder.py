@@ -34,6 +34,7 @@ from ..sequence.cache import KVCache
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import randomize_positions
+from ..sequence.streaming import StreamingCache
 from .config import Activation, EncoderConfig
 from .generation import check_tokens, generate
 from .layers import EncoderLayer
@@ -226,7 +227,7 @@ class Encoder(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
@@ -239,8 +240,10 @@ class Encoder(nn.Module):
 
         ``cache`` (a :class:`~posenc.KVCache`): ``x`` holds the new tokens, which attend to
         every cached one and join the cache; positions continue where it stands unless
-        given. ``document_ids``: packed documents, each attended to alone, with positions
-        restarting at 0 in each (see :mod:`posenc.sequence.context`).
+        given. A :class:`~posenc.StreamingCache` keeps only the sinks and the window, at
+        positions inside the cache (:mod:`posenc.sequence.streaming`). ``document_ids``: packed
+        documents, each attended to alone, with positions restarting at 0 in each (see
+        :mod:`posenc.sequence.context`).
         """
         check_input(x, self.dim)
         check_input_dtype(x, self.layers[0].attn.qkv.weight.dtype, "Encoder")
@@ -267,11 +270,14 @@ class Encoder(nn.Module):
         if context is None:
             check_key_padding_mask(key_padding_mask, b, n, read_values=True)
         else:
-            positions, key_padding_mask = context.positions, None  # the context holds both
+            # the context holds both (additive encodings add at absolute_positions: those
+            # of the tokens in their rows, where a StreamingCache's in-cache ones differ)
+            positions, key_padding_mask = context.absolute_positions, None
         if self.training and self.random_positions is not None and cache is None:
             positions = randomize_positions(positions, n, self.random_positions, device=x.device)
             if context is not None:
                 context.positions = context.key_positions = positions
+                context.absolute_positions = positions
                 context.bound = None
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
@@ -280,12 +286,7 @@ class Encoder(nn.Module):
             if context is None:
                 states.append(pe.position_state(positions, x))
             else:
-                memo = {} if cache is None else cache.memo(pe)
-                states.append(
-                    pe.context_state(
-                        context.positions, context.key_positions, x, memo, bound=context.bound
-                    )
-                )
+                states.append(context.state(pe, x))
         for layer, index in zip(self.layers, self._pe_index, strict=True):
             x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
         if context is not None:
@@ -408,7 +409,7 @@ class TransformerModel(nn.Module):
         *,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
         logits_to_keep: int = 0,
     ) -> Tensor:
@@ -442,6 +443,7 @@ class TransformerModel(nn.Module):
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
         key_padding_mask: Tensor | None = None,
+        cache: KVCache | StreamingCache | None = None,
     ) -> Tensor:
         """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` new tokens:
         ``(b, n + steps)``. Needs a causal model; runs without autograd, in the model's
@@ -457,6 +459,12 @@ class TransformerModel(nn.Module):
         ``key_padding_mask`` ``(b, n)`` (True = padding) marks a left-padded prompt: each row
         then generates what it would alone.
 
+        ``cache``: an empty cache to fill (default: a new :class:`~posenc.KVCache`). A
+        :class:`~posenc.StreamingCache` keeps only each row's first ``sink_tokens`` and last
+        ``window`` tokens, at positions inside the cache (StreamingLLM): memory stays flat
+        however long the generation; a prompt longer than ``sink_tokens + window`` goes
+        through that many tokens at once, then one token per call.
+
         >>> model = TransformerModel(20, 16, 1, 2, pe="alibi", causal=True).eval()
         >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
         torch.Size([1, 7])
@@ -471,6 +479,7 @@ class TransformerModel(nn.Module):
             eos_token_id=eos_token_id,
             generator=generator,
             key_padding_mask=key_padding_mask,
+            cache=cache,
         )
 
     @classmethod

@@ -5,6 +5,11 @@ then goes through alone, reading every cached key. A left-padded batch keeps its
 the cache and positions each row's real tokens from 0 (:func:`~posenc.positions_from_padding`),
 so every row generates what it would generate alone.
 
+With a :class:`~posenc.StreamingCache` (``cache=``) the prompt goes through in one call as far
+as ``sink_tokens + window`` real tokens of every row, then one token per call (a call must
+not evict part-way, see :mod:`posenc.sequence.streaming`); the cache places each row's tokens
+itself, counting from its first real token.
+
 Dimension legend: ``b`` batch, ``n`` prompt length, ``V`` vocabulary.
 """
 
@@ -23,6 +28,7 @@ from ..errors import PosencTypeError, PosencValueError, check_bytes
 from ..sequence.cache import KVCache
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import positions_from_padding
+from ..sequence.streaming import StreamingCache
 
 __all__ = ["check_tokens", "generate", "sample_next"]
 
@@ -105,8 +111,20 @@ def _check_generate(
     eos_token_id: object,
     generator: object,
     key_padding_mask: object,
+    cache: object = None,
 ) -> None:
     """Every argument of :func:`generate`, checked before any work."""
+    if cache is not None:
+        if not isinstance(cache, (KVCache, StreamingCache)):
+            raise PosencTypeError(
+                "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
+                f"{type(cache).__name__}"
+            )
+        if len(cache):
+            raise PosencValueError(
+                f"generate needs an empty cache (it fills it with the prompt); this "
+                f"{type(cache).__name__} holds {len(cache)} tokens (call cache.reset())"
+            )
     check_tokens(prompt, model.vocab_size, "prompt")
     assert isinstance(prompt, Tensor)
     if prompt.shape[1] == 0 or prompt.shape[0] == 0:
@@ -172,6 +190,7 @@ def generate(
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
     key_padding_mask: Tensor | None = None,
+    cache: KVCache | StreamingCache | None = None,
 ) -> Tensor:
     """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` tokens of ``model`` (a
     causal :class:`~posenc.TransformerModel`): ``(b, n + steps)``. See
@@ -186,15 +205,19 @@ def generate(
         eos_token_id,
         generator,
         key_padding_mask,
+        cache,
     )
     b, n = prompt.shape
     encoder = model.encoder
     itemsize = next(model.parameters()).element_size()
+    held = n + max_new_tokens
+    if isinstance(cache, StreamingCache):
+        held = min(max(n, cache.capacity), held)  # its widest call, or S + W
     check_bytes(
         "prompt + max_new_tokens",
-        f"{b} x ({n} + {max_new_tokens}) tokens cached in {encoder.depth} layers",
+        f"{b} x {held} tokens cached in {encoder.depth} layers",
         # keys and values of every layer, with the doubling's headroom
-        4 * b * (n + max_new_tokens) * encoder.depth * encoder.dim * itemsize,
+        4 * b * held * encoder.depth * encoder.dim * itemsize,
         device=prompt.device,
     )
     longest = n - 1 + max_new_tokens - 1  # the last position fed (the last token is not)
@@ -220,6 +243,7 @@ def generate(
             eos_token_id,
             generator,
             key_padding_mask,
+            KVCache() if cache is None else cache,
         )
     return torch.cat([prompt, torch.stack(new, dim=1)], dim=1)
 
@@ -234,18 +258,21 @@ def _new_tokens(
     eos_token_id: int | None,
     generator: torch.Generator | None,
     key_padding_mask: Tensor | None,
+    cache: KVCache | StreamingCache,
 ) -> list[Tensor]:
     """The new tokens of :func:`generate`, one ``(b,)`` tensor per step."""
     b = prompt.shape[0]
-    cache = KVCache()
-    positions = None if key_padding_mask is None else positions_from_padding(key_padding_mask)
-    logits = model(
-        prompt,
-        cache=cache,
-        positions=positions,
-        key_padding_mask=key_padding_mask,
-        logits_to_keep=1,  # the prompt's other logits are never read
-    )
+    if isinstance(cache, StreamingCache):
+        logits = _stream_prompt(model, prompt, key_padding_mask, cache)
+    else:
+        positions = None if key_padding_mask is None else positions_from_padding(key_padding_mask)
+        logits = model(
+            prompt,
+            cache=cache,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            logits_to_keep=1,  # the prompt's other logits are never read
+        )
     finished = torch.zeros(b, dtype=torch.bool, device=prompt.device)
     new: list[Tensor] = []
     for step in range(max_new_tokens):
@@ -260,3 +287,23 @@ def _new_tokens(
             break
         logits = model(new[-1][:, None], cache=cache)
     return new
+
+
+def _stream_prompt(
+    model: Any, prompt: Tensor, key_padding_mask: Tensor | None, cache: StreamingCache
+) -> Tensor:
+    """The prompt through a :class:`~posenc.StreamingCache`: its first columns in one call, as
+    far as ``sink_tokens + window`` real tokens of every row, then one column per call (a
+    call must not evict part-way); the logits of the last column ``(b, 1, V)``."""
+    n = prompt.shape[1]
+    fewest = 0 if key_padding_mask is None else int(key_padding_mask.sum(dim=1).min())
+    first = min(n, cache.capacity + fewest)  # no row has more real tokens than S + W here
+
+    def part(start: int, end: int) -> Tensor:
+        mask = None if key_padding_mask is None else key_padding_mask[:, start:end]
+        return model(prompt[:, start:end], cache=cache, key_padding_mask=mask, logits_to_keep=1)
+
+    logits = part(0, first)
+    for column in range(first, n):
+        logits = part(column, column + 1)
+    return logits

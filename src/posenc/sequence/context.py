@@ -27,15 +27,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..encodings.base import PositionalEncoding, RotaryEncoding
 from ..encodings.checks import (
     MAX_POSITION,
     PositionBound,
     check_position_range,
     resolve_bounded_positions,
 )
+from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
 from .cache import KVCache
 from .masks import attention_mask, check_key_padding_mask
+from .streaming import StreamingCache
 
 __all__ = ["SequenceContext", "check_document_ids"]
 
@@ -74,7 +77,13 @@ class SequenceContext:
         key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
         q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
             ``None`` without documents.
-        cache: the :class:`~posenc.KVCache` being filled, or ``None``.
+        cache: the :class:`~posenc.KVCache` (or :class:`~posenc.StreamingCache`) being
+            filled, or ``None``.
+        absolute_positions: the positions additive encodings add at: ``positions``, except
+            with a StreamingCache (``positions`` are then in-cache ones, these each token's
+            position in its row).
+        keys_at_read: the cache stores keys before rotation (a StreamingCache): attention
+            rotates every key it reads, at ``key_positions``.
     """
 
     def __init__(
@@ -85,12 +94,18 @@ class SequenceContext:
         key_padding_mask: Tensor | None,
         q_runs: Tensor | None,
         k_runs: Tensor | None,
-        cache: KVCache | None,
-        record: tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, bool] | None,
+        cache: KVCache | StreamingCache | None,
+        record: tuple[Any, ...] | None,
         bound: PositionBound | None = None,
         keeps: bool = True,
+        absolute_positions: Tensor | None = None,
+        keys_at_read: bool = False,
+        arange_keys: bool = False,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
+        self.absolute_positions = positions if absolute_positions is None else absolute_positions
+        self.keys_at_read = keys_at_read
+        self._arange_keys = arange_keys  # key_positions is arange(nk) in every row
         #: What the host knows of ``positions``' largest value without reading the device
         #: (``None``: nothing): the bound continuing the cache's, or the value read once from
         #: positions a user gave. Rotary tables are sized from it.
@@ -118,7 +133,7 @@ class SequenceContext:
         positions: Tensor | None,
         key_padding_mask: Tensor | None,
         document_ids: Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | StreamingCache | None,
         axes: int = 1,
         scheme: str = "",
         windowed: bool = False,
@@ -127,9 +142,14 @@ class SequenceContext:
         when there is neither a cache nor documents nor a ``windowed`` layer (a sliding
         window or chunk, whose mask reads positions). Every argument is checked here, before
         any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``."""
-        if cache is not None and not isinstance(cache, KVCache):
+        if cache is not None and not isinstance(cache, (KVCache, StreamingCache)):
             raise PosencTypeError(
-                f"cache must be a posenc.KVCache or None, got {type(cache).__name__}"
+                "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
+                f"{type(cache).__name__}"
+            )
+        if isinstance(cache, StreamingCache):
+            return cls._streaming(
+                cache, batch, seq, device, positions, key_padding_mask, document_ids, axes, scheme
             )
         document_ids = check_document_ids(document_ids, batch, seq)
         if cache is None and document_ids is None and not windowed:
@@ -249,6 +269,67 @@ class SequenceContext:
             record=(positions, None, None, None, False),
             bound=bound,
         )
+
+    @classmethod
+    def _streaming(
+        cls,
+        cache: StreamingCache,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+        axes: int,
+        scheme: str,
+    ) -> SequenceContext:
+        """The context of a call joining a :class:`~posenc.StreamingCache`: in-cache
+        positions for queries and keys (see :mod:`posenc.sequence.streaming`)."""
+        if positions is not None:
+            raise PosencValueError(
+                "positions= cannot be given with a StreamingCache: it places every token "
+                "itself (rotary and bias schemes at in-cache positions, additive ones at each "
+                "token's position in its row)"
+            )
+        if document_ids is not None:
+            raise PosencValueError(
+                "document_ids= cannot be given with a StreamingCache: its sinks and window "
+                "are those of one sequence per row"
+            )
+        if axes != 1:
+            raise PosencValueError(
+                f"a StreamingCache needs a scheme with 1-D positions; {scheme or 'this pe'} "
+                f"takes {axes}-D positions"
+            )
+        # (values are read by the plan: padding must come first in each row; a row with no
+        # real token yet, a long left padding fed in parts, is let through)
+        check_key_padding_mask(key_padding_mask, batch, seq)
+        step = cache.plan(batch, seq, key_padding_mask, device)
+        return cls(
+            positions=step.positions,
+            key_positions=step.key_positions,
+            key_padding_mask=step.key_padding_mask,
+            q_runs=None,
+            k_runs=None,
+            cache=cache,
+            record=(),
+            bound=step.bound,
+            absolute_positions=step.absolute_positions,
+            keys_at_read=True,
+            arange_keys=step.arange_keys,
+        )
+
+    def state(self, pe: PositionalEncoding, x: Tensor) -> PositionState | None:
+        """``pe``'s state for this forward over ``x`` ``(b, n, D)``: its
+        :meth:`~posenc.PositionalEncoding.context_state`, or, where keys are rotated when
+        read (a StreamingCache), a rotary scheme's
+        :meth:`~posenc.RotaryEncoding.read_state`."""
+        memo = {} if self.cache is None else self.cache.memo(pe)
+        if self.keys_at_read and isinstance(pe, RotaryEncoding):
+            nk = self.key_positions.shape[-1]
+            keys = None if self._arange_keys else self.key_positions
+            return pe.read_state(keys, x, memo, queries=x.shape[1], keys=nk, bound=self.bound)
+        return pe.context_state(self.positions, self.key_positions, x, memo, bound=self.bound)
 
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values ``(b, h, nk, d)`` that ``module``'s new queries read: its cached

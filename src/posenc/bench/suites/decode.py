@@ -8,7 +8,10 @@ Three measurements of one causal RoPE :class:`~posenc.TransformerModel`, in one 
   ``DynamicCache``, through each library's ``generate`` and through a plain loop (prefill, then
   one token per call), which separates ``generate``'s overhead from the model's;
 * the time of one new token as the cache grows, against a plain copy of the bytes a step must
-  read (every weight and the cached keys and values): the memory-bandwidth floor.
+  read (every weight and the cached keys and values): the memory-bandwidth floor;
+* a long generation with a :class:`~posenc.StreamingCache` against a :class:`~posenc.KVCache`
+  (a smaller model): tokens/s over the whole run and over its last quarter, and the bytes
+  each cache holds at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ...sequence.cache import KVCache
+from ...sequence.streaming import StreamingCache
 from ..harness import Case, Section, Table, ms, peer_version, ratio, round_robin
 from ..timing import Timing
 from .settings import Settings, missing_peer, timing_line
@@ -327,6 +331,88 @@ def _growth(s: Settings, model: nn.Module, section: Section) -> Table:
     return table
 
 
+def timed_loop(
+    model: nn.Module, prompt: Tensor, new: int, cache: KVCache | StreamingCache
+) -> tuple[float, float]:
+    """Greedy decoding by hand (the prompt in one call, then one call per new token, as
+    :func:`posenc_loop`) into ``cache``: the seconds of the whole run and of its last
+    quarter of new tokens."""
+    quarter = new - new // 4
+    start = time.perf_counter()
+    tail = start
+    logits = model(prompt, cache=cache)
+    for step in range(new):
+        if step == quarter:
+            tail = time.perf_counter()
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        if step + 1 < new:
+            logits = model(token, cache=cache)
+    end = time.perf_counter()
+    return end - start, end - tail
+
+
+def cache_bytes(cache: KVCache | StreamingCache) -> tuple[int, int]:
+    """The bytes of keys and values ``cache`` holds for its tokens, and the bytes allocated
+    for them (a KVCache grows by doubling: its buffers hold room for more)."""
+    live = allocated = 0
+    for module in cache.layers():
+        held = cache.keys_values(module)
+        assert held is not None
+        for t in held:
+            live += t.numel() * t.element_size()
+            allocated += t.untyped_storage().nbytes()
+    return live, allocated
+
+
+def _streaming(s: Settings, section: Section) -> Table:
+    """A long greedy generation with a StreamingCache and with a KVCache, alternating."""
+    from ...model import TransformerModel
+
+    vocab, dim, depth, heads = s.decode_stream
+    n, new, sinks, window = s.decode_stream_tokens
+    torch.manual_seed(0)
+    model = TransformerModel(vocab, dim, depth, heads, pe="rope", causal=True).eval()
+    prompt = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(3))
+    makers: dict[str, Callable[[], KVCache | StreamingCache]] = {
+        "KVCache": KVCache,
+        f"StreamingCache({sinks}, {window})": lambda: StreamingCache(sinks, window),
+    }
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in makers}
+    held: dict[str, tuple[int, int, int]] = {}
+    for round_ in range(s.decode_stream_repeats):
+        for name in makers if round_ % 2 == 0 else reversed(makers):
+            cache = makers[name]()
+            runs[name].append(timed_loop(model, prompt, new, cache))
+            held[name] = (len(cache), *cache_bytes(cache))
+    table = Table(
+        ["cache", "tokens/s", "last quarter tokens/s", "tokens held", "K/V MiB held",
+         "K/V MiB allocated"],
+        caption=f"{new} new greedy tokens after a {n}-token prompt (batch 1; the median "
+        f"over {s.decode_stream_repeats} run(s) of each cache, alternating):",
+    )  # fmt: skip
+    rows = []
+    for name, timings in runs.items():
+        total = statistics.median(t for t, _ in timings)
+        tail = statistics.median(t for _, t in timings)
+        tokens, live, allocated = held[name]
+        row = {"cache": name, "seconds": total, "tokens_per_s": new / total,
+               "tail_tokens_per_s": (new // 4) / tail, "tokens_held": tokens,
+               "bytes_held": live, "bytes_allocated": allocated}  # fmt: skip
+        rows.append(row)
+        table.rows.append(
+            [name, f"{row['tokens_per_s']:,.0f}", f"{row['tail_tokens_per_s']:,.0f}",
+             str(tokens), f"{live / 2**20:.2f}", f"{allocated / 2**20:.2f}"]
+        )  # fmt: skip
+    section.data["streaming"] = rows
+    section.notes.append(
+        f'streaming: `TransformerModel({vocab}, {dim}, {depth}, {heads}, pe="rope", '
+        f"causal=True)`; a StreamingCache holds {sinks} sink and {window} window tokens "
+        "whatever the length (keys rotated when read), a KVCache every token; the two give "
+        "different tokens once tokens leave the window (StreamingLLM reads fewer)"
+    )
+    return table
+
+
 def suite_decode(s: Settings) -> Section:
     vocab, dim, depth, heads = s.decode
     n, new = s.decode_tokens
@@ -364,7 +450,8 @@ def suite_decode(s: Settings) -> Section:
     with torch.no_grad():
         first, second = _generation(s, model, section)
         third = _growth(s, model, section)
-    section.tables += [table for table in (first, second, third) if table.rows]
+        fourth = _streaming(s, section)
+    section.tables += [table for table in (first, second, third, fourth) if table.rows]
     if section.data["peer"]:
         through_generate, by_hand = section.data["peer"][0], section.data["peer"][2]
         section.notes.insert(

@@ -39,6 +39,11 @@ class Settings:
     decode_tokens: tuple[int, int] = (128, 128)  # prompt length, new tokens
     decode_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # cache lengths
     decode_repeats: int = 9  # decode: timed generations per case
+    # decode, streaming: vocabulary, width, depth, heads of a smaller causal RoPE model ...
+    decode_stream: tuple[int, int, int, int] = (256, 128, 2, 4)
+    # ... and prompt length, new tokens, StreamingCache's sink_tokens and window
+    decode_stream_tokens: tuple[int, int, int, int] = (16, 4096, 4, 252)
+    decode_stream_repeats: int = 2  # timed generations per cache (alternating)
     threads: int = 0  # 0: torch's default
     host_calls: int = 2000  # host: calls per timed round (the rounds: repeats, at least 3)
 
@@ -68,6 +73,9 @@ QUICK = Settings(
     decode_lengths=(4, 8, 16, 32, 64, 128),
     decode_repeats=2,
     host_calls=20,
+    decode_stream=(32, 16, 1, 2),
+    decode_stream_tokens=(4, 16, 2, 4),
+    decode_stream_repeats=1,
 )
 
 

@@ -297,6 +297,23 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
 
         return RotaryState(rotate)
 
+    def read_state(
+        self,
+        key_positions: Tensor | None,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        queries: int,
+        keys: int,
+        bound: Any = None,
+    ) -> RotaryState:
+        """Refused: multimodal positions are N-D (rows per section), and a StreamingCache
+        places tokens on one axis."""
+        raise PosencValueError(
+            "MultimodalRotaryEmbedding (mrope) cannot be used with a StreamingCache: its "
+            "positions are N-D (one row per section), the cache's in-cache positions 1-D"
+        )
+
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, "

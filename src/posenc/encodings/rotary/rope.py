@@ -330,6 +330,33 @@ class RotaryEmbedding(RotaryEncoding):
         exact bound (a prompt, positions a user gave), else read once per forward."""
         return self._state(positions, x, bound)
 
+    def read_state(
+        self,
+        key_positions: Tensor | None,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        queries: int,
+        keys: int,
+        bound: PositionBound | None = None,
+    ) -> RotaryState:
+        """Every key read at ``key_positions`` ``(b, keys)`` (``None``: ``arange(keys)``),
+        and the queries by the last ``queries`` rows of the same tables, so that both use
+        one set of frequencies (dynamic NTK and LongRoPE follow the largest key position);
+        see :meth:`posenc.RotaryEncoding.read_state`."""
+        plan = select(
+            x, inplace=False, learned=self.learned_freq, positions=key_positions, kernel=False
+        )
+        work = compute_dtype(x.dtype)
+        read = None
+        if key_positions is not None:
+            read = bounded_positions(key_positions, bound, plan.eager)
+        exact = bound.largest if read is not None and bound is not None and bound.exact else None
+        b = x.shape[0]
+        cos, sin = self._cos_sin(key_positions, b, keys, work, x.device, plan, read, largest=exact)
+        query = cos[..., keys - queries :, :], sin[..., keys - queries :, :]
+        return rotary_state(self.interleaved, query, (cos, sin))
+
     def _state(
         self, positions: Tensor | None, x: Tensor, bound: PositionBound | None
     ) -> RotaryState:

@@ -186,6 +186,29 @@ class XPos(RotaryEncoding):
         keys = self.scaled_cos_sin(pos, work, key=True, center=center)
         return rotary_state(self.interleaved, query, keys)
 
+    def read_state(
+        self,
+        key_positions: Tensor | None,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        queries: int,
+        keys: int,
+        bound: PositionBound | None = None,
+    ) -> RotaryState:
+        """Keys at ``key_positions`` ``(b, keys)`` (``None``: ``arange(keys)``) and queries
+        at the last ``queries`` of them, with the centre of :meth:`context_state` (the first
+        cached call's); see :meth:`posenc.RotaryEncoding.read_state`."""
+        pos = torch.arange(keys, device=x.device) if key_positions is None else key_positions
+        if self.center is None and "center" not in memo:
+            top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
+            memo["center"] = torch.floor((top + 1) / 2)
+        work = compute_dtype(x.dtype)
+        center = memo["center"] if self.center is None else self.center
+        query = self.scaled_cos_sin(pos[..., keys - queries :], work, key=False, center=center)
+        rows = self.scaled_cos_sin(pos, work, key=True, center=center)
+        return rotary_state(self.interleaved, query, rows)
+
     def rotate(
         self,
         x: Tensor,
