@@ -37,6 +37,7 @@ from .encodings.bias.alibi import ALiBi, alibi_slopes
 from .encodings.bias.cope import CoPE
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
+from .encodings.bias.sandwich import Sandwich
 from .encodings.bias.swin import SwinRelativeBias, SwinV2ContinuousBias
 from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
 from .encodings.registry import Entry, available, build, build_for_model, entry, register
@@ -56,6 +57,7 @@ from .encodings.rotary.multimodal_positions import (
     multimodal_positions,
 )
 from .encodings.rotary.onnx import export_onnx
+from .encodings.rotary.pope import PoPE
 from .encodings.rotary.rope import InterleavedRotaryEmbedding, RotaryEmbedding
 from .encodings.rotary.xpos import XPos
 from .encodings.state import BiasState, PositionState, RotaryState
@@ -103,6 +105,7 @@ __all__ = [
     "MultiHeadAttention",
     "MultimodalRotaryEmbedding",
     "NoPE",
+    "PoPE",
     "PosencError",
     "PosencTypeError",
     "PosencValueError",
@@ -115,6 +118,7 @@ __all__ = [
     "RotaryEmbedding",
     "RotaryEncoding",
     "RotaryState",
+    "Sandwich",
     "ScaledSinusoidalPositionalEncoding",
     "ShawRelativeBias",
     "Sinusoidal2DPositionalEncoding",

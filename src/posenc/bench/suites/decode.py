@@ -366,7 +366,7 @@ def cache_bytes(cache: KVCache | StreamingCache) -> tuple[int, int]:
 
 def _streaming(s: Settings, section: Section) -> Table:
     """A long greedy generation with a StreamingCache and with a KVCache, alternating."""
-    from ...model import TransformerModel
+    from ...model.encoder import TransformerModel
 
     vocab, dim, depth, heads = s.decode_stream
     n, new, sinks, window = s.decode_stream_tokens

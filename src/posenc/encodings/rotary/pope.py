@@ -36,7 +36,13 @@ from torch import Tensor, nn
 
 from ...errors import PosencValueError, check_bytes
 from ..base import RotaryEncoding
-from ..checks import check_bool, check_positive_int, compute_dtype, resolve_positions
+from ..checks import (
+    PositionBound,
+    check_bool,
+    check_positive_int,
+    compute_dtype,
+    resolve_positions,
+)
 from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
@@ -152,6 +158,29 @@ class PoPE(RotaryEncoding):
 
         def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
             return self._transform(*check_qk(q, k, self.head_dim), tables)
+
+        return RotaryState(transform)
+
+    def read_state(
+        self,
+        key_positions: Tensor | None,
+        x: Tensor,
+        memo: dict[str, Any],
+        *,
+        queries: int,
+        keys: int,
+        bound: PositionBound | None = None,
+    ) -> RotaryState:
+        """Keys at ``key_positions`` ``(b, keys)`` (``None``: ``arange(keys)``), transformed
+        when read, and the queries at the last ``queries`` of them (a
+        :class:`~posenc.StreamingCache`; see :meth:`posenc.RotaryEncoding.read_state`)."""
+        pos = torch.arange(keys, device=x.device) if key_positions is None else key_positions
+        work = compute_dtype(x.dtype)
+        query_tables = self.tables(pos[..., keys - queries :], work)[0]
+        key_tables = self.tables(pos, work)[1]
+
+        def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+            return self._transform(q, k, (query_tables, key_tables))
 
         return RotaryState(transform)
 
