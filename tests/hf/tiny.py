@@ -85,9 +85,11 @@ def tiny_config(config_class: type, fixes: dict[str, Any] | None = None) -> Any:
             sizes[key] = _cut(value, LAYERS)
     if "qk_rope_head_dim" in fields:  # multi-head latent attention: head_dim is the rope slice
         sizes["head_dim"] = SIZES["qk_rope_head_dim"]
+        sizes["num_key_value_heads"] = SIZES["num_attention_heads"]
     section = _mrope_section(fields.get("rope_parameters"))
     if section:  # multimodal RoPE: a head wide enough for its sections
         sizes["head_dim"] = 2 * sum(section)
+        sizes["hidden_size"] = SIZES["num_attention_heads"] * sizes["head_dim"]
     if isinstance(fields.get("eos_token_id"), list):
         sizes.pop("eos_token_id", None)
     with warnings.catch_warnings():

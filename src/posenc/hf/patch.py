@@ -48,6 +48,8 @@ from ..errors import PosencError, PosencTypeError, PosencValueError
 MARK = "_posenc_unpatched_forward"
 #: The modeling file's function the patched attentions call.
 APPLY = "apply_rotary_pos_emb"
+#: Multi-head latent attention's (DeepSeek-V3 family): interleaved pairs, written de-interleaved.
+INTERLEAVE = "apply_rotary_pos_emb_interleave"
 #: ``max|posenc - family| / max|family|`` the probe allows (float32 angles against float64 at
 #: positions ~130: ~130 * 2**-24).
 PROBE_TOLERANCE = 2e-5
@@ -91,18 +93,20 @@ def patch(model: nn.Module) -> list[str]:
     if len(layouts) > 1:
         raise PosencValueError(f"cannot patch {family}: its rotary modules mix layouts")
     interleaved = layouts.pop()
-    rotations: dict[int, Callable[..., Any]] = {}  # id(modeling globals) -> posenc's apply
+    rotations: dict[tuple[int, str], Callable[..., Any]] = {}  # (globals, name) -> posenc's
     forwards = {}
     for name, module in attentions:
         function = _innermost(type(module).forward)
-        _check_calls(family, module, _rotation_names(module))
+        used = _check_calls(family, module, _rotation_names(module))
         namespace = function.__globals__
-        if id(namespace) not in rotations:
-            rotation = _rotation(family, namespace.get(APPLY), interleaved)
-            for t in tables.values():
-                t.probe(family, namespace[APPLY], rotation)
-            rotations[id(namespace)] = rotation
-        forwards[name] = _rebound(type(module).forward, function, rotations[id(namespace)])
+        for called in used:
+            if (id(namespace), called) not in rotations:
+                rotation = _rotation(family, namespace.get(called), interleaved, called)
+                for t in tables.values():
+                    t.probe(family, namespace[called], rotation, called == INTERLEAVE)
+                rotations[id(namespace), called] = rotation
+        replaced = {called: rotations[id(namespace), called] for called in used}
+        forwards[name] = _rebound(type(module).forward, function, replaced)
     changed = []
     for name, module in rotaries:
         _replace(module, types.MethodType(tables[name].forward, module))
@@ -170,18 +174,25 @@ def _rotation_names(module: nn.Module) -> set[str]:
     return {name for name in code.co_names if _ROTATION_NAME.match(name)}
 
 
-def _check_calls(family: str, module: nn.Module, names: set[str]) -> None:
-    others = names - {APPLY}
-    config = getattr(module, "config", None)
-    interleave = getattr(config, "rope_interleave", True) if config is not None else True
-    if others == {"apply_rotary_pos_emb_interleave"} and not interleave:
-        return  # MLA: the interleaved branch is not taken under this config
+def _check_calls(family: str, module: nn.Module, names: set[str]) -> set[str]:
+    """The rotation functions ``module``'s forward calls under its config (``names`` less a
+    branch its config does not take), or raise naming those posenc does not replace."""
+    others = names - {APPLY, INTERLEAVE}
     if others:
         raise PosencValueError(
             f"cannot patch {family}: {type(module).__name__}.forward rotates with "
             f"{', '.join(sorted(others))} (not {APPLY} on whole q and k), which posenc "
             "does not replace"
         )
+    if names == {APPLY, INTERLEAVE}:  # MLA: ``if self.config.rope_interleave: ... else: ...``
+        config = getattr(module, "config", None)
+        if config is None or not hasattr(config, "rope_interleave"):
+            raise PosencValueError(
+                f"cannot patch {family}: {type(module).__name__}.forward calls {APPLY} and "
+                f"{INTERLEAVE}, and its config says no rope_interleave to choose between them"
+            )
+        return {INTERLEAVE if config.rope_interleave else APPLY}
+    return names
 
 
 def _replace(module: nn.Module, forward: Any) -> None:
@@ -189,15 +200,18 @@ def _replace(module: nn.Module, forward: Any) -> None:
     module.forward = forward
 
 
-def _rebound(wrapper: Any, function: types.FunctionType, rotation: Callable[..., Any]) -> Any:
+def _rebound(
+    wrapper: Any, function: types.FunctionType, rotations: dict[str, Callable[..., Any]]
+) -> Any:
     """``wrapper`` (a method's function, maybe decorated) rebuilt so that its innermost
-    ``function`` reads ``apply_rotary_pos_emb`` from a copy of its globals holding
-    ``rotation``; decorators are rebuilt around it (their closures point to the new one)."""
+    ``function`` reads the rotation functions named in ``rotations`` from a copy of its
+    globals holding posenc's; decorators are rebuilt around it (their closures point to the
+    new one)."""
     if wrapper is function:
-        namespace = dict(function.__globals__, **{APPLY: rotation})
+        namespace = dict(function.__globals__, **rotations)
         return _copy_function(function, namespace, function.__closure__)
     inner = wrapper.__wrapped__
-    new_inner = _rebound(inner, function, rotation)
+    new_inner = _rebound(inner, function, rotations)
     cells = wrapper.__closure__ or ()
     if not any(c.cell_contents is inner for c in cells):
         raise PosencValueError(
@@ -227,12 +241,14 @@ def _copy_function(
 # --------------------------------------------------------------------------- the rotation
 
 
-def _rotation(family: str, theirs: Any, interleaved: bool) -> Callable[..., Any]:
-    """posenc's ``apply_rotary_pos_emb`` with the signature of the family's (``theirs``):
+def _rotation(family: str, theirs: Any, interleaved: bool, name: str) -> Callable[..., Any]:
+    """posenc's rotation with the signature of the family's function ``name`` (``theirs``):
     ``(q, k, cos, sin[, position_ids], unsqueeze_dim=1) -> (q, k)`` or
-    ``(x, cos, sin, unsqueeze_dim=1) -> x``, reading the tables :class:`_Tables` gives."""
+    ``(x, cos, sin, unsqueeze_dim=1) -> x``, reading the tables :class:`_Tables` gives. For
+    :data:`INTERLEAVE` the pairs turn in place (posenc's reading of such a config is
+    interleaved): transformers' channel order differs, q·k does not."""
     if theirs is None:
-        raise PosencValueError(f"cannot patch {family}: its modeling module has no {APPLY}")
+        raise PosencValueError(f"cannot patch {family}: its modeling module has no {name}")
     names = list(inspect.signature(theirs).parameters)
     if names[2:4] == ["cos", "sin"]:
 
@@ -265,7 +281,7 @@ def _rotation(family: str, theirs: Any, interleaved: bool) -> Callable[..., Any]
 
         return rotate_one
     raise PosencValueError(
-        f"cannot patch {family}: its {APPLY}{inspect.signature(theirs)} is not "
+        f"cannot patch {family}: its {name}{inspect.signature(theirs)} is not "
         "(q, k, cos, sin, ...) or (x, cos, sin, ...)"
     )
 
@@ -344,9 +360,17 @@ class _Tables:
         with torch.no_grad():
             return self.tables(position_ids, layer_type)
 
-    def probe(self, family: str, theirs: Callable[..., Any], ours: Callable[..., Any]) -> None:
+    def probe(
+        self,
+        family: str,
+        theirs: Callable[..., Any],
+        ours: Callable[..., Any],
+        deinterleaved: bool = False,
+    ) -> None:
         """Raise naming ``family`` unless the module's own tables rotated by its own
-        ``theirs`` equal posenc's tables rotated by ``ours`` (see the module docstring)."""
+        ``theirs`` equal posenc's tables rotated by ``ours`` (see the module docstring);
+        ``deinterleaved``: ``theirs`` writes the pairs de-interleaved (``(x0, x2, ..., x1,
+        x3, ...)``), so ours are compared in that order."""
         device = next(iter(self.module.buffers()), torch.empty(0)).device
         if device.type == "meta":
             raise PosencValueError(f"cannot patch {family}: its rotary module is on 'meta'")
@@ -375,6 +399,8 @@ class _Tables:
                     except RuntimeError:
                         continue
                     got = _call(ours, [t.clone() for t in qk], our_tables)
+                    if deinterleaved:
+                        got = [torch.cat((g[..., 0::2], g[..., 1::2]), -1) for g in got]
                     break
             where = f"{family}" + (f" (layer type {layer_type!r})" if layer_type else "")
             if want is None or got is None:

@@ -19,6 +19,9 @@ scaling    RoPE and bias attention as n doubles from 512 to 16k, with the fitted
 decode     greedy generation with a KV cache vs recomputing the prefix and vs transformers'
            ``LlamaForCausalLM`` with its ``DynamicCache``; one new token's time as the cache
            grows, vs the copy floor of the bytes it reads
+hf         a transformers ``LlamaForCausalLM`` with and without :func:`posenc.hf.patch`: prefill
+           and greedy generation, the rotary code's share, peak memory (CPU or ``--device
+           cuda``)
 =========  ====================================================================================
 
 Every suite returns a :class:`~posenc.bench.harness.Section`; ``posenc bench`` prints them
@@ -26,7 +29,8 @@ and writes them as markdown. The ``bias`` and ``scaling`` suites measure in a su
 (:mod:`posenc.bench.worker`, driven by :mod:`.sweeps`), the others in this process.
 
 One file per family of suites: :mod:`.absolute` (``table``, ``add``), :mod:`.rotary`
-(``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`, :mod:`.decode`; their
+(``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`, :mod:`.decode`,
+:mod:`.hf`; their
 sizes are in :mod:`.settings`. This module runs them by name.
 """
 
@@ -42,10 +46,11 @@ from .absolute import suite_add, suite_table
 from .attention import suite_bias, suite_scaling
 from .decode import suite_decode
 from .encoder import suite_encoder
+from .hf import suite_hf
 from .rotary import suite_rope
 from .settings import Settings
 
-SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode")
+SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode", "hf")
 
 RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "table": suite_table,
@@ -56,6 +61,7 @@ RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "schemes": lambda s: suite_schemes(s.encoder, warmup=s.warmup, repeats=s.repeats),
     "scaling": suite_scaling,
     "decode": suite_decode,
+    "hf": suite_hf,
 }
 
 

@@ -39,6 +39,11 @@ class Settings:
     decode_tokens: tuple[int, int] = (128, 128)  # prompt length, new tokens
     decode_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)  # cache lengths
     decode_repeats: int = 9  # decode: timed generations per case
+    # hf: a transformers Llama patched and not: width, depth, heads, key/value heads, prompt,
+    # new tokens; its vocabulary; timed generations per case
+    hf: tuple[int, int, int, int, int, int] = (512, 8, 8, 4, 512, 128)
+    hf_vocab: int = 8192
+    hf_repeats: int = 5
     threads: int = 0  # 0: torch's default
 
 
@@ -66,6 +71,9 @@ QUICK = Settings(
     decode_tokens=(8, 8),
     decode_lengths=(4, 8, 16, 32, 64, 128),
     decode_repeats=2,
+    hf=(32, 1, 2, 1, 8, 4),
+    hf_vocab=64,
+    hf_repeats=2,
 )
 
 
