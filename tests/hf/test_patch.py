@@ -357,7 +357,8 @@ def test_every_census_family_patches_exactly_or_is_refused_by_name(folder: str) 
 
 
 def main() -> None:
-    """Print the sweep as Markdown (``python -m tests.hf.test_patch``)."""
+    """Print the sweep as Markdown (``python -m tests.hf.test_patch [FIRST [LAST]]``: the
+    folders from FIRST to LAST, alphabetically; rows as each folder finishes, then counts)."""
     import resource
     import warnings
 
@@ -365,23 +366,24 @@ def main() -> None:
     warnings.simplefilter("ignore")
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(1)
+    first = sys.argv[1] if len(sys.argv) > 1 else ""
+    last = sys.argv[2] if len(sys.argv) > 2 else "~"
     rows = []
+    print("| family | config class | patch | detail |\n| --- | --- | --- | --- |", flush=True)
     for param in _folders():
         folder = param.values[0]
-        print(folder, file=sys.stderr, flush=True)
+        if not first <= folder <= last:
+            continue
         try:
-            rows += sweep_folder(folder)
+            found = sweep_folder(folder)
         except AssertionError as error:
-            rows.append(Outcome(folder, "", "WRONG", str(error)))
+            found = [Outcome(folder, "", "WRONG", str(error))]
+        for o in found:
+            detail = o.detail.replace("|", "\\|").replace("\n", " ")
+            print(f"| `{o.family}` | `{o.config_class}` | {o.kind} | {detail} |", flush=True)
+        rows += found
     counts = {k: sum(o.kind == k for o in rows) for k in ("patched", "refused", "not built")}
-    print(
-        f"transformers {transformers.__version__}: "
-        + ", ".join(f"{v} {k}" for k, v in counts.items())
-    )
-    print("\n| family | config class | patch | detail |\n| --- | --- | --- | --- |")
-    for o in sorted(rows, key=lambda o: (o.kind, o.family)):
-        detail = o.detail.replace("|", "\\|").replace("\n", " ")
-        print(f"| `{o.family}` | `{o.config_class}` | {o.kind} | {detail} |")
+    print(f"\ntransformers {transformers.__version__}: {counts}")
 
 
 if __name__ == "__main__":
