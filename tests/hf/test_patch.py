@@ -109,23 +109,23 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
 
 def test_the_patched_attention_rotates_with_posencs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The equality above must not come from the patch doing nothing: the patched forward
-    calls posenc's in-place kernel (under no_grad), the unpatched one does not."""
+    calls posenc's kernel on q and k together (under no_grad), the unpatched one does not."""
     patch_module = importlib.import_module("posenc.hf.patch")  # posenc.hf.patch: the function
     calls = []
-    inner = patch_module.apply_rotary_
+    inner = patch_module.rotate_both
 
-    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+    def counted(*args: object, **kwargs: object) -> object:
         calls.append(1)
         return inner(*args, **kwargs)
 
-    monkeypatch.setattr(patch_module, "apply_rotary_", counted)
+    monkeypatch.setattr(patch_module, "rotate_both", counted)
     model = _llama()
     _logits(model, IDS)
     assert calls == []
     posenc.hf.patch(model)
     calls.clear()  # the patch's probe rotated too
     _logits(model, IDS)
-    assert len(calls) == 2 * 2  # q and k, in each of 2 layers
+    assert len(calls) == 2  # q and k together, in each of 2 layers
 
 
 @pytest.mark.parametrize(

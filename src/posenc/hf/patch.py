@@ -39,6 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
+from ..encodings.rotary.kernels.rotate import rotate_pair as rotate_both
+from ..encodings.rotary.kernels.select import select
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
@@ -256,6 +258,9 @@ def _rotation(family: str, theirs: Any, interleaved: bool, name: str) -> Callabl
             q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
         ) -> tuple[Tensor, Tensor]:
             c, s = _half(cos, unsqueeze_dim, interleaved), _half(sin, unsqueeze_dim, interleaved)
+            done = _turn_pair(q, k, c, s, interleaved)
+            if done is not None:
+                return done
             q = _turn(q, c, s, interleaved, inplace=True)
             return q, _turn(k, c, s, interleaved, inplace=k.data_ptr() != q.data_ptr())
 
@@ -291,6 +296,18 @@ def _half(table: Tensor, unsqueeze_dim: int, interleaved: bool) -> Tensor:
     broadcast it (``unsqueeze(unsqueeze_dim)``)."""
     half = table[..., 0::2] if interleaved else table[..., : table.shape[-1] // 2]
     return half.unsqueeze(unsqueeze_dim)
+
+
+def _turn_pair(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
+) -> tuple[Tensor, Tensor] | None:
+    """``q`` and ``k`` rotated in place in one kernel call where no autograd runs (a decode
+    step above all, where checks and calls cost more than the arithmetic; q and k are fresh
+    projections nothing else reads before the rotation); ``None`` where that does not apply."""
+    if torch.is_grad_enabled() or k.data_ptr() == q.data_ptr():
+        return None
+    plan = select(q, (cos, sin), inplace=True, pair=k)
+    return rotate_both(q, k, cos, sin, interleaved, True, plan)
 
 
 def _turn(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, *, inplace: bool) -> Tensor:

@@ -8,8 +8,8 @@ prompt) and greedy ``generate`` (prefill, then one token per step with transform
 ``DynamicCache``), medians over round-robin repeats. Then, in one untimed generation of each,
 the time spent in the rotary code (the rotary module's forward and every call that rotates q
 or k, each timed around the call) and its share of that generation, and the peak of the bytes
-allocated during a prefill (CPU: the growth of the process's peak resident set; CUDA:
-``torch.cuda.max_memory_allocated``).
+allocated during a prefill (CUDA: ``torch.cuda.max_memory_allocated``; the CPU keeps no
+peak, so there the bytes allocated in all, from the profiler).
 """
 
 from __future__ import annotations
@@ -79,26 +79,27 @@ def _rotary_clock(model: nn.Module, patched: bool, cuda: bool) -> Iterator[_Cloc
     rotary = model.model.rotary_emb
     rotary_forward = rotary.forward
     rotary.forward = clock.wrap(rotary_forward)
-    if patched:  # posenc's rotation: the function the patched attentions call per tensor
+    if patched:  # posenc's rotation: the functions the patched attentions call
         owner = importlib.import_module("posenc.hf.patch")
-        name = "_turn"
+        names = ["_turn_pair", "_turn"]
     else:
         owner = importlib.import_module("transformers.models.llama.modeling_llama")
-        name = "apply_rotary_pos_emb"
-    original = getattr(owner, name)
-    setattr(owner, name, clock.wrap(original))
+        names = ["apply_rotary_pos_emb"]
+    originals = {name: getattr(owner, name) for name in names}
+    for name, original in originals.items():
+        setattr(owner, name, clock.wrap(original))
     try:
         yield clock
     finally:
-        setattr(owner, name, original)
+        for name, original in originals.items():
+            setattr(owner, name, original)
         rotary.forward = rotary_forward
 
 
-def _peak_bytes(run: Callable[[], object], cuda: bool) -> int:
-    """The most bytes allocated at once while ``run()`` runs, above what was allocated
-    before: on CUDA by torch's allocator, on the CPU the process's resident set (its peak,
-    reset through ``/proc/self/clear_refs``, less its size before; -1 where that is not
-    available)."""
+def _allocated_bytes(run: Callable[[], object], cuda: bool) -> int:
+    """On CUDA the most bytes allocated at once while ``run()`` runs, above what was allocated
+    before; on the CPU (which keeps no peak) the bytes allocated in all, summed over the
+    profiler's per-operator allocations."""
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -106,20 +107,11 @@ def _peak_bytes(run: Callable[[], object], cuda: bool) -> int:
         run()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    try:  # Linux: reset the process's resident high-water mark, run, read it
-        rss = _status_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
-        return (_status_kib("VmHWM") - rss) * 1024
-    except OSError:
-        return -1
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1])
+    return sum(max(e.self_cpu_memory_usage, 0) for e in prof.events())
 
 
 def suite_hf(s: Settings) -> Section:
@@ -158,9 +150,16 @@ def suite_hf(s: Settings) -> Section:
                 _generate(model, prompt, new)
                 total = time.perf_counter() - start
             shares[label] = (clock.seconds, total)
-            peaks[label] = _peak_bytes(lambda m=model: m(prompt), cuda)
+            peaks[label] = _allocated_bytes(lambda m=model: m(prompt), cuda)
     table = Table(
-        ["", "prefill", "generate", "rotary in one generate", "rotary share", "prefill peak"],
+        [
+            "",
+            "prefill",
+            "generate",
+            "rotary in one generate",
+            "rotary share",
+            "prefill peak (CUDA) / allocated (CPU)",
+        ],
         caption=(
             f"`LlamaForCausalLM`: width {width}, {depth} layers, {heads} heads, {kv_heads} "
             f"key/value heads, vocabulary {s.hf_vocab}, float32, SDPA, on {s.device}; prefill "
@@ -176,7 +175,7 @@ def suite_hf(s: Settings) -> Section:
                 ms(timings[f"generate, {label}"].median),
                 ms(rotary),
                 f"{100 * rotary / total:.1f}%",
-                f"{peaks[label] / 2**20:.1f} MiB" if peaks[label] >= 0 else "n/a",
+                f"{peaks[label] / 2**20:.1f} MiB",
             ]
         )
     plain_share = shares["transformers"][0] / shares["transformers"][1]
