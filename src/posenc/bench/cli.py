@@ -6,6 +6,7 @@ print the tables, and optionally write them (with PNG plots) as markdown.
     posenc bench --quick                           # tiny sizes: checks that it runs (CI)
     posenc bench --output benchmarks/RESULTS.md    # also write the tables and plots
     posenc bench rope --device cuda                # RoPE on a GPU (CUDA-event timings)
+    posenc bench hf                                # a transformers Llama, posenc.hf.patch'd
     posenc bench bias encoder --device cuda        # bias attention, training step on a GPU
 """
 
@@ -23,9 +24,10 @@ from .attention_cuda import CUDA_SUITES as ATTENTION_CUDA_SUITES
 from .suites import SUITES, run_suites
 from .suites.settings import settings_for
 
-#: The suites that run on a GPU with ``--device cuda``: ``rope`` through its own suite (which
+#: The suites that run on a GPU with ``--device cuda``: ``rope`` and ``hf`` through their own
+#: suites (which
 #: reads the settings' device), ``bias`` and ``encoder`` through :mod:`.attention_cuda`.
-CUDA_SUITES = ("rope", *ATTENTION_CUDA_SUITES)
+CUDA_SUITES = ("rope", "hf", *ATTENTION_CUDA_SUITES)
 
 
 def add_subcommand(subparsers: Any) -> None:

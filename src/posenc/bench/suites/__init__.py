@@ -19,6 +19,9 @@ scaling    RoPE and bias attention as n doubles from 512 to 16k, with the fitted
 decode     greedy generation with a KV cache vs recomputing the prefix and vs transformers'
            ``LlamaForCausalLM`` with its ``DynamicCache``; one new token's time as the cache
            grows, vs the copy floor of the bytes it reads
+hf         a transformers ``LlamaForCausalLM`` with and without :func:`posenc.hf.patch`: prefill
+           and greedy generation, the rotary code's share, peak memory (CPU or ``--device
+           cuda``)
 host       the host's Python per eager rotary call (decode and prefill shapes): the Triton
            path with the launch faked (posenc's part, Triton's part), the C kernel, and
            transformers' rotary step
@@ -30,7 +33,7 @@ and writes them as markdown. The ``bias`` and ``scaling`` suites measure in a su
 
 One file per family of suites: :mod:`.absolute` (``table``, ``add``), :mod:`.rotary`
 (``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`, :mod:`.decode`,
-:mod:`.host`; their
+:mod:`.host`, :mod:`.hf`; their
 sizes are in :mod:`.settings`. This module runs them by name.
 """
 
@@ -46,11 +49,12 @@ from .absolute import suite_add, suite_table
 from .attention import suite_bias, suite_scaling
 from .decode import suite_decode
 from .encoder import suite_encoder
+from .hf import suite_hf
 from .host import suite_host
 from .rotary import suite_rope
 from .settings import Settings
 
-SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode", "host")
+SUITES = ("table", "add", "rope", "bias", "encoder", "schemes", "scaling", "decode", "host", "hf")
 
 RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "table": suite_table,
@@ -62,6 +66,7 @@ RUNNERS: dict[str, Callable[[Settings], Section]] = {
     "scaling": suite_scaling,
     "decode": suite_decode,
     "host": suite_host,
+    "hf": suite_hf,
 }
 
 

@@ -44,6 +44,11 @@ class Settings:
     # ... and prompt length, new tokens, StreamingCache's sink_tokens and window
     decode_stream_tokens: tuple[int, int, int, int] = (16, 4096, 4, 252)
     decode_stream_repeats: int = 2  # timed generations per cache (alternating)
+    # hf: a transformers Llama patched and not: width, depth, heads, key/value heads, prompt,
+    # new tokens; its vocabulary; timed generations per case
+    hf: tuple[int, int, int, int, int, int] = (512, 8, 8, 4, 512, 128)
+    hf_vocab: int = 8192
+    hf_repeats: int = 5
     threads: int = 0  # 0: torch's default
     host_calls: int = 2000  # host: calls per timed round (the rounds: repeats, at least 3)
 
@@ -76,6 +81,9 @@ QUICK = Settings(
     decode_stream=(32, 16, 1, 2),
     decode_stream_tokens=(4, 16, 2, 4),
     decode_stream_repeats=1,
+    hf=(32, 1, 2, 1, 8, 4),
+    hf_vocab=64,
+    hf_repeats=2,
 )
 
 

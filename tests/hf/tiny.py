@@ -1,0 +1,131 @@
+"""Tiny transformers models of the RoPE census's families, for :mod:`tests.hf.test_patch`.
+
+Each family's config class is built with its defaults shrunk (:data:`SIZES`, where the class
+has the field; per-layer lists cut to :data:`LAYERS` layers, keeping a layer of each kind where
+the first ones are all alike), its model is the family's causal LM (else its base model), with
+random weights. A family that does not build this way is named with the error.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+LAYERS = 2
+VOCAB = 100
+#: The sizes every tiny model takes where its config class has the field.
+SIZES: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": LAYERS,
+    "num_layers": LAYERS,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_heads": 4,
+    "head_dim": 16,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 256,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "sliding_window": 8,
+    "n_embd": 64,
+    "n_layer": LAYERS,
+    "n_head": 4,
+    "n_positions": 256,
+    "n_inner": 64,
+    "rotary_dim": 8,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _cut(values: list[Any], layers: int) -> list[Any]:
+    """``layers`` entries of a per-layer list: the first, then the first of another kind."""
+    chosen = [0]
+    for i, v in enumerate(values):
+        if len(chosen) < layers and v != values[chosen[0]] and i not in chosen:
+            chosen.append(i)
+    chosen += [i for i in range(len(values)) if i not in chosen][: layers - len(chosen)]
+    return [values[i] for i in sorted(chosen)]
+
+
+def _mrope_section(parameters: Any) -> list[int] | None:
+    if not isinstance(parameters, dict):
+        return None
+    if "mrope_section" in parameters:
+        return parameters["mrope_section"]
+    nested = [_mrope_section(v) for v in parameters.values() if isinstance(v, dict)]
+    return next((n for n in nested if n), None)
+
+
+def tiny_config(config_class: type, fixes: dict[str, Any] | None = None) -> Any:
+    """``config_class`` with :data:`SIZES` where it has the fields (and ``fixes``)."""
+    fixes = fixes or {}
+    default = config_class(**fixes)
+    fields = default.to_dict()
+    sizes = {k: v for k, v in SIZES.items() if k in fields}
+    depth = fields.get("num_hidden_layers") or fields.get("num_layers")
+    for key, value in fields.items():
+        if isinstance(value, list) and depth and len(value) == depth and depth != LAYERS:
+            sizes[key] = _cut(value, LAYERS)
+    if "qk_rope_head_dim" in fields:  # multi-head latent attention: head_dim is the rope slice
+        sizes["head_dim"] = SIZES["qk_rope_head_dim"]
+        sizes["num_key_value_heads"] = SIZES["num_attention_heads"]
+    section = _mrope_section(fields.get("rope_parameters"))
+    if section:  # multimodal RoPE: a head wide enough for its sections
+        sizes["head_dim"] = 2 * sum(section)
+        sizes["hidden_size"] = SIZES["num_attention_heads"] * sizes["head_dim"]
+    if isinstance(fields.get("eos_token_id"), list):
+        sizes.pop("eos_token_id", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return config_class(**{**fixes, **sizes})
+
+
+def model_class(config: Any, module: Any = None) -> type:
+    """The family's causal LM class, else its base model class (from the auto mappings, else
+    the classes of the modeling ``module`` built from this config class)."""
+    import transformers
+
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        try:
+            return auto._model_mapping[type(config)]
+        except KeyError:
+            continue
+    own = [
+        c
+        for c in vars(module or {}).values()
+        if isinstance(c, type)
+        and issubclass(c, transformers.PreTrainedModel)
+        and getattr(c, "config_class", None) is type(config)
+    ]
+    for suffix in ("ForCausalLM", "TextModel", "Model"):
+        for c in own:
+            if c.__name__.endswith(suffix):
+                return c
+    raise LookupError(f"no causal LM or base model for {type(config).__name__}")
+
+
+def tiny_model(
+    config_class: type, fixes: dict[str, Any] | None = None, module: Any = None
+) -> torch.nn.Module:
+    """A tiny random model of ``config_class`` in eval mode, float32, on the CPU."""
+    torch.manual_seed(0)
+    config = tiny_config(config_class, fixes)
+    config._attn_implementation = "eager"
+    return model_class(config, module)(config).eval()
