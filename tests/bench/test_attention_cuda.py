@@ -37,7 +37,7 @@ def test_device_is_checked_before_any_work(capsys: pytest.CaptureFixture[str]) -
     line = assert_one_line_exit_2(*run_main(["bench", "bias", "--device", "tpu"], capsys))
     assert "--device must be cpu or cuda" in line and "'tpu'" in line
     line = assert_one_line_exit_2(*run_main(["bench", "table", "--device", "cuda"], capsys))
-    assert "runs the suites rope, bias, encoder only, got table" in line
+    assert "runs the suites rope, hf, bias, encoder only, got table" in line
     if not torch.cuda.is_available():
         line = assert_one_line_exit_2(*run_main(["bench", "bias", "--device", "cuda"], capsys))
         assert "no CUDA device" in line

@@ -99,14 +99,17 @@ def _cell(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple
 
 
 def fused_schemes() -> list[str]:
-    """The registered bias schemes with a ``score_mod`` (and no value term)."""
+    """The registered bias schemes on sequences with a ``score_mod`` (and no value term); the
+    grid ones (Swin's, on 2-D coordinates) are left out."""
     from ..encodings.base import BiasEncoding
     from ..encodings.registry import available, entry
 
     names = []
     for name in available():
         cls = entry(name).cls
-        if issubclass(cls, BiasEncoding) and cls.score_mod is not BiasEncoding.score_mod:
+        if not issubclass(cls, BiasEncoding) or cls.axes != 1:
+            continue
+        if cls.score_mod is not BiasEncoding.score_mod:
             names.append(name)
     return names
 

@@ -106,7 +106,7 @@ def faked_launches() -> Iterator[FakeDriver]:
         raise PosencValueError("faked launches need Triton's compiler: unset TRITON_INTERPRET")
     from triton.runtime import driver
 
-    from ..encodings.kernels import triton_entry, triton_kernel
+    from ..encodings.rotary.kernels import triton_entry, triton_kernel
 
     fake = FakeDriver()
     previous_driver = driver._active
@@ -135,7 +135,7 @@ def faked_launches() -> Iterator[FakeDriver]:
 @contextmanager
 def launches_skipped() -> Iterator[None]:
     """Within: posenc's Triton path does everything but the launch (posenc's part)."""
-    from ..encodings.kernels import triton_kernel
+    from ..encodings.rotary.kernels import triton_kernel
 
     run = triton_kernel._run
     triton_kernel._run = lambda plan, *tensors: None
@@ -202,7 +202,7 @@ def host_times(
     """Seconds per eager call ``rope(q, k, positions)`` (bfloat16 CPU tensors): ``triton``
     (launch faked), ``posenc`` (its part), ``launch`` (Triton's part), ``native`` (the C
     kernel, its arithmetic included) and ``transformers`` (where installed)."""
-    from ..encodings.kernels import triton_kernel
+    from ..encodings.rotary.kernels import triton_kernel
     from ..encodings.rotary.rope import RotaryEmbedding
 
     torch.manual_seed(0)

@@ -19,12 +19,12 @@ scaling    RoPE and bias attention as n doubles from 512 to 16k, with the fitted
 decode     greedy generation with a KV cache vs recomputing the prefix and vs transformers'
            ``LlamaForCausalLM`` with its ``DynamicCache``; one new token's time as the cache
            grows, vs the copy floor of the bytes it reads
-hf         a transformers ``LlamaForCausalLM`` with and without :func:`posenc.hf.patch`: prefill
-           and greedy generation, the rotary code's share, peak memory (CPU or ``--device
-           cuda``)
 host       the host's Python per eager rotary call (decode and prefill shapes): the Triton
            path with the launch faked (posenc's part, Triton's part), the C kernel, and
            transformers' rotary step
+hf         a transformers ``LlamaForCausalLM`` with and without :func:`posenc.hf.patch`: prefill
+           and greedy generation, the rotary code's share, peak memory (CPU or ``--device
+           cuda``)
 =========  ====================================================================================
 
 Every suite returns a :class:`~posenc.bench.harness.Section`; ``posenc bench`` prints them
@@ -33,8 +33,7 @@ and writes them as markdown. The ``bias`` and ``scaling`` suites measure in a su
 
 One file per family of suites: :mod:`.absolute` (``table``, ``add``), :mod:`.rotary`
 (``rope``), :mod:`.attention` (``bias``, ``scaling``), :mod:`.encoder`, :mod:`.decode`,
-:mod:`.host`, :mod:`.hf`; their
-sizes are in :mod:`.settings`. This module runs them by name.
+:mod:`.host`, :mod:`.hf`; their sizes are in :mod:`.settings`. This module runs them by name.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def rotate_qk(
     inplace = check_bool("inplace", inplace)
     if plan is None:
         plan = select(q, q_tables, inplace=inplace, pair=k)
-    if plan.mode is Mode.EAGER and q_tables is k_tables:
+    shared_tables = q_tables[0] is k_tables[0] and q_tables[1] is k_tables[1]
+    if plan.mode is Mode.EAGER and shared_tables:
         pair = rotate_pair(q, k, *q_tables, interleaved, inplace, plan)
         if pair is not None:
             return pair
@@ -127,11 +128,11 @@ def rotate_qk(
                 "or rotate out of place"
             )
     compiled_pair = None if plan.kernel is None else plan.kernel.compiled_pair
-    if plan.mode is Mode.OPERATOR and q_tables is k_tables and compiled_pair is not None:
+    if plan.mode is Mode.OPERATOR and compiled_pair is not None and shared_tables:
         pair = compiled_pair(q, k, *q_tables, interleaved)  # one operator inductor sees into
         if pair is not None:
             return pair
-    if plan.mode is Mode.FUNCTION and q_tables is k_tables:  # one autograd node, one launch
+    if plan.mode is Mode.FUNCTION and shared_tables:  # one autograd node, one launch
         if inplace:
             check_inplace(q, *q_tables, name="q", plan=plan)
             check_inplace(k, *k_tables, name="k", plan=plan)

@@ -1,4 +1,4 @@
-/* The Python interface of posenc's rotary kernel (posenc.encodings.kernels._rotary_native.rotate): the
+/* The Python interface of posenc's rotary kernel (posenc.encodings.rotary.kernels._rotary_native.rotate): the
  * arguments read, checked against the buffers they describe, and the rows handed to the
  * arithmetic in _rotary_rows.c (rotary_rows.h). The arithmetic itself, and how it is built,
  * is described there.
@@ -401,7 +401,7 @@ static PyMethodDef methods[] = {
     {"rotate", rotate, METH_VARARGS,
      "rotate(x, out, cos, sin, first_row, bf16, interleaved, threads): eq. 34 on the storages "
      "described by x, out, cos and sin, each (address, nbytes, offset, sizes, strides); checks "
-     "that every element addressed lies inside them (see posenc.encodings.kernels.rotate)."},
+     "that every element addressed lies inside them (see posenc.encodings.rotary.kernels.rotate)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -205,8 +205,9 @@ def rotate_pair_function(
 ) -> tuple[Tensor, Tensor] | None:
     """``q`` and ``k`` as one autograd node (:class:`_PairRotation`) where ``plan`` runs a
     kernel under autograd (:attr:`Mode.FUNCTION`) and the kernel can turn them as a pair;
-    ``None`` otherwise (the caller turns each). In place, the caller has run
-    :func:`check_inplace` on each."""
+    ``None`` otherwise (the caller turns each), in place on views too (autograd lets a
+    Function that changes a view in place return one tensor only). In place, the caller has
+    run :func:`check_inplace` on each."""
     kernel = plan.kernel
     if plan.mode is not Mode.FUNCTION or kernel is None or not kernel.pairs:
         return None
@@ -214,6 +215,8 @@ def rotate_pair_function(
         return None
     if rows is not None and not isinstance(rows, int) and not kernel.reads_positions:
         return None
+    if inplace and (q._is_view() or k._is_view()):
+        return None  # autograd: a Function changing a view in place returns one tensor only
     return _PairRotation.apply(q, k, cos, sin, interleaved, inplace, kernel, rows)
 
 
