@@ -121,11 +121,24 @@ def model_class(config: Any, module: Any = None) -> type:
     raise LookupError(f"no causal LM or base model for {type(config).__name__}")
 
 
+#: The most parameters a model built by :func:`tiny_model` may hold (64 MiB of float32).
+MAX_PARAMETERS = 1 << 24
+
+
 def tiny_model(
     config_class: type, fixes: dict[str, Any] | None = None, module: Any = None
 ) -> torch.nn.Module:
-    """A tiny random model of ``config_class`` in eval mode, float32, on the CPU."""
+    """A tiny random model of ``config_class`` in eval mode, float32, on the CPU. Built on the
+    ``meta`` device first: a family whose model keeps more than :data:`MAX_PARAMETERS` at
+    these sizes (an audio or vision tower the generic fields do not reach) is refused, so the
+    sweep's memory stays that of tiny models."""
     torch.manual_seed(0)
     config = tiny_config(config_class, fixes)
     config._attn_implementation = "eager"
-    return model_class(config, module)(config).eval()
+    cls = model_class(config, module)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in cls(config).parameters())
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"not tiny: {count:,} parameters at the generic sizes")
+    torch.manual_seed(0)
+    return cls(config).eval()
