@@ -178,10 +178,8 @@ def _gathered(
                 "cu_seqlens and seqlen_offsets"
             )
         rows = _packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
-        table = _table("cos", cos)
-        return _rows(table, rows, "the packed positions")[:, None], _rows(
-            _table("sin", sin), rows, "the packed positions"
-        )[:, None]  # (T, 1, w)
+        cos, sin = _gather(cos, sin, rows, "the packed positions")  # (T, w)
+        return cos[:, None], sin[:, None]  # (T, 1, w)
     batch, seq = (x.shape[0], x.shape[2]) if layout == "bhsd" else (x.shape[0], x.shape[1])
     if position_ids is None:
         if layout == "bhsd":
@@ -191,16 +189,12 @@ def _gathered(
                     "'bhsd' pass position_ids or tables already at the positions"
                 )
             return cos, sin  # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
-        rows = _offset_rows(batch, seq, seqlen_offsets, x.device)  # (B, S)
+        rows, what = _offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
     else:
-        rows = _check_ids(position_ids, batch, seq)
-    gathered = (
-        _rows(_table("cos", cos), rows, "position_ids"),
-        _rows(_table("sin", sin), rows, "position_ids"),
-    )  # (B, S, w)
-    if layout == "bhsd":
-        return gathered[0][:, None], gathered[1][:, None]  # (B, 1, S, w)
-    return gathered[0][:, :, None], gathered[1][:, :, None]  # (B, S, 1, w)
+        rows, what = _check_ids(position_ids, batch, seq), "position_ids"
+    cos, sin = _gather(cos, sin, rows, what)  # (B, S, w)
+    heads = 1 if layout == "bhsd" else 2
+    return cos.unsqueeze(heads), sin.unsqueeze(heads)  # (B, 1, S, w) | (B, S, 1, w)
 
 
 def _half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
@@ -227,25 +221,22 @@ def _half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Te
     return halves[0], halves[1]
 
 
-def _table(name: str, t: Tensor) -> Tensor:
-    if t.dim() != 2:
+def _gather(cos: Tensor, sin: Tensor, rows: Tensor, what: str) -> tuple[Tensor, Tensor]:
+    """``cos[rows]`` and ``sin[rows]`` (tables of one shape) after checking that the tables are
+    ``(N, w)`` and that every row exists (one read of the rows' extremes)."""
+    if cos.dim() != 2:
         raise PosencValueError(
-            f"{name} must be a table (N, D/2) to be indexed by positions, got shape "
-            f"{tuple(t.shape)}"
+            f"cos must be a table (N, D/2) to be indexed by positions, got shape {tuple(cos.shape)}"
         )
-    return t
-
-
-def _rows(table: Tensor, rows: Tensor, what: str) -> Tensor:
-    """``table[rows]`` after checking that every row exists (a read of the rows' extremes)."""
     if rows.numel():
         low, high = torch.aminmax(rows)
         low, high = int(low), int(high)
-        if low < 0 or high >= table.shape[0]:
+        if low < 0 or high >= cos.shape[0]:
             raise PosencValueError(
-                f"{what} reach rows {low}..{high} but the tables have {table.shape[0]} rows"
+                f"{what} reach rows {low}..{high} but the tables have {cos.shape[0]} rows"
             )
-    return table[rows.to(table.device)]
+    rows = rows.to(cos.device)
+    return cos[rows], sin[rows]
 
 
 def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:
