@@ -6,7 +6,7 @@ size, ``max_position_embeddings``, the positions the table is for, and one line 
 runtimes get wrong there. :func:`conformance_cases` lists them: every built-in rope type at a
 plain setting, then the edges (LongRoPE and dynamic NTK at and one past the original context,
 YaRN's attention factor and ``mscale``, Gemma 3's two tables, partial rotary, the interleaved
-layout; HunYuan's ``ntk_alpha`` and multimodal RoPE once posenc has them).
+layout, HunYuan's ``ntk_alpha`` and multimodal RoPE).
 
 A case's table, with ``inv_freq`` from :meth:`RotarySpec.frequencies
 <posenc.encodings.rotary.spec.RotarySpec.frequencies>` (float64) and its attention factor ``a``::
@@ -34,9 +34,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import posenc
-
-from ..encodings.rope_types.registry import ROPE_TYPES
 from ..encodings.rotary.spec import RotarySpec
 from ..errors import PosencValueError
 from ..hf.model_types import CHECKED_TRANSFORMERS_VERSION
@@ -403,7 +400,7 @@ _CASES: tuple[ConformanceCase, ...] = (
     ),
 )
 
-#: HunYuan's NTK-α (``rope_type="ntk_alpha"``), included once the type is registered.
+#: HunYuan's NTK-α (``rope_type="ntk_alpha"``).
 _NTK_ALPHA = ConformanceCase(
     "ntk_alpha",
     {"rope_type": "ntk_alpha", "alpha": 1000.0, "rope_theta": 10000.0},
@@ -415,7 +412,7 @@ _NTK_ALPHA = ConformanceCase(
     hf_reference="HunYuanDenseV1RotaryEmbedding",
 )
 
-#: Qwen2-VL's multimodal RoPE, included once posenc has ``MultimodalRotaryEmbedding``: four
+#: Qwen2-VL's multimodal RoPE: four
 #: text tokens, a 2 x 3 image grid at temporal position 4, then text again.
 _MROPE = ConformanceCase(
     "mrope",
@@ -434,17 +431,14 @@ _MROPE = ConformanceCase(
 
 
 def conformance_cases() -> list[ConformanceCase]:
-    """Every case: each built-in rope type at a plain setting with its edges, then the cases
-    of per-layer parameters and layout. ``ntk_alpha`` (after ``ntk``) is in the list while that
-    type is registered, ``mrope`` (last) while ``posenc.MultimodalRotaryEmbedding`` exists. A
+    """Every case: each built-in rope type at a plain setting with its edges (``ntk_alpha``
+    after ``ntk``), then the cases of per-layer parameters and layout, ``mrope`` last. A
     registered type without a case is caught by ``tests/app/test_conformance.py``.
 
-    >>> [case.name for case in conformance_cases()][:3]
-    ['default', 'linear', 'ntk']
+    >>> [case.name for case in conformance_cases()][:4]
+    ['default', 'linear', 'ntk', 'ntk_alpha']
     """
     found = list(_CASES)
-    if "ntk_alpha" in ROPE_TYPES:
-        found.insert([case.name for case in found].index("ntk") + 1, _NTK_ALPHA)
-    if hasattr(posenc, "MultimodalRotaryEmbedding"):
-        found.append(_MROPE)
+    found.insert([case.name for case in found].index("ntk") + 1, _NTK_ALPHA)
+    found.append(_MROPE)
     return found
