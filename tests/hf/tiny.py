@@ -56,8 +56,8 @@ SIZES: dict[str, Any] = {
 #: Fields a family takes at tiny sizes, over :data:`SIZES`: the M-RoPE sections of families
 #: whose default sections would need a head too wide for a tiny model (Qwen3.5's [11, 11, 10]
 #: of a quarter of the head: 256 channels); an attention layer among the two where the
-#: defaults have none (Bamba, Granite MoE hybrid); a head whose rotated fraction is even
-#: (MiMo-V2-Flash's 0.334 of 48, as of its 192).
+#: defaults have none (Bamba, Granite MoE hybrid, RecurrentGemma); a head whose rotated
+#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192).
 FIXES: dict[str, dict[str, Any]] = {
     "BambaConfig": {"attn_layer_indices": [1]},
     "GraniteMoeHybridConfig": {
@@ -65,6 +65,7 @@ FIXES: dict[str, dict[str, Any]] = {
         "layer_types": ["linear_attention", "attention"],
     },
     "MiMoV2FlashConfig": {"head_dim": 48},
+    "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
     **{
         name: {
             "rope_parameters": {
