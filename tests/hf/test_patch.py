@@ -34,7 +34,21 @@ from tests.hf import test_rope_census as expected  # noqa: E402
 #: ``max|patched - unpatched| / max|unpatched|`` over the logits, float32.
 TOLERANCE = 2e-5
 #: Folders of the sweep that run without ``-m slow``.
-FAST = ("llama", "qwen3", "gemma3", "phi", "cohere", "gpt_oss", "llama4", "olmo2")
+FAST = (
+    "llama",
+    "qwen3",
+    "gemma3",
+    "phi",
+    "cohere",
+    "gpt_oss",
+    "llama4",
+    "olmo2",
+    "gptj",
+    "deepseek_v2",
+    "deepseek_v32",
+    "qwen2_vl",
+    "qwen3_vl",
+)
 
 SIZES = dict(
     hidden_size=64,
@@ -110,7 +124,7 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
 def test_the_patched_attention_rotates_with_posencs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The equality above must not come from the patch doing nothing: the patched forward
     calls posenc's kernel on q and k together (under no_grad), the unpatched one does not."""
-    patch_module = importlib.import_module("posenc.hf.patch")  # posenc.hf.patch: the function
+    patch_module = importlib.import_module("posenc.hf.rotations")
     calls = []
     inner = patch_module.rotate_both
 
@@ -162,7 +176,7 @@ def test_every_rope_type_matches_past_the_original_context(rope: dict) -> None:
     assert _relative(_logits(model, IDS), want) <= TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", "phi", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "phi", "gemma2", "gptj", "deepseek_v2"])
 def test_greedy_generation_is_the_same(family: str) -> None:
     config_class = transformers.CONFIG_MAPPING[family]
     model = tiny.tiny_model(config_class)
@@ -259,11 +273,46 @@ def test_a_non_module_is_refused() -> None:
         posenc.hf.patch("llama")
 
 
-def test_complex_rotation_is_refused_by_name_and_the_model_is_unchanged() -> None:
-    model = tiny.tiny_model(transformers.Llama4TextConfig)
-    with pytest.raises(PosencValueError, match=r"'llama4_text'.*apply_rotary_emb"):
+def test_split_pair_mrope_is_refused_by_name_and_the_model_is_unchanged() -> None:
+    fixes = census.CONFIG_FIXES.get("HunYuanVLTextConfig")
+    model = tiny.tiny_model(transformers.HunYuanVLTextConfig, fixes)
+    want = _logits(model, IDS)
+    with pytest.raises(PosencValueError, match=r"'hunyuan_vl_text'.*'blocked-channels'"):
         posenc.hf.patch(model)
     assert not any("forward" in m.__dict__ for m in model.modules())
+    torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
+
+
+def test_an_unknown_rotation_signature_is_refused_by_name() -> None:
+    """An apply function of none of the forms posenc reads: refused before any change."""
+    from posenc.hf.rotations import form_of
+
+    def apply_rotary_pos_emb(q, freqs):
+        return q
+
+    with pytest.raises(PosencValueError, match=r"'fam'.*apply_rotary_pos_emb\(q, freqs\)"):
+        form_of("'fam'", apply_rotary_pos_emb, "apply_rotary_pos_emb")
+
+
+@pytest.mark.parametrize(
+    ("config_class", "section"),
+    [("Qwen2VLTextConfig", "blocked"), ("Qwen3VLTextConfig", "interleaved")],
+)
+def test_mrope_rows_that_differ_give_the_same_logits(config_class: str, section: str) -> None:
+    """Multimodal positions ``(3, b, n)`` whose rows differ (an image's time, height and
+    width): the patched text model equals the unpatched one, its sections laid out as its own
+    code lays them (``section``: Qwen2-VL's blocked, Qwen3-VL's interleaved rows)."""
+    model = tiny.tiny_model(getattr(transformers, config_class))
+    n = IDS.shape[1]
+    step = torch.arange(n)
+    rows = torch.stack((step, 5 + step // 4, 9 + step % 4))[:, None].expand(3, 2, n)
+    with torch.no_grad():
+        want = model(input_ids=IDS, position_ids=rows, use_cache=False).last_hidden_state
+        text = model(input_ids=IDS, use_cache=False).last_hidden_state
+        posenc.hf.patch(model)
+        got = model(input_ids=IDS, position_ids=rows, use_cache=False).last_hidden_state
+    assert _relative(want, text) > 1e-3  # the rows matter
+    assert _relative(got, want) <= TOLERANCE
 
 
 def test_a_model_without_rotary_embedding_is_refused_by_name() -> None:

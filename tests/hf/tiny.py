@@ -53,6 +53,32 @@ SIZES: dict[str, Any] = {
     "eos_token_id": 2,
 }
 
+#: Fields a family takes at tiny sizes, over :data:`SIZES`: the M-RoPE sections of families
+#: whose default sections would need a head too wide for a tiny model (Qwen3.5's [11, 11, 10]
+#: of a quarter of the head: 256 channels); an attention layer among the two where the
+#: defaults have none (Bamba, Granite MoE hybrid, RecurrentGemma); a head whose rotated
+#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192).
+FIXES: dict[str, dict[str, Any]] = {
+    "BambaConfig": {"attn_layer_indices": [1]},
+    "GraniteMoeHybridConfig": {
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "attention"],
+    },
+    "MiMoV2FlashConfig": {"head_dim": 48},
+    "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
+    **{
+        name: {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [3, 3, 2],
+            }
+        }
+        for name in ("Qwen3_5TextConfig", "Qwen3_5MoeTextConfig")
+    },
+}
+
 
 def _cut(values: list[Any], layers: int) -> list[Any]:
     """``layers`` entries of a per-layer list: the first, then the first of another kind."""
@@ -73,9 +99,28 @@ def _mrope_section(parameters: Any) -> list[int] | None:
     return next((n for n in nested if n), None)
 
 
+def _default_section(config_class: type) -> tuple[int, ...] | None:
+    """The sections an M-RoPE family's code assumes where its config names none (the table
+    of :mod:`posenc.hf.mrope_layouts`, for sizing only: the sweep checks the tables)."""
+    from posenc.hf.mrope_layouts import MROPE_LAYOUTS
+
+    family = MROPE_LAYOUTS.get(getattr(config_class, "model_type", ""))
+    return family.default(SIZES["head_dim"]) if family and family.default else None
+
+
+def _rotated_fraction(fields: dict[str, Any]) -> float:
+    """The ``partial_rotary_factor`` of a config's fields (the first one nested by layer type
+    where there is none at the top), else 1."""
+    parameters = fields.get("rope_parameters") or {}
+    found = [parameters.get("partial_rotary_factor")]
+    found += [v.get("partial_rotary_factor") for v in parameters.values() if isinstance(v, dict)]
+    found.append(fields.get("partial_rotary_factor"))
+    return next((f for f in found if f), 1.0)
+
+
 def tiny_config(config_class: type, fixes: dict[str, Any] | None = None) -> Any:
     """``config_class`` with :data:`SIZES` where it has the fields (and ``fixes``)."""
-    fixes = fixes or {}
+    fixes = {**(fixes or {}), **FIXES.get(config_class.__name__, {})}
     default = config_class(**fixes)
     fields = default.to_dict()
     sizes = {k: v for k, v in SIZES.items() if k in fields}
@@ -86,15 +131,16 @@ def tiny_config(config_class: type, fixes: dict[str, Any] | None = None) -> Any:
     if "qk_rope_head_dim" in fields:  # multi-head latent attention: head_dim is the rope slice
         sizes["head_dim"] = SIZES["qk_rope_head_dim"]
         sizes["num_key_value_heads"] = SIZES["num_attention_heads"]
-    section = _mrope_section(fields.get("rope_parameters"))
-    if section:  # multimodal RoPE: a head wide enough for its sections
-        sizes["head_dim"] = 2 * sum(section)
+    section = _mrope_section(fields.get("rope_parameters")) or _default_section(config_class)
+    if section:  # multimodal RoPE: a head whose rotated part holds its sections' pairs
+        fraction = _rotated_fraction(fields)
+        sizes["head_dim"] = round(2 * sum(section) / fraction)
         sizes["hidden_size"] = SIZES["num_attention_heads"] * sizes["head_dim"]
     if isinstance(fields.get("eos_token_id"), list):
         sizes.pop("eos_token_id", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return config_class(**{**fixes, **sizes})
+        return config_class(**{**fixes, **sizes, **FIXES.get(config_class.__name__, {})})
 
 
 def model_class(config: Any, module: Any = None) -> type:

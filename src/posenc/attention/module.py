@@ -42,6 +42,7 @@ from .backends import (
 )
 from .checks import check_attention_pe
 from .config import AttentionConfig
+from .names import padding_from_attention_mask, positions_or_ids
 from .query_scale import QueryScale
 
 __all__ = ["MultiHeadAttention"]
@@ -222,6 +223,8 @@ class MultiHeadAttention(nn.Module):
         state: PositionState | None = None,
         cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Self-attention over ``x``: ``Concat(head_1, ..., head_h) W_O`` (eq. 4 of the paper).
 
@@ -229,6 +232,9 @@ class MultiHeadAttention(nn.Module):
             x: ``(b, n, D)``; positions: ``(n,)`` or ``(b, n)`` (``(…, n, axes)`` for N-D
             schemes); key_padding_mask: ``(b, n)`` bool, True = padding; document_ids:
             ``(b, n)`` integers (packed documents, see :mod:`posenc.sequence.context`).
+            ``position_ids`` and ``attention_mask`` (``(b, n)`` bool or 0/1 integers, 1 =
+            attend, as a tokenizer returns it) are transformers' names, taken instead of
+            ``positions`` and ``key_padding_mask`` (:mod:`posenc.attention.names`).
 
         Returns ``(b, n, D)``, or ``((b, n, D), weights (b, h, n, nk))`` with ``need_weights``.
         With a :class:`~posenc.KVCache`, ``x`` holds the new tokens only: their keys and
@@ -241,6 +247,8 @@ class MultiHeadAttention(nn.Module):
         check_input(x, self.dim)  # bad input fails before the encoding does any work
         check_input_dtype(x, self.qkv.weight.dtype, "MultiHeadAttention")
         b, n, _ = x.shape
+        positions = positions_or_ids(positions, position_ids)
+        key_padding_mask = padding_from_attention_mask(attention_mask, key_padding_mask, b, n)
         encoding = self.pe if pe is None else check_attention_pe(pe, self.num_heads, self.head_dim)
         context = SequenceContext.build(
             batch=b,

@@ -5,7 +5,8 @@ layout) plus the context-extension dictionary in different fields. This module r
 spelling found in transformers' configs and modeling code (checked against transformers 5.24,
 ``tests/hf/test_config.py``) and refuses, with a
 :class:`~posenc.errors.PosencValueError` naming the field and its value, any config it cannot
-map exactly.
+map exactly. The head dimension, rotated dimension and base are read by
+:mod:`~.dimensions`, the rest here.
 
 No field states the pair layout or the sense of rotation: they follow from the ``model_type``,
 so only the types in :data:`KNOWN_MODEL_TYPES` (``hf/model_types.py``: each checked against its
@@ -75,6 +76,7 @@ from ..encodings.checks import check_bool
 from ..encodings.rope_types.builtin import ORIGINAL
 from ..encodings.rope_types.registry import ROPE_TYPES, validate_rope_scaling
 from ..errors import PosencError, PosencTypeError, PosencValueError
+from .dimensions import base_of, head_dim_of, rotary_dim_of, spans_head
 from .families import family_scaling, rope_slice
 from .fields import Fields, for_layer_type, number, positive_int
 from .model_types import (
@@ -86,13 +88,10 @@ from .model_types import (
     KNOWN_MODEL_TYPES,
     MROPE_MODEL_TYPES,
     NOT_TOKEN_ROTATION_MODEL_TYPES,
-    NTK_ALPHA_MODEL_TYPES,
-    PARTIAL_MODEL_TYPES,
     POSITION_TYPE_MODEL_TYPES,
     QUERY_SCALE_MODEL_TYPES,
     ROPE_INTERLEAVE_DEFAULT_MODEL_TYPES,
     ROPE_TYPE_ALIASES,
-    ROTARY_DIM_IGNORED_MODEL_TYPES,
     ROTATES_ONLY_WITH,
 )
 from .mrope_layouts import read_multimodal
@@ -129,24 +128,6 @@ def _text_model(config: Any) -> Fields:
     cfg = Fields(config)
     text = cfg.get("text_config")
     return Fields(text) if text is not None and not _has_rope_fields(cfg) else cfg
-
-
-def _head_dim(cfg: Fields) -> int:
-    head_dim = cfg.get("head_dim")
-    if head_dim:  # transformers reads ``config.head_dim or hidden_size // heads``: 0 is unset
-        return positive_int("head_dim", head_dim)
-    rope_head_dim = cfg.get("qk_rope_head_dim")
-    if rope_head_dim:  # DeepSeek's config.json: its config class sets head_dim to it
-        return positive_int("qk_rope_head_dim", rope_head_dim)
-    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
-    if hidden is None or heads is None:
-        raise PosencValueError(
-            "config names neither head_dim nor hidden_size and num_attention_heads, got "
-            f"hidden_size={hidden!r}, num_attention_heads={heads!r}"
-        )
-    hidden = positive_int("hidden_size", hidden)
-    heads = positive_int("num_attention_heads", heads)
-    return positive_int("hidden_size // num_attention_heads", hidden // heads)
 
 
 def _rope_dict(cfg: Fields, layer_type: str | None) -> tuple[str, dict[str, Any]]:
@@ -194,116 +175,6 @@ def _rope_dict(cfg: Fields, layer_type: str | None) -> tuple[str, dict[str, Any]
     return f"{field}[{layer_type!r}]", dict(params[layer_type])
 
 
-def _agreeing(values: dict[str, Any], what: str) -> Any:
-    """The one value several fields give for ``what``; raise naming them when they differ."""
-    if len(set(values.values())) > 1:
-        listed = ", ".join(f"{name}={value!r}" for name, value in values.items())
-        raise PosencValueError(f"config fields for the {what} contradict each other: {listed}")
-    return next(iter(values.values()), None)
-
-
-def _base(cfg: Fields, field: str, params: dict[str, Any], model_type: str) -> float:
-    if model_type in FIXED_BASE_MODEL_TYPES:
-        stated = {
-            name: value
-            for name in ("rope_theta", "rotary_emb_base", "rope_parameters", "rope_scaling")
-            if (value := cfg.get(name)) is not None and value != {}
-        }
-        if stated:
-            name, value = next(iter(stated.items()))
-            raise PosencValueError(
-                f"config of model_type {model_type!r} sets {name}={value!r}, but transformers' "
-                f"{model_type} code ignores it (base 10000, no scaling); remove it or pass "
-                "base=/scaling= explicitly"
-            )
-        return 10000.0
-    legacy = {
-        name: number(name, value)
-        for name in ("rope_theta", "rotary_emb_base")
-        if (value := cfg.get(name)) is not None
-    }
-    top = _agreeing(legacy, "RoPE base")
-    if params.get("rope_theta") is not None:
-        return number(f"{field}['rope_theta']", params["rope_theta"])
-    if top is not None:
-        return top
-    default = cfg.get("default_theta")  # a class attribute of transformers 5 configs
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
-        return float(default)
-    return 10000.0
-
-
-def _factor(field: str, value: Any) -> float:
-    factor = number(field, value)
-    if not 0.0 < factor <= 1.0:
-        raise PosencValueError(f"config {field} must be in (0, 1], got {value!r}")
-    return factor
-
-
-def _spans_head(params: Mapping[str, Any]) -> bool:
-    """Whether ``params`` names a rope type whose rotation spans the head (its
-    ``partial_rotary_factor`` belongs to its frequencies, not to the rotary dimension)."""
-    kind = ROPE_TYPES.get(str(params.get("rope_type", params.get("type", "default"))))
-    return kind is not None and kind.spans_head
-
-
-def _rotary_dim(
-    cfg: Fields, field: str, params: dict[str, Any], head_dim: int, model_type: str
-) -> int:
-    """``r`` from the fraction fields and ``rotary_dim``, checked even and ``<= head_dim``
-    (a rope type that spans the head, proportional RoPE, reads its fraction itself)."""
-    if _spans_head(params):
-        return head_dim
-    factor_field, factor = None, None
-    if params.get("partial_rotary_factor") is not None:
-        factor_field = f"{field}['partial_rotary_factor']"
-        factor = _factor(factor_field, params["partial_rotary_factor"])
-    else:
-        legacy = {
-            name: _factor(name, value)
-            for name in ("partial_rotary_factor", "rotary_pct")
-            if (value := cfg.get(name)) is not None
-        }
-        factor = _agreeing(legacy, "rotated fraction")
-        factor_field = next(iter(legacy), None)
-    absolute = None if model_type in ROTARY_DIM_IGNORED_MODEL_TYPES else cfg.get("rotary_dim")
-    if absolute is not None:
-        absolute = positive_int("rotary_dim", absolute)
-        if factor is not None and int(head_dim * factor) != absolute:
-            raise PosencValueError(
-                f"config fields for the rotary dimension contradict each other: "
-                f"rotary_dim={absolute} but {factor_field}={factor!r} gives "
-                f"int({head_dim} * {factor!r}) = {int(head_dim * factor)} (head_dim={head_dim})"
-            )
-        source, r = "rotary_dim", absolute
-    elif factor is not None:
-        source, r = f"{factor_field}={factor!r} of head_dim={head_dim}", int(head_dim * factor)
-    elif model_type in PARTIAL_MODEL_TYPES:
-        raise PosencValueError(
-            f"config of model_type {model_type!r} names no partial_rotary_factor or rotary_pct "
-            "(its transformers code rotates only part of each head by default); "
-            "set the field or pass rotary_dim= explicitly"
-        )
-    else:
-        source, r = "head_dim", head_dim
-    if r > head_dim:
-        raise PosencValueError(
-            f"config rotary_dim ({r}, from {source}) must be <= head_dim ({head_dim})"
-        )
-    if r < 2 or r % 2:
-        raise PosencValueError(
-            f"config rotary dimension {r} (from {source}) must be even and >= 2; transformers "
-            "rounds an odd one up with frequencies posenc does not represent"
-        )
-    if model_type in NTK_ALPHA_MODEL_TYPES and r != head_dim:
-        raise PosencValueError(
-            f"config of model_type {model_type!r} rotates {r} of {head_dim} channels (from "
-            f"{source}), but its code rotates the whole head whatever the fraction says (its "
-            "default and NTK-alpha frequencies ignore it; with other types its apply fails)"
-        )
-    return r
-
-
 def _scaling(
     cfg: Fields, field: str, params: dict[str, Any], model_type: str, nested: bool
 ) -> dict[str, Any] | None:
@@ -311,7 +182,7 @@ def _scaling(
     ``rope_type`` names renamed, which fields win for the original context), or ``None`` for
     plain RoPE. Everything else, the legacy ``"type"`` key included, is normalised once, by
     :class:`~posenc.encodings.rotary.spec.RotarySpec` (through ``validate_rope_scaling``)."""
-    dropped = ("rope_theta",) if _spans_head(params) else ("rope_theta", "partial_rotary_factor")
+    dropped = ("rope_theta",) if spans_head(params) else ("rope_theta", "partial_rotary_factor")
     scaling = {k: v for k, v in params.items() if k not in dropped}
     aliases = ROPE_TYPE_ALIASES.get(model_type, {})
     for key in ("rope_type", "type"):  # the family's config class renames these on load
@@ -445,10 +316,10 @@ def _rotary_arguments(config: Any, layer_type: str | None, strict: bool) -> dict
         )
     if layer_type is not None:
         cfg = Fields(for_layer_type(cfg.raw, layer_type))
-    head_dim = _head_dim(cfg)
+    head_dim = head_dim_of(cfg)
     field, params = _rope_dict(cfg, layer_type)
-    base = _base(cfg, field, params, model_type)
-    rotary_dim = _rotary_dim(cfg, field, params, head_dim, model_type)
+    base = base_of(cfg, field, params, model_type)
+    rotary_dim = rotary_dim_of(cfg, field, params, head_dim, model_type)
     head_dim, rotary_dim = rope_slice(cfg, head_dim, rotary_dim)
     interleave_flag = cfg.get("rope_interleave")
     if interleave_flag is None:

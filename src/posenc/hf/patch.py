@@ -6,21 +6,25 @@ the modeling modules):
 * the family's rotary module (``LlamaRotaryEmbedding``, ...): its ``forward`` returns posenc's
   float32 tables, made from float64 angles by ``RotaryEmbedding.from_hf_config(its config)``
   (every rope type posenc reads: YaRN, Llama 3, LongRoPE, dynamic NTK following the length as
-  transformers' ``dynamic_rope_update`` does), laid out as the family's own tables
-  (``cat(freqs, freqs)``, or each frequency twice for an interleaved family), not cast to the
-  model's dtype;
-* every attention whose ``forward`` calls its modeling file's ``apply_rotary_pos_emb``: its
-  ``forward`` becomes the same code with ``apply_rotary_pos_emb`` read from a copy of the
-  modeling module's globals where it is posenc's kernel (C on CPU, Triton on CUDA), rotating
-  in the projection's own storage where autograd allows (no grad, or no tensor that needs
-  one), in float32 and rounded once to the model's dtype.
+  transformers' ``dynamic_rope_update`` does; multimodal RoPE from position ids of several
+  rows, ``(rows, b, n)``), in the form the family's apply function reads
+  (:mod:`~.rotations`: ``cat(freqs, freqs)`` or each frequency twice; GPT-J's sine and cosine
+  per pair; Llama 4's complex ``cos + i sin``), not cast to the model's dtype. A rotary module
+  that keeps no config (GPT-J, CodeGen) is read from the model's;
+* every attention whose ``forward`` calls its modeling file's ``apply_rotary_pos_emb``,
+  ``apply_rotary_pos_emb_interleave`` (multi-head latent attention) or ``apply_rotary_emb``
+  (complex rotation): its ``forward`` becomes the same code with that function read from a
+  copy of the modeling module's globals where it is posenc's kernel (C on CPU, Triton on
+  CUDA), rotating in the projection's own storage where autograd allows (no grad, or no tensor
+  that needs one), in float32 and rounded once to the model's dtype.
 
-Before anything changes, each family is probed: its own tables and ``apply_rotary_pos_emb``
-rotate random q, k (positions 100..131 and 0..31, a few channels past the tables' width) and
-posenc's must agree (``max|a - b| / max|b| <= 2e-5``). A family posenc cannot read, whose
-attention rotates by other code (complex products, M-RoPE, interleaved MLA, inline
-``rotate_half``) or whose probe differs is refused with a
-:class:`~posenc.errors.PosencValueError` naming the family and why, the model unchanged.
+Before anything changes, each family is probed: its own tables and apply function rotate
+random q, k (positions 100..131 and 0..31, with rows that differ for multimodal RoPE; a few
+channels past the tables' width) and posenc's must agree (``max|a - b| / max|b| <= 2e-5``).
+A family posenc cannot read, whose attention rotates by other code (an inline ``rotate_half``,
+a multimodal layout whose pair's two channels take different rows), or whose probe differs
+is refused with a :class:`~posenc.errors.PosencValueError` naming the family and why, the
+model unchanged.
 
 transformers is imported by the calls, never by ``import posenc``.
 """
@@ -38,12 +42,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
-from ..encodings.rotary.kernels.rotate import rotate_pair as rotate_both
-from ..encodings.rotary.kernels.select import select
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
+from .rotations import form_of, rotation
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -52,6 +54,8 @@ MARK = "_posenc_unpatched_forward"
 APPLY = "apply_rotary_pos_emb"
 #: Multi-head latent attention's (DeepSeek-V3 family): interleaved pairs, written de-interleaved.
 INTERLEAVE = "apply_rotary_pos_emb_interleave"
+#: Complex rotation (Llama 4, DeepSeek-V2): ``(xq, xk, freqs_cis)``.
+COMPLEX = "apply_rotary_emb"
 #: ``max|posenc - family| / max|family|`` the probe allows (float32 angles against float64 at
 #: positions ~130: ~130 * 2**-24).
 PROBE_TOLERANCE = 2e-5
@@ -90,23 +94,45 @@ def patch(model: nn.Module) -> list[str]:
             f"cannot patch {family}: none of its modules' forward calls {APPLY} (its "
             "rotary tables are applied elsewhere)"
         )
-    tables = {name: _Tables.of(family, m) for name, m in rotaries}
+    config = getattr(model, "config", None)
+    tables = {name: _Tables.of(family, m, config) for name, m in rotaries}
     layouts = {t.interleaved for t in tables.values()}
     if len(layouts) > 1:
         raise PosencValueError(f"cannot patch {family}: its rotary modules mix layouts")
     interleaved = layouts.pop()
+    calls = {}  # (globals, name) -> the family's function
+    for _, module in attentions:
+        namespace = _innermost(type(module).forward).__globals__
+        for called in _check_calls(family, module, _rotation_names(module)):
+            calls[id(namespace), called] = (namespace, called)
+    forms = {form_of(family, namespace.get(called), called) for namespace, called in calls.values()}
+    if len(forms) > 1:
+        raise PosencValueError(
+            f"cannot patch {family}: its attentions' rotations read tables of different forms "
+            f"({', '.join(sorted(forms))})"
+        )
+    form = forms.pop()
+    for t in tables.values():
+        t.form = form
     rotations: dict[tuple[int, str], Callable[..., Any]] = {}  # (globals, name) -> posenc's
+    for key, (namespace, called) in calls.items():
+        # an MLA modeling file's apply_rotary_pos_emb is Llama's (half pairs: DeepSeek-V3.2's
+        # indexer) beside its apply_rotary_pos_emb_interleave
+        pairs = interleaved and not (called == APPLY and INTERLEAVE in namespace)
+        rotations[key] = rotation(
+            family,
+            namespace[called],
+            called,
+            tables_interleaved=interleaved,
+            pairs_interleaved=pairs,
+        )
+        for t in tables.values():
+            t.probe(family, namespace[called], rotations[key], called == INTERLEAVE)
     forwards = {}
     for name, module in attentions:
         function = _innermost(type(module).forward)
         used = _check_calls(family, module, _rotation_names(module))
         namespace = function.__globals__
-        for called in used:
-            if (id(namespace), called) not in rotations:
-                rotation = _rotation(family, namespace.get(called), interleaved, called)
-                for t in tables.values():
-                    t.probe(family, namespace[called], rotation, called == INTERLEAVE)
-                rotations[id(namespace), called] = rotation
         replaced = {called: rotations[id(namespace), called] for called in used}
         forwards[name] = _rebound(type(module).forward, function, replaced)
     changed = []
@@ -179,12 +205,12 @@ def _rotation_names(module: nn.Module) -> set[str]:
 def _check_calls(family: str, module: nn.Module, names: set[str]) -> set[str]:
     """The rotation functions ``module``'s forward calls under its config (``names`` less a
     branch its config does not take), or raise naming those posenc does not replace."""
-    others = names - {APPLY, INTERLEAVE}
+    others = names - {APPLY, INTERLEAVE, COMPLEX}
     if others:
         raise PosencValueError(
             f"cannot patch {family}: {type(module).__name__}.forward rotates with "
-            f"{', '.join(sorted(others))} (not {APPLY} on whole q and k), which posenc "
-            "does not replace"
+            f"{', '.join(sorted(others))} (not {APPLY}, {INTERLEAVE} or {COMPLEX} on whole "
+            "q and k), which posenc does not replace"
         )
     if names == {APPLY, INTERLEAVE}:  # MLA: ``if self.config.rope_interleave: ... else: ...``
         config = getattr(module, "config", None)
@@ -240,87 +266,6 @@ def _copy_function(
     return new
 
 
-# --------------------------------------------------------------------------- the rotation
-
-
-def _rotation(family: str, theirs: Any, interleaved: bool, name: str) -> Callable[..., Any]:
-    """posenc's rotation with the signature of the family's function ``name`` (``theirs``):
-    ``(q, k, cos, sin[, position_ids], unsqueeze_dim=1) -> (q, k)`` or
-    ``(x, cos, sin, unsqueeze_dim=1) -> x``, reading the tables :class:`_Tables` gives. For
-    :data:`INTERLEAVE` the pairs turn in place (posenc's reading of such a config is
-    interleaved): transformers' channel order differs, q·k does not."""
-    if theirs is None:
-        raise PosencValueError(f"cannot patch {family}: its modeling module has no {name}")
-    names = list(inspect.signature(theirs).parameters)
-    if names[2:4] == ["cos", "sin"]:
-
-        def rotate_pair(
-            q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
-        ) -> tuple[Tensor, Tensor]:
-            c, s = _half(cos, unsqueeze_dim, interleaved), _half(sin, unsqueeze_dim, interleaved)
-            done = _turn_pair(q, k, c, s, interleaved)
-            if done is not None:
-                return done
-            q = _turn(q, c, s, interleaved, inplace=True)
-            return q, _turn(k, c, s, interleaved, inplace=k.data_ptr() != q.data_ptr())
-
-        if "position_ids" not in names:
-            return rotate_pair
-
-        def rotate_pair_ids(
-            q: Tensor,
-            k: Tensor,
-            cos: Tensor,
-            sin: Tensor,
-            position_ids: Any = None,
-            unsqueeze_dim: int = 1,
-        ) -> tuple[Tensor, Tensor]:
-            return rotate_pair(q, k, cos, sin, unsqueeze_dim)
-
-        return rotate_pair_ids
-    if names[1:3] == ["cos", "sin"] and len(names) <= 4:
-
-        def rotate_one(x: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> Tensor:
-            c, s = _half(cos, unsqueeze_dim, interleaved), _half(sin, unsqueeze_dim, interleaved)
-            return _turn(x, c, s, interleaved, inplace=True)
-
-        return rotate_one
-    raise PosencValueError(
-        f"cannot patch {family}: its {name}{inspect.signature(theirs)} is not "
-        "(q, k, cos, sin, ...) or (x, cos, sin, ...)"
-    )
-
-
-def _half(table: Tensor, unsqueeze_dim: int, interleaved: bool) -> Tensor:
-    """One value per pair from a full-width table ``(b, n, r)``, as the family's apply would
-    broadcast it (``unsqueeze(unsqueeze_dim)``)."""
-    half = table[..., 0::2] if interleaved else table[..., : table.shape[-1] // 2]
-    return half.unsqueeze(unsqueeze_dim)
-
-
-def _turn_pair(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
-) -> tuple[Tensor, Tensor] | None:
-    """``q`` and ``k`` rotated in place in one kernel call where no autograd runs (a decode
-    step above all, where checks and calls cost more than the arithmetic; q and k are fresh
-    projections nothing else reads before the rotation); ``None`` where that does not apply."""
-    if torch.is_grad_enabled() or k.data_ptr() == q.data_ptr():
-        return None
-    plan = select(q, (cos, sin), inplace=True, pair=k)
-    return rotate_both(q, k, cos, sin, interleaved, True, plan)
-
-
-def _turn(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, *, inplace: bool) -> Tensor:
-    """``x`` rotated in its own storage where autograd and its memory allow, else into a new
-    tensor; in the tables' float32, one rounding to ``x``'s dtype."""
-    if inplace and not (torch.is_grad_enabled() and x.requires_grad):
-        try:
-            return apply_rotary_(x, cos, sin, interleaved=interleaved)
-        except PosencValueError:
-            pass  # an inference tensor, overlapping memory, ...: out of place
-    return apply_rotary(x, cos, sin, interleaved=interleaved)
-
-
 # --------------------------------------------------------------------------- the tables
 
 
@@ -331,14 +276,17 @@ class _Tables:
     module: nn.Module
     ropes: dict[str | None, RotaryEmbedding]  # layer type (None: the only one) -> posenc's
     takes_layer_type: bool
+    form: str = "cos_sin"  # of :data:`~.rotations.FORMS`: what the attentions' function reads
 
     @property
     def interleaved(self) -> bool:
         return next(iter(self.ropes.values())).interleaved
 
     @classmethod
-    def of(cls, family: str, module: nn.Module) -> _Tables:
-        config = getattr(module, "config", None)
+    def of(cls, family: str, module: nn.Module, model_config: Any = None) -> _Tables:
+        """posenc's embeddings for ``module``, read from its config, else (GPT-J, CodeGen:
+        a module built from the config that keeps none) from the model's."""
+        config = getattr(module, "config", None) or model_config
         if config is None:
             raise PosencValueError(
                 f"cannot patch {family}: {type(module).__name__} keeps no config to read"
@@ -356,17 +304,28 @@ class _Tables:
         return cls(module, ropes, takes)
 
     def tables(self, position_ids: Tensor, layer_type: str | None) -> tuple[Tensor, Tensor]:
-        """float32 ``(b, n, r)`` cos and sin in the family's layout (attention factor in)."""
+        """float32 tables in the family's form and layout (attention factor in): ``(b, n,
+        r)`` cos and sin; for the ``"sin_cos"`` form ``(b, n, r/2)`` sin and cos; for
+        ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``."""
         rope = self.ropes[layer_type if self.takes_layer_type else None]
         device = position_ids.device
         if rope.inv_freq.device != device:
             rope.to(device)
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
+        if position_ids.dim() == 3 and not isinstance(rope, MultimodalRotaryEmbedding):
+            position_ids = position_ids[0]  # rows of one position each (text)
         cos, sin = rope.cos_sin(
             position_ids, position_ids.shape[-1], dtype=torch.float32, device=device
         )
-        cos, sin = cos[:, 0], sin[:, 0]  # (b, 1, n, r/2) -> (b, n, r/2)
+        if cos.dim() == 2:  # M-RoPE rows of batch 1: (n, r/2) -> (1, n, r/2)
+            cos, sin = cos[None], sin[None]
+        else:  # (b, 1, n, r/2) -> (b, n, r/2)
+            cos, sin = cos[:, 0], sin[:, 0]
+        if self.form == "sin_cos":
+            return sin, cos
+        if self.form == "complex":
+            return torch.complex(cos, sin)
         if self.interleaved:
             return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
         return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
@@ -393,16 +352,22 @@ class _Tables:
             raise PosencValueError(f"cannot patch {family}: its rotary module is on 'meta'")
         original = _fresh(self.module)
         start = torch.tensor(_PROBE_POSITIONS, device=device)[:, None]
-        positions = start + torch.arange(_PROBE_LENGTH, device=device)
+        positions = start + torch.arange(_PROBE_LENGTH, device=device)  # (b, n)
         generator = torch.Generator().manual_seed(0)
         for layer_type in self.ropes:
-            mine = _Tables(self.module, {layer_type: _copy_rope(self.ropes[layer_type])}, True)
+            rope = _copy_rope(self.ropes[layer_type])
+            mine = _Tables(self.module, {layer_type: rope}, True, self.form)
             kwargs = {"layer_type": layer_type} if self.takes_layer_type else {}
+            rows = getattr(self.ropes[layer_type], "rows", 0)
+            # M-RoPE: rows that differ (a grid's time, height, width), (rows, b, n)
+            ids = _grid_positions(positions, rows) if rows else positions
             x = torch.zeros(2, _PROBE_LENGTH, 1, device=device)
             with torch.no_grad():
-                their_tables = type(self.module).forward(original, x, positions, **kwargs)
-                our_tables = mine.tables(positions, layer_type)
-                width = their_tables[0].shape[-1]
+                their_tables = type(self.module).forward(original, x, ids, **kwargs)
+                our_tables = mine.tables(ids, layer_type)
+                first = their_tables if isinstance(their_tables, Tensor) else their_tables[0]
+                width = first.shape[-1]
+                bshd = getattr(ours, "layout", "bhsd") == "bshd"
                 got = want = None
                 # a few channels past the tables' width, where the family's apply takes them;
                 # twice the width where its tables hold one value per pair (GPT-OSS)
@@ -411,6 +376,7 @@ class _Tables:
                         torch.randn(2, h, _PROBE_LENGTH, channels, generator=generator).to(device)
                         for h in (4, 2)
                     ]
+                    qk = [t.transpose(1, 2).contiguous() for t in qk] if bshd else qk
                     try:
                         want = _call(theirs, qk, their_tables)
                     except RuntimeError:
@@ -436,8 +402,18 @@ class _Tables:
                 )
 
 
+def _grid_positions(positions: Tensor, rows: int) -> Tensor:
+    """``rows`` different position rows ``(rows, b, n)`` from text positions ``(b, n)``: the
+    first as given, the others walking a grid of 4 columns at its own offset."""
+    step = torch.arange(positions.shape[-1], device=positions.device)
+    others = [positions[:, :1] + 3 * r + (step // 4 if r % 2 else step % 4) for r in range(1, rows)]
+    return torch.stack([positions, *others])
+
+
 def _call(rotate: Callable[..., Any], qk: list[Tensor], tables: Any) -> tuple[Tensor, ...]:
-    cos, sin = tables
+    if isinstance(tables, Tensor):  # complex: (xq, xk, freqs_cis)
+        return tuple(rotate(qk[0], qk[1], tables))
+    cos, sin = tables  # (sin, cos) for the "sin_cos" form: passed on in their order
     if list(inspect.signature(rotate).parameters)[1] == "k":
         return tuple(rotate(qk[0], qk[1], cos, sin))
     return rotate(qk[0], cos, sin), rotate(qk[1], cos, sin)
@@ -464,10 +440,11 @@ def _read(family: str, config: Any, layer_type: str | None) -> RotaryEmbedding:
         rope = RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
     except PosencError as error:
         raise PosencValueError(f"cannot patch {where}: {error}") from None
-    if isinstance(rope, MultimodalRotaryEmbedding):
+    if isinstance(rope, MultimodalRotaryEmbedding) and rope.split_pairs:
         raise PosencValueError(
-            f"cannot patch {where}: multimodal RoPE (M-RoPE: position ids of several rows) "
-            "is not patched"
+            f"cannot patch {where}: its multimodal RoPE layout {rope.mrope_layout!r} turns "
+            "the two channels of a pair by different rows' angles, which no table of one "
+            "angle per pair holds"
         )
     return rope
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ..attention.backends import Backend
 from ..attention.checks import check_attention_pe
 from ..attention.config import AttentionConfig
+from ..attention.names import padding_from_attention_mask, positions_or_ids
 from ..attention.query_scale import QueryScale
 from ..encodings.base import AdditiveEncoding, PositionalEncoding
 from ..encodings.checks import check_input, check_input_dtype, check_positive_int
@@ -229,10 +230,14 @@ class Encoder(nn.Module):
         key_padding_mask: Tensor | None = None,
         cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Shapes: x ``(b, n, D)``; positions ``(n,)`` or ``(b, n)``; key_padding_mask
         ``(b, n)`` bool with True = padding; document_ids ``(b, n)`` integers. Returns
-        ``(b, n, D)``.
+        ``(b, n, D)``. ``position_ids`` and ``attention_mask`` (1 = attend) are transformers'
+        names for ``positions`` and the opposite of ``key_padding_mask``, taken instead of
+        them (:mod:`posenc.attention.names`).
 
         The encoding is asked once per forward: an additive one is added to ``x``; a rotary
         or bias one makes its :meth:`~posenc.PositionalEncoding.position_state` (positions
@@ -248,6 +253,8 @@ class Encoder(nn.Module):
         check_input(x, self.dim)
         check_input_dtype(x, self.layers[0].attn.qkv.weight.dtype, "Encoder")
         b, n, _ = x.shape
+        positions = positions_or_ids(positions, position_ids)
+        key_padding_mask = padding_from_attention_mask(attention_mask, key_padding_mask, b, n)
         distinct = self.distinct_pes()
         widest = distinct[0]  # the encoding with the most position axes
         for pe in distinct[1:]:
@@ -412,9 +419,12 @@ class TransformerModel(nn.Module):
         cache: KVCache | StreamingCache | None = None,
         document_ids: Tensor | None = None,
         logits_to_keep: int = 0,
+        position_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
-        """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``. ``cache``
-        and ``document_ids`` as for :meth:`Encoder.forward`: with a cache, ``tokens`` are
+        """Shapes: tokens ``(b, n)`` integer -> logits ``(b, n, num_outputs)``. ``cache``,
+        ``document_ids``, ``position_ids`` and ``attention_mask`` (1 = attend) as for
+        :meth:`Encoder.forward`: with a cache, ``tokens`` are
         the new ones and the logits are theirs. ``logits_to_keep=k > 0`` returns the logits
         of the last ``k`` tokens only, ``(b, k, num_outputs)`` (generation needs the last)."""
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
@@ -422,6 +432,10 @@ class TransformerModel(nn.Module):
         if logits_to_keep < 0:
             raise PosencValueError(f"logits_to_keep must be >= 0, got {logits_to_keep}")
         check_tokens(tokens, self.vocab_size)
+        positions = positions_or_ids(positions, position_ids)
+        key_padding_mask = padding_from_attention_mask(
+            attention_mask, key_padding_mask, *tokens.shape
+        )
         x = self.embed(tokens) * self.scale  # (b, n, D)
         x = self.encoder(
             x,
@@ -444,6 +458,7 @@ class TransformerModel(nn.Module):
         generator: torch.Generator | None = None,
         key_padding_mask: Tensor | None = None,
         cache: KVCache | StreamingCache | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` new tokens:
         ``(b, n + steps)``. Needs a causal model; runs without autograd, in the model's
@@ -457,7 +472,8 @@ class TransformerModel(nn.Module):
         Once a row emits ``eos_token_id`` its later places hold ``eos_token_id``;
         generation stops when every row has, or after ``max_new_tokens``.
         ``key_padding_mask`` ``(b, n)`` (True = padding) marks a left-padded prompt: each row
-        then generates what it would alone.
+        then generates what it would alone; ``attention_mask`` (1 = attend, the tokenizer's)
+        marks it instead.
 
         ``cache``: an empty cache to fill (default: a new :class:`~posenc.KVCache`). A
         :class:`~posenc.StreamingCache` keeps only each row's first ``sink_tokens`` and last
@@ -469,6 +485,10 @@ class TransformerModel(nn.Module):
         >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
         torch.Size([1, 7])
         """
+        if attention_mask is not None:
+            check_tokens(prompt, self.vocab_size, "prompt")
+            rows = prompt.shape
+            key_padding_mask = padding_from_attention_mask(attention_mask, key_padding_mask, *rows)
         return generate(
             self,
             prompt,
