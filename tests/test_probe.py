@@ -181,7 +181,8 @@ def test_hidden_states_are_the_models_own() -> None:
 def test_a_trained_length_model_gives_a_table() -> None:
     torch.manual_seed(0)
     model = TransformerModel(20, 16, 2, 2, pe="rope", causal=True)
-    result = probe_depths(model, torch.randint(0, 20, (6, 12)), fit=0.5)
+    result = probe_depths(model, torch.randint(0, 20, (8, 12)), fit=0.25)
+    assert (result.fit_windows, result.held_windows) == (2, 6)
     assert len(result.rows) == 3
     assert all(math.isfinite(r.position_r2) and r.position_lambda > 0 for r in result.rows)
     text = format_probe(result, "rope")
@@ -194,8 +195,8 @@ def test_bad_input_is_refused_naming_it() -> None:
     tokens = torch.randint(0, 20, (4, 6))
     with pytest.raises(PosencValueError, match="fit"):
         probe_depths(model, tokens, fit=1.0)
-    with pytest.raises(PosencValueError, match="2 windows"):
-        probe_depths(model, tokens[:1])
+    with pytest.raises(PosencValueError, match="3 windows"):
+        probe_depths(model, tokens[:2])
     with pytest.raises(PosencValueError, match="tokens="):
         probe_depths(model.encoder, torch.randn(4, 6, 16))
     with pytest.raises(PosencValueError, match="tokens must be"):
@@ -218,3 +219,18 @@ def test_an_encoder_is_probed_on_vectors_with_their_tokens() -> None:
     direct = probe_depths(model.encoder, x, tokens=tokens)
     whole = probe_depths(model, tokens)
     assert direct.rows == whole.rows  # the same hidden states, the same fits
+
+
+def test_the_score_is_on_windows_the_probe_never_saw() -> None:
+    """Position written into the fit windows only: a probe scored where it was fitted would
+    read it perfectly; on the held-out windows it reads nothing."""
+
+    class WriteInFitWindows(nn.Module):
+        def forward(self, x: Tensor) -> Tensor:
+            written = torch.arange(x.shape[1], dtype=x.dtype).expand(*x.shape[:2]).clone()
+            written[20:] = 0.0  # the held-out windows (fit = 0.5 of 40)
+            return torch.cat([x[..., :-1], written[..., None]], dim=-1)
+
+    torch.manual_seed(0)
+    result = probe_depths(_Stack([WriteInFitWindows()]), torch.randint(0, 50, (40, 16)))
+    assert result.rows[1].position_r2 < 0.1

@@ -253,11 +253,13 @@ def probe_depths(
     Args:
         model: a :class:`~posenc.TransformerModel`, an :class:`~posenc.Encoder`, or any module
             whose blocks :func:`stack_of` finds; it runs once, in eval mode, on its device.
-        inputs: ``(b, n)`` token ids (or ``(b, n, D)`` vectors for an encoder), the windows.
+        inputs: ``(b, n)`` token ids (or ``(b, n, D)`` vectors for an encoder), the windows;
+            moved to the device of the model's first parameter.
         tokens: ``(b, n)`` token ids for the distance target; default ``inputs`` when they
             are ids (vectors without ``tokens``: an error).
         fit: the share of windows the probes are fitted on (the first ones); the rest are
-            held out and scored. Each split gets at least one window.
+            held out and scored. The fit split gets at least two windows (λ is
+            cross-validated over them), the held-out one at least one.
         alphas: the ridge penalties tried (:data:`RIDGE_ALPHAS`), each ``> 0``.
         forward_kwargs: passed to ``model`` (``positions=``, ``key_padding_mask=`` ...).
     """
@@ -278,14 +280,17 @@ def probe_depths(
     if isinstance(fit, bool) or not isinstance(fit, (int, float)) or not 0.0 < fit < 1.0:
         raise PosencValueError(f"fit must be a share in (0, 1), got {fit!r}")
     windows, length = tokens.shape
-    if windows < 2 or length < 2:
+    if windows < 3 or length < 2:
         raise PosencValueError(
-            f"a probe needs at least 2 windows of at least 2 tokens, got {windows} x {length}"
+            f"a probe needs at least 3 windows of at least 2 tokens, got {windows} x {length}"
         )
     if not alphas or not all(a > 0 and math.isfinite(a) for a in alphas):
         raise PosencValueError(f"alphas must be finite numbers > 0, got {list(alphas)}")
     positions, distance = probe_targets(tokens.cpu())
-    first = min(max(1, round(fit * windows)), windows - 1)  # windows [0, first) fit the probe
+    first = min(max(2, round(fit * windows)), windows - 1)  # windows [0, first) fit the probe
+    weight = next(model.parameters(), None)
+    if weight is not None:
+        inputs = inputs.to(weight.device)
     states = hidden_states(model, inputs, **forward_kwargs)
     recurs = ~distance.isnan()  # (b, n)
     window = torch.arange(windows)[:, None].expand(windows, length)  # (b, n): its window

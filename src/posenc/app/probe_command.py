@@ -111,8 +111,8 @@ def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any
 
 def run(args: argparse.Namespace) -> int:
     """Carry out ``posenc probe``; returns the exit status."""
-    if args.windows < 2:
-        raise PosencValueError(f"--windows must be >= 2, got {args.windows}")
+    if args.windows < 3:
+        raise PosencValueError(f"--windows must be >= 3, got {args.windows}")
     if not 0 <= args.length <= MAX_LENGTH or args.length == 1:
         raise PosencValueError(
             f"--length must be in [2, {MAX_LENGTH}] (0: the trained length), got {args.length}"
