@@ -75,7 +75,8 @@ def test_a_lengthgen_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     train(config, tmp_path / "run")
     assert main(["probe", str(tmp_path / "run"), "-o", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
-    assert "copy-v3 alibi seed 0" in out and "| 1 (block 1) |" in out
+    assert "copy-v3 alibi seed 0 (trained on inputs up to 5)" in out
+    assert "| 1 (block 1) |" in out
 
 
 @pytest.mark.parametrize(

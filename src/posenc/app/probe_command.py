@@ -73,9 +73,9 @@ def find_checkpoints(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any, str, int]:
+def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any, str, str]:
     """The model of the checkpoint at ``path``, the ``(windows, n)`` token ids to probe it on,
-    its label and its trained length."""
+    its label and what it was trained on."""
     from ..extrapolate import probe as extrapolate_probe
     from ..lengthgen import probe as lengthgen_probe
     from ..runs.checkpoint import load_checkpoint
@@ -93,7 +93,7 @@ def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any
         model, config = extrapolate_probe.model_from_checkpoint(saved)
         n = length or config.train_len
         tokens = extrapolate_probe.probe_windows(saved, windows, n)
-        return model, tokens, f"{config.pe} seed {config.seed}", config.train_len
+        return model, tokens, f"{config.pe} seed {config.seed}", f"trained at {config.train_len}"
     if lengthgen_probe.is_lengthgen_run(saved):
         model, config = lengthgen_probe.model_from_checkpoint(saved)
         if length:
@@ -103,7 +103,7 @@ def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any
             )
         tokens = lengthgen_probe.probe_windows(config, windows, seed)
         label = f"{config.task} {config.label} seed {config.seed}"
-        return model, tokens, label, tokens.shape[1]
+        return model, tokens, label, f"trained on inputs up to {config.train_max_length}"
     raise PosencValueError(
         f"RUN {str(path)!r}: a fine-tune's or another tool's checkpoint; probe the trained run"
     )
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
         model, tokens, label, trained = load_run(path, args.windows, args.length, args.seed)
         label = label if label not in results else f"{label} ({path.parent})"
         result = probe_depths(model, tokens, fit=args.fit)
-        result.extra.update(run=str(path.parent), trained_length=trained)
+        result.extra.update(run=str(path.parent), trained=trained)
         results[label] = result
-        print(format_probe(result, f"{label} (trained at {trained})") + "\n", flush=True)
+        print(format_probe(result, f"{label} ({trained})") + "\n", flush=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig = plot_probe(results)
     save_figure(fig, output, dpi=120)
