@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from posenc.app.cli import main
 from posenc.extrapolate.config import ExtrapolateConfig
@@ -119,3 +120,39 @@ def test_a_corpus_missing_from_the_cache_is_named(
     own_cache(tmp_path, monkeypatch)  # an empty cache
     assert main(["probe", str(sweep / "out" / "rope"), "-o", str(tmp_path / "p.png")]) == 2
     assert "not in the cache" in capsys.readouterr().err
+
+
+def test_untrained_adds_each_model_as_its_training_started(
+    sweep: Path, cache: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = sweep / "out" / "rope" / "seed0"
+    record = tmp_path / "probe.json"
+    argv = ["probe", str(run), "--windows", "6", "--untrained", "--json", str(record)]
+    assert main([*argv, "-o", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "rope seed 0 untrained (as initialised; the run was trained at 16)" in out
+    rows = json.loads(record.read_text())
+    assert [rows[k]["extra"]["trained"] for k in rows] == [True, False]
+    assert rows["rope seed 0"]["rows"] != rows["rope seed 0 untrained"]["rows"]
+
+
+def test_the_untrained_model_is_the_one_training_started_from(sweep: Path) -> None:
+    """Training from the same seed and config rebuilds the untrained model exactly: one step
+    of training at learning rate ~0 leaves weights equal to it to float32 precision."""
+    from posenc.extrapolate import probe as extrapolate_probe
+    from posenc.runs.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(sweep / "out" / "rope" / "seed0" / "checkpoint.pt")
+    untrained, config = extrapolate_probe.model_from_checkpoint(saved, trained=False)
+    trained, _ = extrapolate_probe.model_from_checkpoint(saved)
+    with pytest.MonkeyPatch.context() as patch:
+        own_cache(sweep, patch)
+        corpus = prepare_corpus(sweep / "text")
+        config.steps, config.lr = 1, 1e-12
+        again, _ = train_model(config, corpus)
+    for name, value in untrained.state_dict().items():
+        torch.testing.assert_close(value, again.state_dict()[name], rtol=0, atol=1e-9)
+    assert any(
+        not torch.equal(value, trained.state_dict()[name])
+        for name, value in untrained.state_dict().items()
+    )

@@ -45,6 +45,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fit", type=float, default=0.5, help="share of windows the probes fit on")
     p.add_argument("--seed", type=int, default=0, help="seed of lengthgen's examples")
     p.add_argument("-o", "--output", default="probe.png", help="figure (.png, .svg or .pdf)")
+    p.add_argument(
+        "--untrained",
+        action="store_true",
+        help="also probe each model as its training started (same config and seed, no "
+        "training): the control",
+    )
     p.add_argument("--json", help="also write every row as JSON to this file")
     p.set_defaults(func=run)
 
@@ -73,9 +79,12 @@ def find_checkpoints(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in found))
 
 
-def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any, str, str]:
-    """The model of the checkpoint at ``path``, the ``(windows, n)`` token ids to probe it on,
-    its label and what it was trained on."""
+def load_run(
+    path: Path, windows: int, length: int, seed: int, *, trained: bool = True
+) -> tuple[Any, Any, str, str]:
+    """The model of the checkpoint at ``path`` (``trained=False``: the one its training
+    started from), the ``(windows, n)`` token ids to probe it on, its label and what it was
+    trained on."""
     from ..extrapolate import probe as extrapolate_probe
     from ..lengthgen import probe as lengthgen_probe
     from ..runs.checkpoint import load_checkpoint
@@ -90,12 +99,12 @@ def load_run(path: Path, windows: int, length: int, seed: int) -> tuple[Any, Any
             "lengthgen run"
         )
     if extrapolate_probe.is_extrapolate_run(saved):
-        model, config = extrapolate_probe.model_from_checkpoint(saved)
+        model, config = extrapolate_probe.model_from_checkpoint(saved, trained=trained)
         n = length or config.train_len
         tokens = extrapolate_probe.probe_windows(saved, windows, n)
         return model, tokens, f"{config.pe} seed {config.seed}", f"trained at {config.train_len}"
     if lengthgen_probe.is_lengthgen_run(saved):
-        model, config = lengthgen_probe.model_from_checkpoint(saved)
+        model, config = lengthgen_probe.model_from_checkpoint(saved, trained=trained)
         if length:
             raise PosencValueError(
                 "--length applies to extrapolate runs; a lengthgen run is probed on its task's "
@@ -132,12 +141,17 @@ def run(args: argparse.Namespace) -> int:
 
     results = {}
     for path in paths:
-        model, tokens, label, trained = load_run(path, args.windows, args.length, args.seed)
-        label = label if label not in results else f"{label} ({path.parent})"
-        result = probe_depths(model, tokens, fit=args.fit)
-        result.extra.update(run=str(path.parent), trained=trained)
-        results[label] = result
-        print(format_probe(result, f"{label} ({trained})") + "\n", flush=True)
+        for trained in (True, False) if args.untrained else (True,):
+            model, tokens, label, note = load_run(
+                path, args.windows, args.length, args.seed, trained=trained
+            )
+            label = label if trained else f"{label} untrained"
+            label = label if label not in results else f"{label} ({path.parent})"
+            result = probe_depths(model, tokens, fit=args.fit)
+            note = note if trained else f"as initialised; the run was {note}"
+            result.extra.update(run=str(path.parent), trained=trained, note=note)
+            results[label] = result
+            print(format_probe(result, f"{label} ({note})") + "\n", flush=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig = plot_probe(results)
     save_figure(fig, output, dpi=120)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import PosencValueError
+from ..runs.trainer import seed_everything
 from .config import ExtrapolateConfig
 from .corpus import cache_dir, open_corpus
 from .train import build_model
@@ -22,14 +23,21 @@ def is_extrapolate_run(saved: dict[str, Any]) -> bool:
     return "corpus" in config and "train_len" in config
 
 
-def model_from_checkpoint(saved: dict[str, Any]) -> tuple[nn.Module, ExtrapolateConfig]:
-    """The model a checkpoint holds (its weights loaded, on the CPU) and its configuration.
-    The vocabulary size is read from the saved embedding."""
+def model_from_checkpoint(
+    saved: dict[str, Any], *, trained: bool = True
+) -> tuple[nn.Module, ExtrapolateConfig]:
+    """The model a checkpoint holds (its weights loaded, on the CPU) and its configuration;
+    with ``trained=False``, the model its training started from instead (built from the
+    config after seeding every generator with the run's seed, as
+    :func:`~posenc.extrapolate.train.train_model` builds it). The vocabulary size is read from
+    the saved embedding."""
     fields = {k: v for k, v in saved["config"].items() if k != "corpus"}
     config = ExtrapolateConfig.from_dict(fields)
     vocab_size = saved["model"]["embed.weight"].shape[0]
+    seed_everything(config.seed)
     model = build_model(config, vocab_size)
-    model.load_state_dict(saved["model"])
+    if trained:
+        model.load_state_dict(saved["model"])
     model.trained_length = saved.get("trained_length", config.train_len)
     return model, config
 

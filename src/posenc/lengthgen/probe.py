@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import PosencValueError
+from ..runs.trainer import seed_everything
 from .config import InDistributionWarning, TrainConfig
 from .data import Vocab, collate, sample_batch
 from .train import build_model
@@ -22,14 +23,20 @@ def is_lengthgen_run(saved: dict[str, Any]) -> bool:
     return "task" in saved.get("config", {})
 
 
-def model_from_checkpoint(saved: dict[str, Any]) -> tuple[nn.Module, TrainConfig]:
-    """The model a checkpoint holds (its weights loaded, on the CPU) and its configuration."""
+def model_from_checkpoint(
+    saved: dict[str, Any], *, trained: bool = True
+) -> tuple[nn.Module, TrainConfig]:
+    """The model a checkpoint holds (its weights loaded, on the CPU) and its configuration;
+    with ``trained=False``, the model its training started from instead (built from the
+    config after seeding every generator with the run's seed, as training builds it)."""
     config = TrainConfig.from_dict(saved["config"])
     with warnings.catch_warnings():  # its sweep warned when it was trained
         warnings.simplefilter("ignore", InDistributionWarning)
         task = config.validate()
+    seed_everything(config.seed)
     model = build_model(config, task)
-    model.load_state_dict(saved["model"])
+    if trained:
+        model.load_state_dict(saved["model"])
     return model, config
 
 

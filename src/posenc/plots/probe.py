@@ -13,15 +13,24 @@ from ..probe import ProbeResult
 def plot_probe(results: Mapping[str, ProbeResult]) -> Figure:
     """Two panels, R² against depth (0: the embedding, k: after block k), one line per model
     of ``results`` (label -> result): left, each token's absolute position; right, the
-    ``log2`` distance to the previous occurrence of its token. R² below -0.1 is drawn at the
-    bottom edge."""
+    ``log2`` distance to the previous occurrence of its token. A result whose ``extra`` says
+    ``trained: False`` (a model as initialised) is dashed, in the colour of the model it
+    follows. R² below -0.1 is drawn at the bottom edge."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
     depths = max((len(r.rows) for r in results.values()), default=1)
+    colour = None
     for label, result in results.items():
         xs = [row.depth for row in result.rows]
-        left.plot(xs, [row.position_r2 for row in result.rows], marker="o", label=label)
-        right.plot(xs, [row.distance_r2 for row in result.rows], marker="o", label=label)
+        trained = result.extra.get("trained", True)
+        style = {"marker": "o", "label": label}
+        if trained or colour is None:
+            (line,) = left.plot(xs, [row.position_r2 for row in result.rows], **style)
+            colour = line.get_color()
+        else:
+            style.update(color=colour, linestyle="--", marker=".")
+            left.plot(xs, [row.position_r2 for row in result.rows], **style)
+        right.plot(xs, [row.distance_r2 for row in result.rows], **{**style, "color": colour})
     for ax, title in (
         (left, "absolute position"),
         (right, "log₂ distance to the previous occurrence"),
