@@ -234,3 +234,12 @@ def test_the_score_is_on_windows_the_probe_never_saw() -> None:
     torch.manual_seed(0)
     result = probe_depths(_Stack([WriteInFitWindows()]), torch.randint(0, 50, (40, 16)))
     assert result.rows[1].position_r2 < 0.1
+
+
+def test_a_stack_run_twice_per_forward_is_refused() -> None:
+    class Twice(_Stack):
+        def forward(self, tokens: Tensor) -> Tensor:
+            return super().forward(tokens) + super().forward(tokens)
+
+    with pytest.raises(PosencValueError, match="once per forward"):
+        hidden_states(Twice([_WritePosition()]), torch.randint(0, 50, (3, 4)))

@@ -136,10 +136,9 @@ def hidden_states(model: nn.Module, inputs: Tensor, **forward_kwargs: Any) -> li
     if len(entered) != 1 or len(left) != len(layers):
         raise PosencValueError(
             f"a probe needs each of the model's {len(layers)} blocks run once per forward; "
-            f"they ran {len(left)} time(s)"
+            f"the first ran {len(entered)} time(s), all of them {len(left)}"
         )
-    states = entered + left
-    return states
+    return entered + left
 
 
 def probe_targets(tokens: Tensor) -> tuple[Tensor, Tensor]:
@@ -261,7 +260,8 @@ def probe_depths(
             held out and scored. The fit split gets at least two windows (λ is
             cross-validated over them), the held-out one at least one.
         alphas: the ridge penalties tried (:data:`RIDGE_ALPHAS`), each ``> 0``.
-        forward_kwargs: passed to ``model`` (``positions=``, ``key_padding_mask=`` ...).
+        forward_kwargs: passed to ``model`` (``positions=``, ``key_padding_mask=`` ...); the
+            position probed is the index in the window whatever ``positions=`` says.
     """
     if not isinstance(inputs, Tensor) or inputs.dim() not in (2, 3):
         raise PosencValueError(
