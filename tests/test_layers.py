@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.attention",),
     ("posenc.model",),
     ("posenc.hf",),
-    ("posenc.analysis",),
+    ("posenc.analysis", "posenc.probe"),
     ("posenc.plots",),
     ("posenc.notebook",),
     ("posenc.runs",),

@@ -28,6 +28,7 @@ _SUBCOMMAND_MODULES = {
     "report": "posenc.app.report",
     "hf": "posenc.app.hf_command",
     "conformance": "posenc.app.conformance",
+    "probe": "posenc.app.probe_command",
 }
 
 #: What the command needs beyond posenc's core (torch alone): the ``app`` extra,
