@@ -57,7 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dim": 512,
         "depth": 8,
         "heads": 8,
-        "steps": 3000,  # enough for RoPE's curves to settle at this size (benchmarks/extrapolate-scale.md)
+        "steps": 3000,  # RoPE's curves settle by then (benchmarks/extrapolate-scale.md)
         "batch_size": 32,
         "lr": 1e-3,
         "weight_decay": 0.1,
