@@ -50,6 +50,7 @@ from .encodings.rope_types.registry import (
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
 from .encodings.rotary.functional import rotary_embedding, rotary_embedding_qk
+from .encodings.rotary.grid import GridRotaryEmbedding
 from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from .encodings.rotary.multimodal_positions import (
@@ -97,6 +98,7 @@ __all__ = [
     "EncoderLayer",
     "Entry",
     "FeedForward",
+    "GridRotaryEmbedding",
     "InterleavedRotaryEmbedding",
     "KVCache",
     "LearnedPositionalEncoding",
