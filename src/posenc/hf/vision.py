@@ -97,8 +97,13 @@ def _head_dim(cfg: Fields, width: str = "hidden_size") -> int:
     head_dim = cfg.get("head_dim")
     if head_dim is not None:
         return positive_int("head_dim", head_dim)
-    hidden = positive_int(width, cfg.get(width))
     field = "num_attention_heads" if cfg.get("num_attention_heads") is not None else "num_heads"
+    for name in (width, field):
+        if cfg.get(name) is None:
+            raise PosencValueError(
+                f"config has no head_dim and no {name}: the vision tower's head size is unknown"
+            )
+    hidden = positive_int(width, cfg.get(width))
     heads = positive_int(field, cfg.get(field))
     if hidden % heads:
         raise PosencValueError(f"config {width} ({hidden}) is not divisible by {field} ({heads})")
