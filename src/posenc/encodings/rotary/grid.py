@@ -29,7 +29,7 @@ __all__ = ["GridRotaryEmbedding", "axial_frequencies"]
 def axial_frequencies(axes: list[int], freqs: Tensor | list[float], ndim: int) -> Tensor:
     """The ``(p, ndim)`` float64 table of an axial rotation: row ``p`` holds ``freqs[p]`` in
     column ``axes[p]`` and zeros elsewhere."""
-    freqs = torch.as_tensor(freqs, dtype=torch.float64)
+    freqs = torch.as_tensor(freqs, dtype=torch.float64, device="cpu")
     if freqs.dim() != 1 or len(axes) != freqs.numel():
         raise PosencValueError(
             f"axes ({len(axes)} entries) and freqs ({tuple(freqs.shape)}) must list one axis "
@@ -37,8 +37,9 @@ def axial_frequencies(axes: list[int], freqs: Tensor | list[float], ndim: int) -
         )
     if any(not 0 <= a < ndim for a in axes):
         raise PosencValueError(f"axes must lie in [0, {ndim}), got {sorted(set(axes))}")
-    table = torch.zeros(len(axes), ndim, dtype=torch.float64)
-    table[torch.arange(len(axes)), torch.tensor(axes, dtype=torch.long)] = freqs
+    table = torch.zeros(len(axes), ndim, dtype=torch.float64, device="cpu")
+    rows = torch.arange(len(axes), device="cpu")
+    table[rows, torch.tensor(axes, dtype=torch.long, device="cpu")] = freqs
     return table
 
 
@@ -83,6 +84,8 @@ class GridRotaryEmbedding(RotaryEncoding):
                 f"frequencies must be a torch.Tensor of shape (pairs, axes), got "
                 f"{type(frequencies).__name__}"
             )
+        if frequencies.is_meta:
+            raise PosencValueError("frequencies must hold values, not be on the meta device")
         if frequencies.dim() != 2 or 0 in frequencies.shape:
             raise PosencValueError(
                 f"frequencies must have shape (pairs, axes), got {tuple(frequencies.shape)}"
@@ -100,6 +103,7 @@ class GridRotaryEmbedding(RotaryEncoding):
             )
         self.rotary_dim = check_rotary_dim(head_dim, 2 * frequencies.shape[0], 2 * self.blocks)
         self._table = frequencies.detach().to("cpu", torch.float64).clone()
+        device = torch.empty(0, device=device).device  # the ambient one (meta in a context)
         if self.learned:
             self.frequencies = nn.Parameter(self._table.to(device, torch.float32))
         else:
