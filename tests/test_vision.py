@@ -35,6 +35,7 @@ def test_grid_coordinates_equal_transformers(grid: int, merge: int) -> None:
     per_image = torch.tensor([merge] * len(thw))
     assert torch.equal(pv.grid_coordinates(thw, merge=[merge] * len(thw)), theirs)
     assert torch.equal(vision_utils.get_vision_position_ids(thw, per_image), theirs)
+    assert torch.equal(pv.grid_coordinates(thw, merge=per_image), theirs)
 
 
 @pytest.mark.parametrize(

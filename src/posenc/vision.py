@@ -62,6 +62,8 @@ def _grids(grid_thw: Any) -> list[tuple[int, int, int]]:
 
 
 def _merges(merge: Any, count: int) -> list[int]:
+    if isinstance(merge, Tensor):  # Video-LLaMA 3's merge_sizes
+        merge = merge.tolist()
     merges = [merge] * count if isinstance(merge, int) else list(merge)
     if len(merges) != count or any(
         isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in merges
@@ -134,7 +136,7 @@ def positions(
     recipe: GridRecipe,
     grid_thw: Any,
     *,
-    merge: int | list[int] | None = None,
+    merge: int | list[int] | Tensor | None = None,
     scale: float | None = None,
 ) -> Tensor:
     """The coordinates ``(n, a)`` a family's tower gives the tokens of ``grid_thw``, in their
