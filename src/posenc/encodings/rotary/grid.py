@@ -94,6 +94,7 @@ class GridRotaryEmbedding(RotaryEncoding):
             raise PosencValueError("frequencies must be finite")
         self.head_dim = check_positive_int("head_dim", head_dim)
         self.ndim = frequencies.shape[1]
+        self.axes = self.ndim  # (the registry's class attribute, per module here)
         self.interleaved = check_bool("interleaved", interleaved)
         self.blocks = check_positive_int("blocks", blocks)
         self.learned = check_bool("learned", learned)
