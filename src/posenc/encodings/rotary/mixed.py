@@ -123,8 +123,11 @@ class RotaryMixed(RotaryEncoding):
         tables = self.cos_sin(coords, compute_dtype(x.dtype))
         return RotaryState(lambda q, k, inplace: self._pair(q, k, tables))
 
-    def rotate(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
-        """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, 2)`` / ``(b, n, 2)``."""
+    def rotate(
+        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+    ) -> Tensor:
+        """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, 2)`` / ``(b, n, 2)``;
+        ``inplace`` is accepted and ignored (a new tensor is returned)."""
         x, _ = check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         return self._rotate(x, *self.cos_sin(coords, compute_dtype(x.dtype)), "x")
