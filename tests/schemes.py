@@ -71,6 +71,8 @@ class Facts:
     score_mod: bool = False
     #: The head size must be a multiple of this (rotary schemes: pairs over their axes).
     head_dim_multiple: int = 1
+    #: Each head turns by its own rotation: a key head cannot serve a group of query heads.
+    per_head: bool = False
 
 
 FACTS: dict[str, Facts] = {
@@ -85,6 +87,8 @@ FACTS: dict[str, Facts] = {
     "xpos": Facts(_head_dim),  # its decay is centred on the sequence: relative only if fixed
     "rope2d": Facts(_head_dim, relative=True),
     "rope3d": Facts(_head_dim, relative=True),
+    "rope-dinov3": Facts(_head_dim, head_dim_multiple=4),  # normalised by the positions' extent
+    "rope-mixed": Facts(_heads_and_head_dim, relative=True, head_dim_multiple=4, per_head=True),
     "pope": Facts(_heads_and_head_dim, relative=True),
     "alibi": Facts(_heads, relative=True, score_mod=True),
     "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.plots",),
     ("posenc.notebook",),
     ("posenc.runs",),
+    ("posenc.vision",),
     ("posenc",),
     ("posenc.bench", "posenc.extrapolate", "posenc.lengthgen"),
     ("posenc.app",),

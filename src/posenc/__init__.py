@@ -49,8 +49,11 @@ from .encodings.rope_types.registry import (
     validate_rope_scaling,
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
+from .encodings.rotary.dinov3 import DINOv3RotaryEmbedding
 from .encodings.rotary.functional import rotary_embedding, rotary_embedding_qk
+from .encodings.rotary.grid import GridRotaryEmbedding
 from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
+from .encodings.rotary.mixed import RotaryMixed
 from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from .encodings.rotary.multimodal_positions import (
     continue_multimodal_positions,
@@ -91,12 +94,14 @@ __all__ = [
     "BiasEncoding",
     "BiasState",
     "CoPE",
+    "DINOv3RotaryEmbedding",
     "DynamicPositionBias",
     "Encoder",
     "EncoderConfig",
     "EncoderLayer",
     "Entry",
     "FeedForward",
+    "GridRotaryEmbedding",
     "InterleavedRotaryEmbedding",
     "KVCache",
     "LearnedPositionalEncoding",
@@ -117,6 +122,7 @@ __all__ = [
     "Rotary3DEmbedding",
     "RotaryEmbedding",
     "RotaryEncoding",
+    "RotaryMixed",
     "RotaryState",
     "Sandwich",
     "ScaledSinusoidalPositionalEncoding",

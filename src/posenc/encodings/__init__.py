@@ -21,4 +21,4 @@ from .bias import (  # noqa: F401
     sandwich,
     t5,
 )
-from .rotary import multimodal, pope, rope  # noqa: F401
+from .rotary import dinov3, mixed, multimodal, pope, rope  # noqa: F401
