@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..encodings.base import ScoreMod
-from .sdpa import kernel_dtype
+from .sdpa import fold_groups, groups_of, kernel_dtype, unfold_groups
 
 __all__ = [
     "FLEX_BLOCK_SIZE",
@@ -362,16 +362,64 @@ def _flex(
 ) -> Any:
     """``flex_attention``: the output, or ``(output, lse)`` with ``lse`` (the natural-log
     log-sum-exp of each row's scores, ``(b, h, nq)``, fp32; torch converts its kernels'
-    base-2 statistics)."""
+    base-2 statistics). Keys and values with fewer heads than the queries are grouped heads
+    (``enable_gqa``: the compiled kernels read each key/value head for its query heads)."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
+    gqa = q.shape[-3] != k.shape[-3]
     if not lse:
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return flex_attention(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
+        )
     out, aux = flex_attention(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa,
         return_aux=AuxRequest(lse=True),
     )  # fmt: skip
     return out, aux.lse
+
+
+def _fold_for_eager(
+    q: Tensor, nk: int, score_mod: ScoreMod | None, block_mask: Any, groups: int
+) -> tuple[Tensor, ScoreMod | None, Any]:
+    """``q`` ``(b, h, nq, d)`` with its query groups folded into the query axis,
+    ``(b, g, G·nq, d)``, and the ``score_mod`` and block mask of the folded call: folded row
+    ``r`` of key/value head ``j`` is query ``r % nq`` of head ``j · G + r // nq``, so both are
+    asked about that head and query. flex's eager reference repeats grouped keys and values
+    (``repeat_interleave``) under ``enable_gqa``; folded, it reads them as they are. The
+    block mask lists every block (the eager reference evaluates every pair anyway)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    nq = q.shape[-2]
+    folded = fold_groups(q, groups)
+    mq = -(-folded.shape[-2] // FLEX_BLOCK_SIZE)
+    mk = -(-nk // FLEX_BLOCK_SIZE)
+    rows = 1 if block_mask is None else block_mask.kv_num_blocks.shape[0]
+    device = q.device
+    counts = torch.full((rows, 1, mq), mk, dtype=torch.int32, device=device)
+    order = torch.arange(mk, dtype=torch.int32, device=device).expand(rows, 1, mq, mk)
+
+    def head_query(h: Tensor, row: Tensor) -> tuple[Tensor, Tensor]:
+        return h * groups + torch.div(row, nq, rounding_mode="floor"), row % nq
+
+    inner_mask = None if block_mask is None else block_mask.mask_mod
+    mask_mod = None
+    if inner_mask is not None:
+
+        def mask_mod(b: Tensor, h: Tensor, row: Tensor, kv_idx: Tensor) -> Tensor:
+            return inner_mask(b, *head_query(h, row), kv_idx)
+
+    mod = None
+    if score_mod is not None:
+        inner = score_mod
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, row: Tensor, kv_idx: Tensor) -> Tensor:
+            return inner(score, b, *head_query(h, row), kv_idx)
+
+    mask = BlockMask.from_kv_blocks(
+        counts, order.contiguous(), BLOCK_SIZE=FLEX_BLOCK_SIZE, mask_mod=mask_mod,
+        seq_lengths=(folded.shape[-2], nk),
+    )  # fmt: skip
+    return folded, mod, mask
 
 
 def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
@@ -427,9 +475,20 @@ def flex_attention_forward(
         # below one block of queries or keys; the eager reference is right and cheap there
         compile = False
     if not compile:
+        groups = groups_of(q, k, v)
+        if groups > 1:  # grouped heads: folded, so the reference copies no key or value
+            folded = _fold_for_eager(q, k.shape[-2], score_mod, block_mask, groups)
+            q, score_mod, block_mask = folded
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
             result = _flex(q, k, v, score_mod, block_mask, scale, lse=lse)
+        if groups > 1:  # (b, g, G·nq, ·) -> (b, h, nq, ·)
+            if lse:
+                out, rows = result
+                result = unfold_groups(out, groups), unfold_groups(rows.unsqueeze(-1), groups)
+                result = result[0], result[1].squeeze(-1)
+            else:
+                result = unfold_groups(result, groups)
         return _finish(result, sinks, out_dtype)
     key = (
         compile_key(q, k, v),

@@ -15,6 +15,7 @@ distances.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -196,6 +197,20 @@ class DistanceBias(BiasEncoding):
 
     #: Whether positions must be whole numbers (a bucket or table lookup needs them).
     integer_positions: bool = False
+    has_score_mod: ClassVar[bool] = True
+    #: Whether the fused form reads one table by distance (then it exists only at whole-number
+    #: positions); False for a scheme that computes its bias inside the kernel (ALiBi).
+    table_score_mod: ClassVar[bool] = True
+
+    def fused_at(self, q_positions: Tensor, k_positions: Tensor) -> bool:
+        """A table by distance covers whole-number positions only: integer dtypes, or float
+        ones holding whole numbers (read once; a scheme with :attr:`integer_positions`
+        refuses the others in :meth:`score_mod` and :meth:`bias` alike)."""
+        if not super().fused_at(q_positions, k_positions):
+            return False
+        if not self.table_score_mod or self.integer_positions:
+            return True
+        return is_integral(q_positions) and is_integral(k_positions)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         """The bias at ``distance = q_pos - k_pos`` (any shape ``S``, float) -> ``(h, *S)``."""
