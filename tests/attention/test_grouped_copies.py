@@ -58,9 +58,9 @@ class _Ops(TorchDispatchMode):
         made = [t for t in _tensors(out) if not self._watched(t)]
         # more elements than the storage read holds (an expanded view holds more than that)
         held = max((t.untyped_storage().nbytes() // t.element_size() for t in read), default=0)
-        if read and any(o.numel() > held for o in made):
-            if not str(func).startswith(("aten.bmm", "aten.mm", "aten._scaled_dot_product")):
-                self.grown.append(str(func))
+        product = str(func).startswith(("aten.bmm", "aten.mm", "aten._scaled_dot_product"))
+        if read and not product and any(o.numel() > held for o in made):
+            self.grown.append(str(func))
         return out
 
     def _watched(self, t: torch.Tensor) -> bool:
