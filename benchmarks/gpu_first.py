@@ -14,7 +14,12 @@ past its section's share is reported as skipped):
 5. attention with an ALiBi, T5 and FIRE bias against flash attention without one, n = 4,096,
    forward and forward + backward;
 6. one training step of posenc's Encoder against ``torch.nn.TransformerEncoder`` (none, rope,
-   alibi, t5), bf16 autocast.
+   alibi, t5), bf16 autocast;
+7. host synchronisations: one cached decoding step, one flex call with a mask (ALiBi, T5) and
+   one training step (ALiBi, T5), each run in CUDA's sync debug mode ``"error"`` after a warm-up
+   (pass, or the error), and which SDPA kernel takes grouped heads with and without a mask
+   (each ``torch.nn.attention.sdpa_kernel`` backend alone: ran or refused; posenc folds the
+   query groups where a mask would leave only the math kernel).
 
 Three times per case: ``synced`` (each call followed by a synchronisation: latency), ``b2b``
 (calls back to back, one synchronisation at the end: throughput) and ``kernel`` (the calls
@@ -326,13 +331,150 @@ def training_step(clock: Clock, budget: Budget, tiny: bool, device: torch.device
         say(f"| {name} | {us(synced)} | {us(b2b)} | {us(kern)} | {speed} |")
 
 
+def sync_check(budget: Budget, tiny: bool, device: torch.device) -> None:
+    """Each path once in CUDA's sync debug mode "error" (a host synchronisation raises), after
+    a warm-up outside it (compilation, allocation, table growth); on another device each path
+    runs once without the check (the dry run)."""
+    dim, heads, n = (32, 2, 16) if tiny else (1024, 16, 1024)
+    say("| path | host synchronisation |")
+    say("| --- | --- |")
+    for name, make in _sync_paths(dim, heads, n, device).items():
+        if not budget.left():
+            say(f"| {name} | skipped (budget) |")
+            continue
+        try:
+            step = make()
+            step()  # the warm-up
+            if device.type != "cuda":
+                step()
+                say(f"| {name} | n/a (no CUDA: ran without the sync check) |")
+                continue
+            torch.cuda.synchronize(device)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize(device)
+            say(f"| {name} | pass: none |")
+        except Exception as error:
+            message = str(error).splitlines()[0][:150] if str(error) else ""
+            say(f"| {name} | FAIL: {type(error).__name__}: {message} |")
+    sdpa_kernels(tiny, device)
+
+
+def _sync_paths(dim: int, heads: int, n: int, device: torch.device) -> dict[str, Callable[[], Fn]]:
+    """Each path as a maker of its step (made outside the sync check)."""
+
+    def decode() -> Fn:
+        encoder = posenc.Encoder(dim, 2, heads, pe="rope", causal=True).to(device).eval()
+        x = torch.randn(1, n + 2, dim, device=device)
+        cache = posenc.KVCache()
+        with torch.no_grad():
+            encoder(x[:, :n], cache=cache)
+        steps = iter(range(n, n + 2))
+
+        def step() -> object:
+            t = next(steps)
+            with torch.no_grad():
+                return encoder(x[:, t : t + 1], cache=cache)
+
+        return step
+
+    def flex(scheme: str) -> Callable[[], Fn]:
+        def make() -> Fn:
+            attn = posenc.MultiHeadAttention(dim, heads, pe=scheme, causal=True, backend="flex")
+            attn = attn.to(device).eval()
+            x = torch.randn(2, n, dim, device=device)
+            padding = torch.zeros(2, n, dtype=torch.bool, device=device)
+            padding[1, n // 2 :] = True
+
+            def step() -> object:
+                with torch.no_grad():
+                    return attn(x, key_padding_mask=padding)
+
+            return step
+
+        return make
+
+    def training(scheme: str) -> Callable[[], Fn]:
+        def make() -> Fn:
+            encoder = posenc.Encoder(dim, 2, heads, pe=scheme, causal=True).to(device)
+            optimizer = torch.optim.SGD(encoder.parameters(), lr=1e-4)
+            x = torch.randn(2, n, dim, device=device)
+
+            def step() -> None:
+                optimizer.zero_grad(set_to_none=True)
+                encoder(x).square().mean().backward()
+                optimizer.step()
+
+            return step
+
+        return make
+
+    return {
+        "decode step (rope, KVCache)": decode,
+        "flex call with a mask (alibi)": flex("alibi"),
+        "flex call with a mask (t5)": flex("t5"),
+        "training step (alibi)": training("alibi"),
+        "training step (t5)": training("t5"),
+    }
+
+
+def sdpa_kernels(tiny: bool, device: torch.device) -> None:
+    """Which SDPA kernel runs grouped heads (8 query heads on 2 key/value heads, or as many),
+    with and without an additive mask: each backend alone, ran or refused."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    n = 16 if tiny else 1024
+    dtype = torch.float32 if tiny else torch.bfloat16
+    q = torch.randn(2, 8, n, 64, device=device, dtype=dtype)
+    k, v = (torch.randn(2, 2, n, 64, device=device, dtype=dtype) for _ in range(2))
+    mask = torch.randn(1, 8, n, n, device=device, dtype=dtype)
+    folded = q.reshape(2, 2, 4 * n, 64)
+    cases = {
+        "grouped, no mask (enable_gqa)": lambda: F.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True
+        ),
+        "grouped, causal (enable_gqa)": lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True
+        ),
+        "grouped, mask (enable_gqa)": lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=True
+        ),
+        "grouped, mask, query groups folded (posenc)": lambda: F.scaled_dot_product_attention(
+            folded, k, v, attn_mask=mask.reshape(1, 2, 4 * n, n)
+        ),
+        "8 heads, mask": lambda: F.scaled_dot_product_attention(
+            q, q, q, attn_mask=mask
+        ),
+    }
+    backends = [b for b in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+                if hasattr(SDPBackend, b)]  # fmt: skip
+    say(f"\nSDPA kernels, q (2, 8, {n}, 64), k and v (2, 2, {n}, 64), {str(dtype)[6:]}:")
+    say("| case | " + " | ".join(backends) + " |")
+    say("| --- |" + " --- |" * len(backends))
+    for name, fn in cases.items():
+        cells = []
+        for backend in backends:
+            try:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    fn()
+                cells.append("ran")
+            except RuntimeError:
+                cells.append("refused")
+        say(f"| {name} | " + " | ".join(cells) + " |")
+
+
 SECTIONS = {
     "1 versions": 0.01,
-    "2 rope vs clone": 0.19,
+    "2 rope vs clone": 0.18,
     "3 host time": 0.05,
-    "4 decode vs transformers": 0.15,
-    "5 bias attention": 0.30,
-    "6 training step": 0.30,
+    "4 decode vs transformers": 0.13,
+    "5 bias attention": 0.29,
+    "6 training step": 0.29,
+    "7 sync check and SDPA kernels": 0.05,
 }
 
 
@@ -358,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: decode_vs_transformers(clock, budget, args.tiny, device),
         lambda: bias_attention(clock, budget, args.tiny, device),
         lambda: training_step(clock, budget, args.tiny, device),
+        lambda: sync_check(budget, args.tiny, device),
     ]
     failed = 0
     for name, step in zip(SECTIONS, steps, strict=True):
