@@ -83,6 +83,6 @@ def test_the_first_gpu_script_runs_every_section_on_the_cpu() -> None:
                  "posenc t5"):  # fmt: skip
         assert case in out, case
     # every path of the sync check ran (without the check on the CPU), and the SDPA kernels
-    for path in ("decode step", "flex call with a mask (t5)", "training step (t5)"):
+    for path in ("decode step", "flex call with a causal mask (t5)", "training step (t5)"):
         assert f"| {path}" in out and "FAIL" not in out, path
     assert "| grouped, mask (enable_gqa) | ran |" in out  # (the CPU's flash kernel takes both)
