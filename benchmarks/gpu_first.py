@@ -16,10 +16,10 @@ past its section's share is reported as skipped):
 6. one training step of posenc's Encoder against ``torch.nn.TransformerEncoder`` (none, rope,
    alibi, t5), bf16 autocast;
 7. host synchronisations: one cached decoding step, one flex call with a causal mask (ALiBi,
-   T5) and one training step (ALiBi, T5), each run in CUDA's sync debug mode ``"error"`` after a warm-up
-   (pass, or the error), and which SDPA kernel takes grouped heads with and without a mask
-   (each ``torch.nn.attention.sdpa_kernel`` backend alone: ran or refused; posenc folds the
-   query groups where a mask would leave only the math kernel).
+   T5) and one training step (ALiBi, T5), each run in CUDA's sync debug mode ``"error"`` after
+   a warm-up (pass, or the error), and which SDPA kernel takes grouped heads with and without
+   a mask (each ``torch.nn.attention.sdpa_kernel`` backend alone: ran or refused; posenc folds
+   the query groups where a mask would leave only the math kernel).
 
 Three times per case: ``synced`` (each call followed by a synchronisation: latency), ``b2b``
 (calls back to back, one synchronisation at the end: throughput) and ``kernel`` (the calls
@@ -444,9 +444,7 @@ def sdpa_kernels(tiny: bool, device: torch.device) -> None:
         "grouped, mask, query groups folded (posenc)": lambda: F.scaled_dot_product_attention(
             folded, k, v, attn_mask=mask.reshape(1, 2, 4 * n, n)
         ),
-        "8 heads, mask": lambda: F.scaled_dot_product_attention(
-            q, q, q, attn_mask=mask
-        ),
+        "8 heads, mask": lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=mask),
     }
     backends = [b for b in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
                 if hasattr(SDPBackend, b)]  # fmt: skip
