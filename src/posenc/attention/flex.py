@@ -384,9 +384,10 @@ def _fold_for_eager(
     """``q`` ``(b, h, nq, d)`` with its query groups folded into the query axis,
     ``(b, g, G·nq, d)``, and the ``score_mod`` and block mask of the folded call: folded row
     ``r`` of key/value head ``j`` is query ``r % nq`` of head ``j · G + r // nq``, so both are
-    asked about that head and query. flex's eager reference repeats grouped keys and values
-    (``repeat_interleave``) under ``enable_gqa``; folded, it reads them as they are. The
-    block mask lists every block (the eager reference evaluates every pair anyway)."""
+    asked about that head and query. Under ``enable_gqa`` flex's eager reference repeats each
+    grouped key and value head ``G`` times (``repeat_interleave``); folded, its keys and
+    values keep their ``g`` heads. The block mask lists every block (the eager reference
+    evaluates every pair anyway)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     nq = q.shape[-2]
@@ -482,13 +483,11 @@ def flex_attention_forward(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
             result = _flex(q, k, v, score_mod, block_mask, scale, lse=lse)
-        if groups > 1:  # (b, g, G·nq, ·) -> (b, h, nq, ·)
-            if lse:
-                out, rows = result
-                result = unfold_groups(out, groups), unfold_groups(rows.unsqueeze(-1), groups)
-                result = result[0], result[1].squeeze(-1)
-            else:
-                result = unfold_groups(result, groups)
+        if groups > 1 and lse:  # (b, g, G·nq, ·) -> (b, h, nq, ·); the lse (b, g, G·nq)
+            out, rows = result
+            result = unfold_groups(out, groups), unfold_groups(rows[..., None], groups)[..., 0]
+        elif groups > 1:
+            result = unfold_groups(result, groups)
         return _finish(result, sinks, out_dtype)
     key = (
         compile_key(q, k, v),
