@@ -60,7 +60,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: number of query heads ``h``.
         num_kv_heads: number of key/value heads ``g`` (grouped-query attention, Ainslie et
             al. 2023): each serves ``h / g`` query heads; ``g = 1`` is multi-query attention.
-            Default ``h``. The KV cache stores the ``g`` grouped heads.
+            Default ``h``. The KV cache stores the ``g`` grouped heads, and no backend
+            copies them for the query heads.
         head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
             ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
         pe: a rotary, bias or none encoding (additive ones belong on the input), or its
@@ -88,10 +89,12 @@ class MultiHeadAttention(nn.Module):
               score_mod are read from a materialised bias. It falls back to ``sdpa`` where
               flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
               backward), a cached decoding step, or a failed compilation (warned once);
-            * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
-              or chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
-              always, on the CPU once the bias would hold ``FLEX_AUTO_MIN_ELEMENTS``
-              elements; else ``sdpa``.
+            * ``"auto"``: ``flex`` for a bias scheme with a score_mod here (its
+              ``has_score_mod`` and ``fused_at`` its positions; or a document, window or
+              chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
+              always, except a learned table while training (its gradient would be added
+              atomically per score: ``sdpa`` with the bias materialised), on the CPU once the
+              bias would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
 
             With ``softcap``, ``math`` stands wherever ``sdpa`` would (SDPA cannot cap).
 
