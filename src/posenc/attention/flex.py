@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..encodings.base import ScoreMod
-from .sdpa import fold_groups, groups_of, kernel_dtype, unfold_groups
+from .groups import fold_flex_call, groups_of, unfold_groups
+from .sdpa import kernel_dtype
 
 __all__ = [
     "FLEX_BLOCK_SIZE",
@@ -378,51 +379,6 @@ def _flex(
     return out, aux.lse
 
 
-def _fold_for_eager(
-    q: Tensor, nk: int, score_mod: ScoreMod | None, block_mask: Any, groups: int
-) -> tuple[Tensor, ScoreMod | None, Any]:
-    """``q`` ``(b, h, nq, d)`` with its query groups folded into the query axis,
-    ``(b, g, G·nq, d)``, and the ``score_mod`` and block mask of the folded call: folded row
-    ``r`` of key/value head ``j`` is query ``r % nq`` of head ``j · G + r // nq``, so both are
-    asked about that head and query. Under ``enable_gqa`` flex's eager reference repeats each
-    grouped key and value head ``G`` times (``repeat_interleave``); folded, its keys and
-    values keep their ``g`` heads. The block mask lists every block (the eager reference
-    evaluates every pair anyway)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    nq = q.shape[-2]
-    folded = fold_groups(q, groups)
-    mq = -(-folded.shape[-2] // FLEX_BLOCK_SIZE)
-    mk = -(-nk // FLEX_BLOCK_SIZE)
-    rows = 1 if block_mask is None else block_mask.kv_num_blocks.shape[0]
-    device = q.device
-    counts = torch.full((rows, 1, mq), mk, dtype=torch.int32, device=device)
-    order = torch.arange(mk, dtype=torch.int32, device=device).expand(rows, 1, mq, mk)
-
-    def head_query(h: Tensor, row: Tensor) -> tuple[Tensor, Tensor]:
-        return h * groups + torch.div(row, nq, rounding_mode="floor"), row % nq
-
-    inner_mask = None if block_mask is None else block_mask.mask_mod
-    mask_mod = None
-    if inner_mask is not None:
-
-        def mask_mod(b: Tensor, h: Tensor, row: Tensor, kv_idx: Tensor) -> Tensor:
-            return inner_mask(b, *head_query(h, row), kv_idx)
-
-    mod = None
-    if score_mod is not None:
-        inner = score_mod
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, row: Tensor, kv_idx: Tensor) -> Tensor:
-            return inner(score, b, *head_query(h, row), kv_idx)
-
-    mask = BlockMask.from_kv_blocks(
-        counts, order.contiguous(), BLOCK_SIZE=FLEX_BLOCK_SIZE, mask_mod=mask_mod,
-        seq_lengths=(folded.shape[-2], nk),
-    )  # fmt: skip
-    return folded, mod, mask
-
-
 def with_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
     """Flex's output ``(b, h, nq, d)`` as a softmax with one more logit per head, ``sinks``
     ``(h,)``, whose column is dropped: the row's weights shrink by ``Z / (Z + exp(sink))``
@@ -478,7 +434,7 @@ def flex_attention_forward(
     if not compile:
         groups = groups_of(q, k, v)
         if groups > 1:  # grouped heads: folded, so the reference copies no key or value
-            folded = _fold_for_eager(q, k.shape[-2], score_mod, block_mask, groups)
+            folded = fold_flex_call(q, k.shape[-2], score_mod, block_mask, groups, FLEX_BLOCK_SIZE)
             q, score_mod, block_mask = folded
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch")

@@ -24,42 +24,15 @@ from torch import Tensor
 
 from ..encodings.checks import check_probability, compute_dtype
 from ..errors import PosencTypeError, PosencValueError, check_bytes
+from .groups import fold_groups, groups_of, unfold_groups
 
 __all__ = [
     "autocast_off",
-    "fold_groups",
+    "folds_groups",
     "fused_attention",
-    "groups_of",
     "kernel_dtype",
     "scaled_dot_product_attention",
 ]
-
-
-def groups_of(q: Tensor, k: Tensor, v: Tensor) -> int:
-    """How many query heads each key/value head serves, ``G = h / g``, for ``q``
-    ``(..., h, nq, d)`` and ``k``, ``v`` ``(..., g, nk, ·)`` with ``g`` dividing ``h``; 1
-    otherwise (as many heads, or shapes left to broadcasting)."""
-    if not 3 <= q.dim() == k.dim() == v.dim():
-        return 1
-    h, g = q.shape[-3], k.shape[-3]
-    if g in (0, h) or h % g or v.shape[-3] != g:
-        return 1
-    return h // g
-
-
-def fold_groups(t: Tensor, groups: int) -> Tensor:
-    """``(..., h, n, x)`` -> ``(..., h / G, G·n, x)``: each key/value head's ``G`` query heads
-    one after another along the query axis (query head ``i`` is served by key/value head
-    ``i // G``, as ``repeat_interleave`` would pair them). A view where the layout allows,
-    else a copy of ``t`` (the queries or the scores, never the keys or values)."""
-    *lead, h, n, x = t.shape
-    return t.reshape(*lead, h // groups, groups * n, x)
-
-
-def unfold_groups(t: Tensor, groups: int) -> Tensor:
-    """The inverse of :func:`fold_groups`: ``(..., g, G·n, x)`` -> ``(..., g·G, n, x)``."""
-    *lead, g, gn, x = t.shape
-    return t.reshape(*lead, g * groups, gn // groups, x)
 
 
 def kernel_dtype(t: Tensor) -> torch.dtype:
