@@ -14,7 +14,12 @@ past its section's share is reported as skipped):
 5. attention with an ALiBi, T5 and FIRE bias against flash attention without one, n = 4,096,
    forward and forward + backward;
 6. one training step of posenc's Encoder against ``torch.nn.TransformerEncoder`` (none, rope,
-   alibi, t5), bf16 autocast.
+   alibi, t5), bf16 autocast;
+7. host synchronisations: one cached decoding step, one flex call with a causal mask (ALiBi,
+   T5) and one training step (ALiBi, T5), each run in CUDA's sync debug mode ``"error"`` after
+   a warm-up (pass, or the error), and which SDPA kernel takes grouped heads with and without
+   a mask (each ``torch.nn.attention.sdpa_kernel`` backend alone: ran or refused; posenc folds
+   the query groups where a mask would leave only the math kernel).
 
 Three times per case: ``synced`` (each call followed by a synchronisation: latency), ``b2b``
 (calls back to back, one synchronisation at the end: throughput) and ``kernel`` (the calls
@@ -326,13 +331,22 @@ def training_step(clock: Clock, budget: Budget, tiny: bool, device: torch.device
         say(f"| {name} | {us(synced)} | {us(b2b)} | {us(kern)} | {speed} |")
 
 
+def sync_check(budget: Budget, tiny: bool, device: torch.device) -> None:
+    """Section 7, in ``gpu_first_sync.py`` beside this script."""
+    from gpu_first_sync import sdpa_kernels, sync_paths
+
+    sync_paths(budget.left, tiny, device)
+    sdpa_kernels(tiny, device)
+
+
 SECTIONS = {
     "1 versions": 0.01,
-    "2 rope vs clone": 0.19,
+    "2 rope vs clone": 0.18,
     "3 host time": 0.05,
-    "4 decode vs transformers": 0.15,
-    "5 bias attention": 0.30,
-    "6 training step": 0.30,
+    "4 decode vs transformers": 0.13,
+    "5 bias attention": 0.29,
+    "6 training step": 0.29,
+    "7 sync check and SDPA kernels": 0.05,
 }
 
 
@@ -358,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: decode_vs_transformers(clock, budget, args.tiny, device),
         lambda: bias_attention(clock, budget, args.tiny, device),
         lambda: training_step(clock, budget, args.tiny, device),
+        lambda: sync_check(budget, args.tiny, device),
     ]
     failed = 0
     for name, step in zip(SECTIONS, steps, strict=True):

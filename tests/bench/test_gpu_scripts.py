@@ -75,10 +75,14 @@ def test_the_first_gpu_script_runs_every_section_on_the_cpu() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = done.stdout
     for section in ("versions", "rope vs clone", "host time", "decode vs transformers",
-                    "bias attention", "training step"):  # fmt: skip
+                    "bias attention", "training step", "sync check"):  # fmt: skip
         assert "## " in out and section in out, section
     assert "0 section(s) failed" in out
     assert out.count("n/a (no CUDA graphs on this device)") >= 10
     for case in ("posenc in place", "transformers rotary module", "| fire | forward+backward",
                  "posenc t5"):  # fmt: skip
         assert case in out, case
+    # every path of the sync check ran (without the check on the CPU), and the SDPA kernels
+    for path in ("decode step", "flex call with a causal mask (t5)", "training step (t5)"):
+        assert f"| {path}" in out and "FAIL" not in out, path
+    assert "| grouped, mask (enable_gqa) | ran |" in out  # (the CPU's flash kernel takes both)

@@ -6,16 +6,19 @@ function that chooses between them.
 * :func:`sdpa_backend`: :func:`torch.nn.functional.scaled_dot_product_attention`, a bias
   materialised into its additive mask;
 * :func:`flex_backend`: :func:`torch.nn.attention.flex_attention` with the scheme's
-  ``score_mod`` and a block-sparse mask (``None`` when it cannot run: the caller then runs
-  SDPA).
+  ``score_mod`` (or, for a scheme without a fused form, one reading its materialised bias)
+  and a block-sparse mask (``None`` only when compiling failed: the caller then runs SDPA).
 
 Each takes ``(q, k, v, call)``: the heads ready for the softmax and an :class:`AttentionCall`
-saying what surrounds them (bias, masks, dropout). Which one runs is
-:func:`choose_backend` of a :class:`Request`, a frozen record of everything the choice reads
-(device, dtype, sizes, kind of bias and of mask, autograd, dropout, compilation), so the
-whole policy is one table (``tests/attention/test_backends.py`` holds it, a row per device kind).
+saying what surrounds them (bias, masks, dropout). Keys and values keep their ``g`` grouped
+heads (``g`` divides ``h``): every backend serves each key/value head to its ``h / g`` query
+heads without copying it. Which one runs is :func:`choose_backend` of a :class:`Request`, a
+record of everything the choice reads (device, dtype, sizes, kind of bias and of mask,
+autograd, dropout, compilation), so the whole policy is one table
+(``tests/attention/test_backends.py`` holds it, a row per device kind).
 
-Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`` head dim.
+Dimension legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``nq``/``nk`` queries and
+keys, ``d`` head dim.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..encodings.base import BiasEncoding, ScoreMod
+from ..encodings.base import ScoreMod
 from ..encodings.checks import compute_dtype
 from ..encodings.state import BiasState
+from ..errors import PosencValueError
 from ..sequence.context import SequenceContext
 from ..sequence.masks import attention_mask
 from . import flex
@@ -45,6 +49,9 @@ __all__ = [
     "Request",
     "choose_backend",
     "flex_backend",
+    "fused_here",
+    "learns",
+    "learns_table",
     "math_backend",
     "sdpa_backend",
 ]
@@ -74,9 +81,11 @@ class Backend(str, Enum):
 #: shapes), and the materialised bias is what makes SDPA slow: there is no threshold.
 FLEX_AUTO_MIN_ELEMENTS = 2**24
 
-#: How a bias reaches the logits: ``none``; ``score_mod`` (the scheme has a fused form);
-#: ``materialised`` (it has none: Transformer-XL, CoPE); ``value`` (it also adds a value-side
-#: term, Shaw et al. with values: only the math backend computes the weights it needs).
+#: How a bias reaches the logits: ``none``; ``score_mod`` (the scheme has a fused form here:
+#: :attr:`~posenc.encodings.base.BiasEncoding.has_score_mod` and ``fused_at`` its positions);
+#: ``materialised`` (it has none: Transformer-XL, CoPE, a table by distance at fractional
+#: positions); ``value`` (it also adds a value-side term, Shaw et al. with values: only the
+#: math backend computes the weights it needs).
 BiasKind = Literal["none", "score_mod", "materialised", "value"]
 #: The mask: ``none``, ``causal``, ``padding`` (key padding, with or without causal) or
 #: ``packed`` (documents, a window or a chunk: flex's block mask skips whole blocks).
@@ -97,6 +106,10 @@ class Request:
     bias: BiasKind = "none"
     mask: MaskKind = "none"
     grad: bool = False  #: autograd records through q, k, v or the bias's parameters
+    #: autograd records through a tensor the bias's fused form reads by index (a learned
+    #: table: T5's buckets, KERPLE's, DPB's and FIRE's per-distance values; Shaw's per-query
+    #: terms): flex's backward adds its gradient with one atomic add per score
+    table_grad: bool = False
     dropout: bool = False  #: dropout on the weights (training)
     need_weights: bool = False  #: the caller wants the weights
     compile_flex: bool = True  #: the module's ``compile_flex``
@@ -105,21 +118,33 @@ class Request:
     sinks: bool = False  #: learned attention sinks (SDPA then materialises its mask)
 
     @staticmethod
-    def kind_of(state: BiasState | None) -> BiasKind:
-        """The :data:`BiasKind` of a forward's bias state (a class-level fact of the scheme:
-        whether it overrides ``score_mod``)."""
+    def kind_of(state: BiasState | None, nk: int | None = None) -> BiasKind:
+        """The :data:`BiasKind` of a forward's bias state against its last ``nk`` keys
+        (default: all): what the scheme declares (``has_value_term``, ``has_score_mod``) and,
+        for a fused form, whether it exists at these positions (``fused_at``, asked once per
+        forward and key count)."""
         if state is None:
             return "none"
         if state.has_value_term:
             return "value"
-        fused = type(state.pe).score_mod is not BiasEncoding.score_mod
-        return "score_mod" if fused else "materialised"
+        return "score_mod" if fused_here(state, nk) else "materialised"
 
 
-def choose_backend(request: Request) -> tuple[Backend, bool]:
-    """The backend to run, and whether flex runs only for a fused ``score_mod`` (then a
-    ``score_mod`` that turns out ``None``, e.g. a table by distance at fractional positions,
-    sends the call to SDPA rather than compile flex around a materialised bias).
+def fused_here(state: BiasState, nk: int | None = None) -> bool:
+    """Whether ``state``'s scheme has its fused form against its last ``nk`` keys (default:
+    all): :attr:`~posenc.encodings.base.BiasEncoding.has_score_mod`, then ``fused_at`` of the
+    positions (kept for the forward's other layers)."""
+    pe = state.pe
+    if not pe.has_score_mod:
+        return False
+    nk = state.key_positions.shape[-1] if nk is None else nk
+    return bool(
+        state.keep(("fused", nk), lambda: pe.fused_at(state.positions, state.last_keys(nk)))
+    )
+
+
+def choose_backend(request: Request) -> Backend:
+    """The backend to run.
 
     Explicit requests are honoured where they can run: ``math`` always; ``sdpa`` unless the
     weights or a value term are needed; ``flex`` unless dropout is on, autograd records on a
@@ -127,7 +152,10 @@ def choose_backend(request: Request) -> tuple[Backend, bool]:
     (more keys than queries). ``auto`` adds: a bias without a fused form, or no bias and no
     packed mask, runs on SDPA; on the CPU flex only pays once a materialised bias would hold
     :data:`FLEX_AUTO_MIN_ELEMENTS`; on a GPU every fused bias and every packed mask runs on
-    flex.
+    flex, except a fused bias whose learned table trains (``table_grad``): flex's backward
+    would add each score's gradient into the table with an atomic add (about ``h · n²`` of
+    them onto ``h · (2n - 1)`` addresses), so the bias is materialised for SDPA, whose
+    backward reduces its gradient with ordinary reductions.
 
     Soft-capping cannot run inside SDPA: wherever SDPA would be chosen (asked for, or as
     flex's fallback) a soft-capped call runs on ``math``, and under ``auto`` it counts as a
@@ -137,23 +165,25 @@ def choose_backend(request: Request) -> tuple[Backend, bool]:
     """
     r = request
     if r.need_weights or r.requested == Backend.MATH or r.bias == "value":
-        return Backend.MATH, False
+        return Backend.MATH
     fallback = Backend.MATH if r.softcap else Backend.SDPA
     if r.requested == Backend.SDPA:
-        return fallback, False
+        return fallback
     flex_runs = r.flex_available and not r.dropout and not (r.device == "cpu" and r.grad)
     # the compiled kernel keeps the lengths symbolic, but a decoding step's one query is
     # served far better by SDPA with its (h, 1, nk) bias
     flex_runs = flex_runs and (r.nq == r.nk or not r.compile_flex)
     if r.requested == Backend.FLEX:
-        return (Backend.FLEX if flex_runs else fallback), False
+        return Backend.FLEX if flex_runs else fallback
     shaped = r.mask == "packed" or r.softcap or (r.sinks and r.mask != "none")
     fusable = r.bias == "score_mod" or (r.bias == "none" and shaped)
     if not (fusable and flex_runs and r.compile_flex):
-        return fallback, False
+        return fallback
     if r.device == "cpu" and r.heads * r.nq * r.nk < FLEX_AUTO_MIN_ELEMENTS:
-        return fallback, False
-    return Backend.FLEX, r.bias != "none"
+        return fallback
+    if r.bias == "score_mod" and r.table_grad:  # (on a GPU: the CPU has no flex backward)
+        return fallback
+    return Backend.FLEX
 
 
 @dataclass(slots=True)
@@ -172,7 +202,6 @@ class AttentionCall:
     chunk: int | None = None
     dropout_p: float = 0.0
     compile_flex: bool = True
-    fused_only: bool = False
     scale: float | None = None  #: the logits are ``scale · q kᵀ`` (``None``: ``1 / sqrt(d)``)
     softcap: float | None = None  #: ``c``: logits ``c · tanh(logits / c)`` before the mask
     sinks: Tensor | None = None  #: ``(h,)`` learned sink logits, one per query head
@@ -244,8 +273,10 @@ def sdpa_backend(
     keep = None  # the additive mask is the same in every layer: make it once
     memo: Any = context if state is None else state
     if memo is not None and call.sinks is None:
-        # the context keeps one mask per kind of layer; else the padding decides
-        key = ("sdpa mask", call.causal, mask if context else call.key_padding_mask, q.dtype)
+        # the context keeps one mask per kind of layer; else the padding decides (and the
+        # key/value heads: a mask may be folded for grouped heads)
+        padding = mask if context else call.key_padding_mask
+        key = ("sdpa mask", call.causal, padding, q.dtype, k.shape[-3])
         keep = functools.partial(memo.keep, key)
     out = fused_attention(
         q, k, v, mask, bias, call.dropout_p,
@@ -257,21 +288,24 @@ def sdpa_backend(
 def flex_backend(
     q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Flex attention with the scheme's ``score_mod`` (or a materialised bias read by one),
-    soft-capping composed after it, sinks folded in through flex's log-sum-exp (on the CPU's
-    compiled kernel, which returns none, as one more key:
-    :func:`posenc.attention.flex.sink_score_mod`);
-    ``(None, None)`` when it cannot run: compilation failed, or ``call.fused_only`` and the
-    scheme has no ``score_mod`` here."""
+    """Flex attention with the scheme's ``score_mod`` where it has a fused form here
+    (:func:`fused_here`), else one reading its materialised bias; soft-capping composed after
+    it, sinks folded in through flex's log-sum-exp (on the CPU's compiled kernel, which
+    returns none, as one more key: :func:`posenc.attention.flex.sink_score_mod`);
+    ``(None, None)`` when compiling failed (warned)."""
     b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
     state, context = call.state, call.context
     score_mod: ScoreMod | None = None
-    if state is not None:
+    if state is not None and fused_here(state, nk):
         score_mod = state.score_mod(q, k)
         if score_mod is None:
-            if call.fused_only:
-                return None, None
-            score_mod = flex.bias_score_mod(state.bias(q, k))  # the kernel reads the bias
+            name = type(state.pe).__name__
+            raise PosencValueError(
+                f"{name}.score_mod returned None where {name}.fused_at says it has a fused "
+                f"form; declare has_score_mod and fused_at as score_mod behaves"
+            )
+    elif state is not None:
+        score_mod = flex.bias_score_mod(state.bias(q, k))  # the kernel reads the bias
     if call.softcap is not None:
         score_mod = flex.softcap_score_mod(score_mod, call.softcap)
     sinks = call.sinks
@@ -315,3 +349,14 @@ def learns(q: Tensor, state: BiasState | None, sinks: Tensor | None = None) -> b
     params = () if state is None else state.pe.parameters()
     sinks_learn = sinks is not None and sinks.requires_grad
     return q.requires_grad or sinks_learn or any(p.requires_grad for p in params)
+
+
+def learns_table(q: Tensor, state: BiasState | None) -> bool:
+    """Whether autograd records through what the bias's fused form reads by index: the
+    scheme's parameters (its tables are made from them), or, for a scheme that reads the
+    queries (Shaw's per-query terms), ``q``."""
+    if state is None or not state.pe.has_score_mod or not torch.is_grad_enabled():
+        return False
+    if state.needs_qk and q.requires_grad:
+        return True
+    return any(p.requires_grad for p in state.pe.parameters())

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..encodings.base import ScoreMod
+from .groups import fold_flex_call, groups_of, unfold_groups
 from .sdpa import kernel_dtype
 
 __all__ = [
@@ -362,13 +363,17 @@ def _flex(
 ) -> Any:
     """``flex_attention``: the output, or ``(output, lse)`` with ``lse`` (the natural-log
     log-sum-exp of each row's scores, ``(b, h, nq)``, fp32; torch converts its kernels'
-    base-2 statistics)."""
+    base-2 statistics). Keys and values with fewer heads than the queries are grouped heads
+    (``enable_gqa``: the compiled kernels read each key/value head for its query heads)."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
+    gqa = q.shape[-3] != k.shape[-3]
     if not lse:
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return flex_attention(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa
+        )
     out, aux = flex_attention(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa,
         return_aux=AuxRequest(lse=True),
     )  # fmt: skip
     return out, aux.lse
@@ -427,9 +432,18 @@ def flex_attention_forward(
         # below one block of queries or keys; the eager reference is right and cheap there
         compile = False
     if not compile:
+        groups = groups_of(q, k, v)
+        if groups > 1:  # grouped heads: folded, so the reference copies no key or value
+            folded = fold_flex_call(q, k.shape[-2], score_mod, block_mask, groups, FLEX_BLOCK_SIZE)
+            q, score_mod, block_mask = folded
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch")
             result = _flex(q, k, v, score_mod, block_mask, scale, lse=lse)
+        if groups > 1 and lse:  # (b, g, G·nq, ·) -> (b, h, nq, ·); the lse (b, g, G·nq)
+            out, rows = result
+            result = unfold_groups(out, groups), unfold_groups(rows[..., None], groups)[..., 0]
+        elif groups > 1:
+            result = unfold_groups(result, groups)
         return _finish(result, sinks, out_dtype)
     key = (
         compile_key(q, k, v),

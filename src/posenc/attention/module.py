@@ -39,6 +39,7 @@ from .backends import (
     Request,
     choose_backend,
     learns,
+    learns_table,
 )
 from .checks import check_attention_pe
 from .config import AttentionConfig
@@ -60,7 +61,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: number of query heads ``h``.
         num_kv_heads: number of key/value heads ``g`` (grouped-query attention, Ainslie et
             al. 2023): each serves ``h / g`` query heads; ``g = 1`` is multi-query attention.
-            Default ``h``. The KV cache stores the ``g`` grouped heads.
+            Default ``h``. The KV cache stores the ``g`` grouped heads, and no backend
+            copies them for the query heads.
         head_dim: size ``d`` of each head (default ``D / h``); queries, keys and values are
             ``h · d`` (``g · d``) wide and the output projection maps ``h · d`` back to ``D``.
         pe: a rotary, bias or none encoding (additive ones belong on the input), or its
@@ -88,10 +90,12 @@ class MultiHeadAttention(nn.Module):
               score_mod are read from a materialised bias. It falls back to ``sdpa`` where
               flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
               backward), a cached decoding step, or a failed compilation (warned once);
-            * ``"auto"``: ``flex`` for a bias scheme with a score_mod (or a document, window
-              or chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
-              always, on the CPU once the bias would hold ``FLEX_AUTO_MIN_ELEMENTS``
-              elements; else ``sdpa``.
+            * ``"auto"``: ``flex`` for a bias scheme with a score_mod here (its
+              ``has_score_mod`` and ``fused_at`` its positions; or a document, window or
+              chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
+              always, except a learned table while training (its gradient would be added
+              atomically per score: ``sdpa`` with the bias materialised), on the CPU once the
+              bias would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
 
             With ``softcap``, ``math`` stands wherever ``sdpa`` would (SDPA cannot cap).
 
@@ -351,7 +355,7 @@ class MultiHeadAttention(nn.Module):
         """:meth:`attend` on a checked ``x`` and mask: project, apply the position state,
         join the cache, share key/value heads, choose a backend and run it."""
         b, n, _ = x.shape
-        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        h, d = self.num_heads, self.head_dim
         q, k, v = self._project(x)  # (b, h, n, d); k, v (b, g, n, d)
         # a StreamingCache holds keys before rotation: every key is rotated once read
         at_read = context is not None and context.keys_at_read
@@ -365,8 +369,9 @@ class MultiHeadAttention(nn.Module):
         if self.query_scale is not None:
             assert context is not None  # forward made one: reads_positions
             q = self.query_scale.apply(q, context.positions)
-        if g != h:  # each key/value head serves h / g query heads: (b, g, nk, d) -> (b, h, ...)
-            k, v = (t.repeat_interleave(h // g, dim=1) for t in (k, v))
+        # k, v keep their g heads (b, g, nk, d): each backend serves a key/value head to its
+        # h / g query heads without copying it (SDPA's and flex's enable_gqa, or the query
+        # groups folded into the query axis)
         call = AttentionCall(
             batch=b,
             nq=n,
@@ -382,9 +387,9 @@ class MultiHeadAttention(nn.Module):
             softcap=self.softcap,
             sinks=self.sinks,
         )
-        backend, call.fused_only = choose_backend(self._request(q, k, call, need_weights))
+        backend = choose_backend(self._request(q, k, call, need_weights))
         out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
-        if out is None:  # flex could not run here (warned where it matters)
+        if out is None:  # compiling flex failed for this shape (warned once)
             backend = Backend.SDPA if self.softcap is None else Backend.MATH
             out, weights = BACKEND_FUNCTIONS[backend](q, k, v, call)
         assert out is not None
@@ -423,9 +428,10 @@ class MultiHeadAttention(nn.Module):
             heads=self.num_heads,
             nq=q.shape[-2],
             nk=k.shape[-2],
-            bias=Request.kind_of(call.state),
+            bias=Request.kind_of(call.state, k.shape[-2]),
             mask=call.mask_kind(),
             grad=learns(q, call.state, self.sinks),
+            table_grad=learns_table(q, call.state),
             dropout=call.dropout_p > 0.0,
             need_weights=need_weights,
             compile_flex=self.compile_flex,

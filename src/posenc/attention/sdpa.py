@@ -3,7 +3,13 @@ attention: the teaching version written out step by step (backend ``math``, and 
 weights are needed), and PyTorch's fused ``scaled_dot_product_attention`` with posenc's boolean
 mask and logit bias folded into one additive mask (backend ``sdpa``).
 
-Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` queries and keys, ``d`` head dim.
+Both take keys and values with fewer heads than the queries (grouped-query attention: ``g``
+key/value heads, each serving ``G = h / g`` query heads) without copying them: the query
+groups are folded into the query axis, ``(b, h, nq, d) -> (b, g, G·nq, d)``, for the products,
+or SDPA's ``enable_gqa`` serves them where its kernel does so itself.
+
+Dimension legend: ``b`` batch, ``h`` heads, ``g`` key/value heads, ``G = h / g``,
+``nq``/``nk`` queries and keys, ``d`` head dim.
 """
 
 from __future__ import annotations
@@ -18,8 +24,15 @@ from torch import Tensor
 
 from ..encodings.checks import check_probability, compute_dtype
 from ..errors import PosencTypeError, PosencValueError, check_bytes
+from .groups import fold_groups, groups_of, unfold_groups
 
-__all__ = ["autocast_off", "fused_attention", "kernel_dtype", "scaled_dot_product_attention"]
+__all__ = [
+    "autocast_off",
+    "folds_groups",
+    "fused_attention",
+    "kernel_dtype",
+    "scaled_dot_product_attention",
+]
 
 
 def kernel_dtype(t: Tensor) -> torch.dtype:
@@ -51,7 +64,10 @@ def scaled_dot_product_attention(
     The teaching version of attention (Vaswani et al. 2017, eq. 1), written out step by step.
 
     Args:
-        q: ``(..., nq, d)``; k: ``(..., nk, d)``; v: ``(..., nk, dv)``.
+        q: ``(..., nq, d)``; k: ``(..., nk, d)``; v: ``(..., nk, dv)``. With a head axis,
+            ``q`` ``(..., h, nq, d)`` and ``k``, ``v`` ``(..., g, nk, ·)`` for any ``g``
+            dividing ``h`` (grouped heads: query head ``i`` reads key/value head
+            ``i // (h / g)``), never copied.
         mask: broadcastable to ``(..., nq, nk)``; nonzero/True where attending is allowed.
             Masked logits become the dtype's most negative finite value (not ``-1e9``, which
             overflows in float16), so a fully masked row gives uniform weights, never NaN.
@@ -84,6 +100,7 @@ def scaled_dot_product_attention(
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     dropout_p = check_probability("dropout_p", dropout_p)
+    groups = groups_of(q, k, v)
     if sinks is not None and (q.dim() < 3 or tuple(sinks.shape) != (q.shape[-3],)):
         raise PosencValueError(
             f"sinks must have one entry per head of q (..., h, nq, d): q {tuple(q.shape)}, "
@@ -92,7 +109,8 @@ def scaled_dot_product_attention(
     out_dtype = q.dtype
     work = compute_dtype(q.dtype)
     if not torch.compiler.is_compiling():  # symbolic sizes there
-        lead = math.prod(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+        heads = q.shape[:-2] if groups > 1 else k.shape[:-2]
+        lead = math.prod(torch.broadcast_shapes(q.shape[:-2], heads))
         nq, nk = q.shape[-2], k.shape[-2]
         check_bytes(
             "q x k",
@@ -103,7 +121,11 @@ def scaled_dot_product_attention(
     with autocast_off(q.device):
         products = kernel_dtype(q)
         q, k, v = q.to(products), k.to(products), v.to(products)
-        scores = (q @ k.transpose(-2, -1)).to(work)  # (..., nq, nk)
+        if groups == 1:
+            scores = (q @ k.transpose(-2, -1)).to(work)  # (..., nq, nk)
+        else:  # (..., g, G·nq, d) @ (..., g, d, nk): the keys read in place
+            scores = unfold_groups(fold_groups(q, groups) @ k.transpose(-2, -1), groups)
+            scores = scores.to(work)  # (..., h, nq, nk)
         scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
         if bias is not None:
             scores = scores + bias.to(work)
@@ -118,7 +140,11 @@ def scaled_dot_product_attention(
             weights = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
         if dropout_p > 0.0:
             weights = F.dropout(weights, p=dropout_p)
-        return (weights.to(products) @ v).to(out_dtype), weights.to(out_dtype)
+        if groups == 1:
+            out = weights.to(products) @ v  # (..., nq, dv)
+        else:  # (..., g, G·nq, nk) @ (..., g, nk, dv): the values read in place
+            out = unfold_groups(fold_groups(weights.to(products), groups) @ v, groups)
+        return out.to(out_dtype), weights.to(out_dtype)
 
 
 def autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
@@ -159,12 +185,24 @@ def fused_attention(
     ``q``, ``k`` and ``v`` enter the kernel in :func:`kernel_dtype`: on a GPU bf16/fp16 stay
     bf16/fp16 and the additive mask is rounded to that dtype (SDPA takes its float mask in
     the query's dtype; the bias is formed in fp32 and rounded once, its only loss), on the
-    CPU they are computed in fp32."""
+    CPU they are computed in fp32.
+
+    Grouped heads (``k``, ``v`` with ``g`` heads dividing ``q``'s ``h``) are never copied:
+    SDPA's ``enable_gqa`` serves them where no additive mask is needed, and on the CPU with
+    one (its fused kernel takes both); elsewhere (:func:`folds_groups`: on CUDA, SDPA with
+    ``enable_gqa`` and a mask runs its math kernel, which repeats the keys and values) the
+    query groups are folded into the query axis, ``(b, g, G·nq, d)``, and the additive mask
+    with them (a mask of ``G · nq`` rows, made once per forward as the mask is)."""
+    groups = groups_of(q, k, v)
+    gqa = {"enable_gqa": True} if groups > 1 else {}
     if sinks is None and bias is None and mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=scale, **gqa)
     if sinks is None and bias is None and plain_causal:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=p, is_causal=True, scale=scale, **gqa
+        )
     work = kernel_dtype(q)
+    fold = groups > 1 and folds_groups(q.device)
 
     def additive_mask() -> Tensor:  # (b|1, h|1, nq|1, nk), or (b|1, h, nq|1, nk + 1) with sinks
         b, h, nq, _ = q.shape
@@ -190,18 +228,32 @@ def fused_attention(
             rows, _, queries, _ = additive.shape
             column = sinks.to(exact).view(1, h, 1, 1).expand(rows, h, queries, 1)
             additive = torch.cat([additive.expand(rows, h, queries, nk), column], dim=-1)
+        if fold:  # (B, h, nq, ·) -> (B, g, G·nq, ·), the rows of the folded queries
+            additive = additive.expand(additive.shape[0], h, nq, additive.shape[-1])
+            additive = fold_groups(additive, groups)
         return additive.to(work)
 
     additive = additive_mask() if keep is None or sinks is not None else keep(additive_mask)
-    if sinks is not None:  # the sink's key and value: zeros, (b, h, 1, d)
+    if sinks is not None:  # the sink's key and value: zeros, (b, g, 1, d)
         k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
         v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
     # autocast off: it would round the float32 mask to half precision, where its most negative
     # value becomes -inf and a fully masked row zeros instead of uniform weights
+    out_dtype, queries = q.dtype, q
+    if fold:  # (b, h, nq, d) -> (b, g, G·nq, d): the keys and values read as they are
+        queries, gqa = fold_groups(q, groups), {}
     with autocast_off(q.device):
-        if work != q.dtype:
-            out = F.scaled_dot_product_attention(
-                q.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p, scale=scale
-            )
-            return out.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, dropout_p=p, scale=scale)
+        out = F.scaled_dot_product_attention(
+            queries.to(work), k.to(work), v.to(work), attn_mask=additive, dropout_p=p,
+            scale=scale, **gqa,
+        )  # fmt: skip
+    out = out.to(out_dtype)
+    return unfold_groups(out, groups) if fold else out  # (b, h, nq, d)
+
+
+def folds_groups(device: torch.device) -> bool:
+    """Whether :func:`fused_attention` folds the query groups into the query axis when it
+    needs an additive mask (rather than SDPA's ``enable_gqa``): everywhere but the CPU, whose
+    fused kernel takes grouped heads and a mask together (CUDA's do not: its math kernel
+    would run, repeating the keys and values)."""
+    return device.type != "cpu"

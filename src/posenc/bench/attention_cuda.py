@@ -109,7 +109,7 @@ def fused_schemes() -> list[str]:
         cls = entry(name).cls
         if not issubclass(cls, BiasEncoding) or cls.axes != 1:
             continue
-        if cls.score_mod is not BiasEncoding.score_mod:
+        if cls.has_score_mod:
             names.append(name)
     return names
 

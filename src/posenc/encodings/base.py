@@ -270,9 +270,24 @@ class BiasEncoding(PositionalEncoding):
         k: Tensor | None = None,
     ) -> ScoreMod | None:
         """A flex_attention ``score_mod`` adding the bias without materialising it, or ``None``
-        when the scheme cannot express itself that way (attention then materialises ``bias``).
-        ``q``/``k`` arrive as for :meth:`bias`; schemes that do not need them ignore them."""
+        when the scheme cannot express itself that way (exactly where :meth:`fused_at` is
+        false). ``q``/``k`` arrive as for :meth:`bias`; schemes that do not need them ignore
+        them."""
         return None
+
+    #: Whether the scheme has a fused form: a :meth:`score_mod` that adds the bias inside
+    #: flex_attention's kernel. Attention chooses its backend from this declaration (and
+    #: :meth:`fused_at`), before any bias or score_mod is made; a scheme that implements
+    #: :meth:`score_mod` sets it to True.
+    has_score_mod: ClassVar[bool] = False
+
+    def fused_at(self, q_positions: Tensor, k_positions: Tensor) -> bool:
+        """Whether :meth:`score_mod` returns a fused form at these positions: by default
+        :attr:`has_score_mod` with at least one query and one key. A scheme whose fused form
+        needs more (a table by distance needs whole-number positions) narrows it; positions
+        it refuses altogether count as fused (its :meth:`score_mod` raises as :meth:`bias`
+        does)."""
+        return self.has_score_mod and q_positions.numel() > 0 and k_positions.numel() > 0
 
     #: True when attention must also add :meth:`value_term` to its output (Shaw et al. 2018's
     #: value-side term); attention then computes the weights explicitly. May be set per instance.

@@ -72,7 +72,8 @@ def test_score_mod_values_and_gradients_equal_the_bias(name: str, where: str) ->
     mod = pe.score_mod(positions, positions, q=q, k=k)
     if mod is None:  # only a table by distance, which fractional positions cannot index
         assert where == "fractional" and not FACTS[name].integer_positions
-        assert type(pe).score_mod is DistanceBias.score_mod
+        assert isinstance(pe, DistanceBias) and pe.table_score_mod
+        assert not pe.fused_at(positions, positions)  # declared: attention materialises it
         return
     got = _on_grid(mod, 2, 4, 9)
     want = pe.bias(positions, positions, q=q, k=k).expand(2, 4, 9, 9)

@@ -149,6 +149,9 @@ class ALiBi(DistanceBias):
         zero = torch.zeros((), dtype=distance.dtype, device=distance.device)
         return torch.addcmul(zero, slopes, d, value=-1)
 
+    #: the fused form computes ``-m_h · |d|`` in the kernel: any positions, no table
+    table_score_mod: ClassVar[bool] = False
+
     def score_mod(
         self,
         q_positions: Tensor,

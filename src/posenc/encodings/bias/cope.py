@@ -54,6 +54,7 @@ class CoPE(BiasEncoding):
 
     paper: ClassVar[str] = "Golovneva et al. 2024, Contextual Position Encoding (CoPE), eqs. 3-5"
     needs_qk: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = False  # counts are cumulative sums over the keys
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int = 64) -> None:
         super().__init__()
@@ -69,8 +70,13 @@ class CoPE(BiasEncoding):
     def counts(self, q: Tensor, k: Tensor) -> Tensor:
         """The contextual positions ``p_ij`` (eq. 4, clamped to ``P - 1``): ``(b, h, nq, nk)``.
         With fewer queries than keys (a cached call) the queries are the last ``nq`` tokens
-        of the ``nk``: query ``i`` sits at key index ``i + nk - nq``."""
-        gates = torch.sigmoid(q @ k.transpose(-2, -1))  # (b, h, nq, nk), eq. 3
+        of the ``nk``: query ``i`` sits at key index ``i + nk - nq``. ``k`` may hold grouped
+        heads, ``g`` dividing ``h`` (key head ``i // (h / g)`` serves query head ``i``): the
+        query groups are folded into the query axis, so the keys are read in place."""
+        b, h, nq, d = q.shape
+        g = k.shape[1]
+        folded = q.reshape(b, g, h // g * nq, d)  # (b, g, G·nq, d)
+        gates = torch.sigmoid(folded @ k.transpose(-2, -1)).view(b, h, nq, -1)  # eq. 3
         nq, nk = gates.shape[-2:]
         at = torch.ones(nq, nk, dtype=torch.bool, device=gates.device)
         keep_past = at.tril(nk - nq)  # key j at or before query i
@@ -101,9 +107,14 @@ class CoPE(BiasEncoding):
                     f"CoPE needs {name} as a floating-point torch.Tensor, "
                     f"got {getattr(t, 'dtype', type(t).__name__)}"
                 )
-            if t.dim() != 4 or t.shape[1] != self.num_heads or t.shape[-1] != self.head_dim:
+            heads = t.dim() == 4 and (
+                t.shape[1] == self.num_heads
+                or (name == "k" and t.shape[1] and self.num_heads % t.shape[1] == 0)
+            )
+            if not heads or t.shape[-1] != self.head_dim:
+                grouped = " or g dividing h" if name == "k" else ""
                 raise PosencValueError(
-                    f"CoPE expects {name} of shape (b, h={self.num_heads}, n, "
+                    f"CoPE expects {name} of shape (b, h={self.num_heads}{grouped}, n, "
                     f"d={self.head_dim}), got {tuple(t.shape)}"
                 )
         nq, nk = q.shape[2], k.shape[2]

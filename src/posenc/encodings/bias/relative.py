@@ -176,6 +176,7 @@ class FIRE(BiasEncoding):
     """
 
     paper: ClassVar[str] = "Li et al. 2024, FIRE (ICLR), arXiv:2310.04418"
+    has_score_mod: ClassVar[bool] = True  # at any positions (fractional ones in the kernel)
 
     def __init__(
         self, num_heads: int, *, mlp_dim: int = 32, c: float = 1.0, threshold: float = 512.0

@@ -46,7 +46,8 @@ def _check_qk(
     name: str = "q",
     seq: int | None = None,
 ) -> None:
-    """``q`` (or ``k``): a floating ``(b, num_heads, seq, head_dim)`` tensor."""
+    """``q`` (or ``k``): a floating ``(b, num_heads, seq, head_dim)`` tensor (``k`` may hold
+    grouped heads: any number ``g`` dividing ``num_heads``)."""
     if not isinstance(q, Tensor):
         raise PosencTypeError(f"{scheme} needs {name} as a torch.Tensor, got {type(q).__name__}")
     if not q.is_floating_point():
@@ -55,9 +56,13 @@ def _check_qk(
         raise PosencValueError(
             f"{scheme}: {name} has {q.shape[2]} positions but its positions hold {seq}"
         )
-    if q.dim() != 4 or q.shape[1] != num_heads or q.shape[-1] != head_dim:
+    heads_ok = q.dim() == 4 and (
+        q.shape[1] == num_heads or (name == "k" and q.shape[1] and num_heads % q.shape[1] == 0)
+    )
+    if not heads_ok or q.shape[-1] != head_dim:
+        grouped = " or g dividing h" if name == "k" else ""
         raise PosencValueError(
-            f"{scheme} expects {name} of shape (b, h={num_heads}, n, d={head_dim}), "
+            f"{scheme} expects {name} of shape (b, h={num_heads}{grouped}, n, d={head_dim}), "
             f"got {tuple(q.shape)}"
         )
 
@@ -89,6 +94,7 @@ class ShawRelativeBias(BiasEncoding):
 
     paper: ClassVar[str] = "Shaw et al. 2018, Self-Attention with Relative Position Representations"
     needs_qk: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = True  # given the queries, as attention always gives them
 
     def __init__(
         self, num_heads: int, head_dim: int, *, max_distance: int = 16, values: bool = False
@@ -224,6 +230,7 @@ class TransformerXLRelativeBias(BiasEncoding):
 
     paper: ClassVar[str] = "Dai et al. 2019, Transformer-XL, §3.3"
     needs_qk: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = False  # terms (b) + (d): one value per query and distance
 
     def __init__(
         self, num_heads: int, head_dim: int, *, rel_dim: int | None = None, base: float = 10000.0
@@ -259,7 +266,8 @@ class TransformerXLRelativeBias(BiasEncoding):
         q: Tensor | None = None,
         k: Tensor | None = None,
     ) -> Tensor:
-        """``(b, h, nq, nk)``; needs ``q`` and ``k``."""
+        """``(b, h, nq, nk)``; needs ``q`` and ``k`` (``k`` with ``h`` heads, or grouped: ``g``
+        dividing ``h``, key head ``i // (h / g)`` serving query head ``i``)."""
         q, k = (
             _need("q", q, "TransformerXLRelativeBias"),
             _need("k", k, "TransformerXLRelativeBias"),
@@ -284,7 +292,9 @@ class TransformerXLRelativeBias(BiasEncoding):
         r = self.relative_keys(torch.arange(lo, hi + 1, device=q.device), work)  # (h, R, d)
         qv = q.to(work) + self.v.to(work).unsqueeze(1)  # (b, h, nq, d)
         bd = torch.einsum("bhid,hrd->bhir", qv, r)  # (b, h, nq, R): terms (b) + (d)
-        c = torch.einsum("hd,bhjd->bhj", self.u.to(work), k.to(work))  # (b, h, nk): term (c)
+        g = k.shape[1]  # key heads: grouped heads read in place, never repeated
+        u = self.u.to(work).view(g, self.num_heads // g, self.head_dim)  # (g, G, d)
+        c = torch.einsum("gGd,bgjd->bgGj", u, k.to(work)).flatten(1, 2)  # (b, h, nk): term (c)
         index = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)) - lo  # (nq, nk) | (b, nq, nk)
         b, h, nq, _ = bd.shape
         nk = k.shape[2]

@@ -71,6 +71,7 @@ class GridBias(BiasEncoding):
 
     axes: ClassVar[int] = 2
     integer_positions: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = True  # a table by offset, read once per score
     cls_token: bool = False
 
     # ------------------------------------------------------------------ positions
