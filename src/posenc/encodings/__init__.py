@@ -16,6 +16,8 @@ from .absolute import (
 from .bias import (  # noqa: F401
     alibi,
     cope,
+    fox,
+    inkling,
     relative,
     relative_qk,
     sandwich,

@@ -228,6 +228,10 @@ class BiasEncoding(PositionalEncoding):
     num_heads: int
     #: True when ``bias`` reads the queries or keys (Transformer-XL, Shaw, CoPE).
     needs_qk: ClassVar[bool] = False
+    #: True when ``bias`` and ``score_mod`` read the attention layer's input ``x`` ``(b, n, D)``
+    #: of the new tokens, as ``x=`` (data-dependent biases: FoX, Inkling); attention hands it
+    #: over through :meth:`~posenc.encodings.state.BiasState.reading`.
+    needs_x: ClassVar[bool] = False
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> BiasEncoding:
