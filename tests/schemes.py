@@ -90,6 +90,7 @@ FACTS: dict[str, Facts] = {
     "rope2d": Facts(_head_dim, relative=True),
     "rope3d": Facts(_head_dim, relative=True),
     "pope": Facts(_heads_and_head_dim, relative=True),
+    "fope": Facts(_head_dim, head_dim_multiple=2),  # mixed tables: not a rotation
     "alibi": Facts(_heads, relative=True, score_mod=True),
     "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "kerple": Facts(_heads, relative=True, score_mod=True),
@@ -99,6 +100,7 @@ FACTS: dict[str, Facts] = {
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
+    "deberta": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "fox": Facts(_width_and_heads, relative=True, score_mod=True),  # sums gates by token
     "inkling": Facts(_width_and_heads, integer_positions=True, relative=True, score_mod=True),
     "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),

@@ -16,6 +16,7 @@ from .absolute import (
 from .bias import (  # noqa: F401
     alibi,
     cope,
+    deberta,
     fox,
     inkling,
     relative,
@@ -23,4 +24,4 @@ from .bias import (  # noqa: F401
     sandwich,
     t5,
 )
-from .rotary import multimodal, pope, rope  # noqa: F401
+from .rotary import fope, multimodal, pope, rope  # noqa: F401
