@@ -75,6 +75,8 @@ class Facts:
     score_mod: bool = False
     #: The head size must be a multiple of this (rotary schemes: pairs over their axes).
     head_dim_multiple: int = 1
+    #: A StreamingCache takes it (exact at in-cache positions); else it refuses by name.
+    streams: bool = True
 
 
 FACTS: dict[str, Facts] = {
@@ -101,7 +103,8 @@ FACTS: dict[str, Facts] = {
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
     "deberta": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
-    "fox": Facts(_width_and_heads, relative=True, score_mod=True),  # sums gates by token
+    # sums the gates of the tokens between key and query: a StreamingCache evicts some
+    "fox": Facts(_width_and_heads, relative=True, score_mod=True, streams=False),
     "inkling": Facts(_width_and_heads, integer_positions=True, relative=True, score_mod=True),
     "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "swinv2-cpb": Facts(_heads, integer_positions=True, relative=True, score_mod=True),

@@ -35,6 +35,9 @@ from .encodings.base import (
 )
 from .encodings.bias.alibi import ALiBi, alibi_slopes
 from .encodings.bias.cope import CoPE
+from .encodings.bias.deberta import DeBERTa
+from .encodings.bias.fox import FoX
+from .encodings.bias.inkling import Inkling
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
 from .encodings.bias.sandwich import Sandwich
@@ -49,6 +52,7 @@ from .encodings.rope_types.registry import (
     validate_rope_scaling,
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
+from .encodings.rotary.fope import FoPE
 from .encodings.rotary.functional import rotary_embedding, rotary_embedding_qk
 from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from .encodings.rotary.multimodal import MultimodalRotaryEmbedding
@@ -79,8 +83,12 @@ from .sequence.streaming import StreamingCache
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeBERTa",
     "FAMILIES",
     "FIRE",
+    "FoPE",
+    "FoX",
+    "Inkling",
     "KERPLE",
     "ROPE_TYPES",
     "ALiBi",

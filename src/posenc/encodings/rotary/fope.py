@@ -99,8 +99,10 @@ class FoPE(RotaryEncoding):
             raise PosencTypeError(f"init_std must be a number, got {type(init_std).__name__}")
         if not (math.isfinite(init_std) and init_std >= 0):
             raise PosencValueError(f"init_std must be finite and >= 0, got {init_std}")
-        self.register_buffer("inv_freq", self._inv_freq(device), persistent=False)
-        kept = self.inv_freq.shape[0]
+        kept_freq = self._inv_freq("cpu")  # (a meta device cannot count the kept ones)
+        kept = kept_freq.shape[0]
+        inv_freq = torch.empty(kept, dtype=torch.float64, device=device).copy_(kept_freq)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         if kept == 0:
             raise PosencValueError(
                 f"FoPE keeps no frequency: every period of head_dim={head_dim}, base={base:g} "
