@@ -35,6 +35,7 @@ from ..registry import register
 from .common import (
     check_bias_bytes,
     check_pair_positions,
+    distance_range,
     gather_fn,
     require_integral,
     work_dtype,
@@ -46,16 +47,25 @@ __all__ = ["DeBERTa", "log_bucket_position"]
 TERMS = ("c2p", "p2c")
 
 
-def log_bucket_position(relative: Tensor, buckets: int, max_position: int) -> Tensor:
+def _log_top(buckets: int, max_position: int) -> float:
+    """``log((max_position - 1) / (buckets / 2))`` rounded to float32, as transformers forms it,
+    held as a Python float (a compiled score_mod then makes no tensor)."""
+    return float(torch.log(torch.tensor((max_position - 1) / (buckets // 2))))
+
+
+def log_bucket_position(
+    relative: Tensor, buckets: int, max_position: int, *, log_top: float | None = None
+) -> Tensor:
     """DeBERTa-v2's log buckets of ``relative`` (int64): distances under ``buckets / 2`` kept,
-    longer ones on a log scale that reaches ``buckets / 2 - 1`` more at ``max_position``."""
+    longer ones on a log scale that reaches ``buckets / 2 - 1`` more at ``max_position``.
+    ``log_top``: :func:`_log_top` of the two sizes, when already known."""
     sign = torch.sign(relative)
     mid = buckets // 2
     near = (relative < mid) & (relative > -mid)
     size = torch.where(near, torch.full_like(relative, mid - 1), relative.abs())
     # in float32, as transformers computes it: a bucket edge rounds as there
-    top = torch.tensor((max_position - 1) / mid, dtype=torch.float32, device=relative.device)
-    ratio = torch.log(size.float() / mid) / torch.log(top)
+    top = _log_top(buckets, max_position) if log_top is None else log_top
+    ratio = torch.log(size.float() / mid) / top
     far = torch.ceil(ratio * (mid - 1)) + mid
     return torch.where(size <= mid, relative.float(), far * sign).long()
 
@@ -118,6 +128,9 @@ class DeBERTa(BiasEncoding):
                 f"position_buckets={position_buckets}"
             )
         self.position_buckets = position_buckets
+        self._log_top = (
+            _log_top(position_buckets, max_relative_positions) if position_buckets > 0 else 0.0
+        )
         if isinstance(terms, str) or not set(terms) <= set(TERMS) or not terms:
             raise PosencValueError(f"terms must be a non-empty subset of {TERMS}, got {terms!r}")
         self.terms = tuple(t for t in TERMS if t in terms)
@@ -145,7 +158,7 @@ class DeBERTa(BiasEncoding):
         """``δ`` of ``relative = i - j`` (int64): bucketed (v2) and clipped to ``0 .. 2k - 1``."""
         if self.position_buckets > 0:
             relative = log_bucket_position(
-                relative, self.position_buckets, self.max_relative_positions
+                relative, self.position_buckets, self.max_relative_positions, log_top=self._log_top
             )
         return (relative + self.span).clamp(0, 2 * self.span - 1)
 
@@ -217,14 +230,20 @@ class DeBERTa(BiasEncoding):
         q: Tensor | None = None,
         k: Tensor | None = None,
     ) -> ScoreMod | None:
-        """Adds ``c2p[b, h, i, δ] + p2c[b, h, j, δ]`` inside the kernel, ``δ`` from the
-        positions (bucketed as :meth:`index` does)."""
+        """Adds ``c2p[b, h, i, δ] + p2c[b, h, j, δ]`` inside the kernel, ``δ`` read from a
+        table over the distances ``i - j`` that occur (bucketed as :meth:`index` does)."""
         q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k)
-        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long())
-        index = self.index
+        if not (q_pos.numel() and k_pos.numel()):
+            return None
+        near, far = distance_range(q_pos, k_pos)
+        distances = torch.arange(near, far + 1, device=q_pos.device)
+        lookup = self.index(distances) - lo  # (R,): the tiles' column of each distance
+        at_q, at_k = gather_fn(q_pos.long() - near), gather_fn(k_pos.long())
+        last = far - near
 
         def disentangled(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
-            delta = index(at_q(b, q_idx) - at_k(b, kv_idx)) - lo
+            # (clamped: a kernel may evaluate padded indices outside every real pair's range)
+            delta = lookup[(at_q(b, q_idx) - at_k(b, kv_idx)).clamp(0, last)]
             term = torch.zeros_like(score)
             if c2p is not None:
                 term = term + c2p[b, h, q_idx, delta].to(score.dtype)
