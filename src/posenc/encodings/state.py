@@ -68,8 +68,9 @@ class BiasState(PositionState):
         self.pe, self.positions = pe, positions
         self.key_positions = positions if key_positions is None else key_positions
         self._kept: list[tuple[tuple[Any, ...], Any]] = []  # see keep()
-        #: The layer input a data-dependent bias reads (set by :meth:`reading`).
+        #: The layer input a data-dependent bias reads, and the layer (set by :meth:`reading`).
         self.x: Tensor | None = None
+        self.layer: nn.Module | None = None
 
     @property
     def needs_qk(self) -> bool:
@@ -77,16 +78,18 @@ class BiasState(PositionState):
 
     @property
     def per_layer(self) -> bool:
-        """Whether the bias is made anew in every layer (it reads ``q``, ``k`` or ``x``)."""
-        return self.pe.needs_qk or self.pe.needs_x
+        """Whether the bias is made anew in every layer (it reads ``q``, ``k``, ``x`` or the
+        layer)."""
+        return self.pe.needs_qk or self.pe.needs_x or self.pe.needs_layer
 
     def reading(self, x: Tensor, layer: nn.Module, *, streaming: bool = False) -> BiasState:
         """This state for one attention ``layer`` whose input is ``x`` ``(b, n, D)``, the new
-        tokens: a copy that hands ``x`` to a scheme that reads it (``needs_x``). ``streaming``:
+        tokens: a copy that hands ``x`` (and the layer) to a scheme that reads it (``needs_x``,
+        ``needs_layer``). ``streaming``:
         the forward joins a :class:`~posenc.StreamingCache` (a scheme whose bias reads what
         such a cache evicts refuses here)."""
         state = copy.copy(self)
-        state.x, state._kept = x, []
+        state.x, state.layer, state._kept = x, layer, []
         return state
 
     @property
@@ -108,6 +111,8 @@ class BiasState(PositionState):
         reads: dict[str, Any] = {"q": q, "k": k} if self.pe.needs_qk else {}
         if self.pe.needs_x:
             reads["x"] = self.x
+        if self.pe.needs_layer:
+            reads["layer"] = self.layer
         key = (hook, k.shape[-2])
         return self.keep(key, lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
 

@@ -98,6 +98,55 @@ def test_deberta_v2_matches_transformers(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_deberta_v3_shared_keys_and_normed_embeddings_match_transformers(backend: str) -> None:
+    """DeBERTa-v3's settings: ``share_att_key`` (the layer's own query and key projections
+    project ``P``), log buckets, ``P`` layer-normed as ``DebertaV2Encoder`` norms it."""
+    config = DebertaV2Config(
+        hidden_size=D, num_attention_heads=H, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_buckets=4, max_relative_positions=6,
+        share_att_key=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        layer_norm_eps=1e-7,
+    )  # fmt: skip
+    torch.manual_seed(2)
+    peer = DisentangledSelfAttention(config)
+    pe = DeBERTa(
+        H, D // H, max_relative_positions=6, position_buckets=4, norm=True, share_att_key=True
+    )
+    assert pe.pos_key is None and pe.pos_query is None and pe.needs_layer
+    with torch.no_grad():
+        pe.rel_embeddings.normal_()
+        pe.norm.weight.uniform_(0.5, 1.5)
+        pe.norm.bias.normal_()
+    attn = _attention(pe, backend)
+    with torch.no_grad():
+        for part in ("weight", "bias"):
+            fused = torch.cat([getattr(getattr(peer, f"{n}_proj"), part)
+                               for n in ("query", "key", "value")])  # fmt: skip
+            getattr(attn.qkv, part).copy_(fused)
+    x = torch.randn(2, N, D, requires_grad=True)
+    mask = torch.ones(2, 1, N, N, dtype=torch.bool)
+
+    def peer_call(t: torch.Tensor) -> torch.Tensor:
+        normed = torch.nn.functional.layer_norm(
+            pe.rel_embeddings, (D,), pe.norm.weight, pe.norm.bias, 1e-7
+        )
+        return peer(t, mask, rel_embeddings=normed)[0]
+
+    got = attn(x)
+    assert _relative_error(got, peer_call(x)) <= 2e-5, attn.last_backend
+    weight = torch.randn_like(got)
+    ours = torch.autograd.grad((got * weight).sum(), [x, pe.rel_embeddings, attn.qkv.weight])
+    want = peer_call(x)
+    theirs = torch.autograd.grad(
+        (want * weight).sum(), [x, pe.rel_embeddings, peer.query_proj.weight, peer.key_proj.weight]
+    )
+    assert _relative_error(ours[0], theirs[0]) <= 2e-5
+    assert _relative_error(ours[1], theirs[1]) <= 2e-5
+    assert _relative_error(ours[2][:D], theirs[2]) <= 2e-5
+    assert _relative_error(ours[2][D : 2 * D], theirs[3]) <= 2e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_deberta_v1_matches_transformers(backend: str) -> None:
     config = DebertaConfig(
         hidden_size=D, num_attention_heads=H, relative_attention=True,
@@ -168,6 +217,9 @@ MISUSE = [
     Misuse("no-k", lambda: DeBERTa(2, 4).bias(torch.arange(3), torch.arange(3),
                                                q=torch.randn(1, 2, 3, 4)), ValueError, "k=",
            "(b, h, n, d)"),
+    Misuse("no-layer", lambda: DeBERTa(2, 4, share_att_key=True).bias(
+        torch.arange(3), torch.arange(3), q=torch.randn(1, 2, 3, 4), k=torch.randn(1, 2, 3, 4)),
+        ValueError, "layer=", "NoneType"),
     Misuse("fractional", lambda: DeBERTa(2, 4).bias(torch.tensor([0.5]), torch.arange(3)),
            ValueError, "q_positions", 0.5),
 ]  # fmt: skip

@@ -93,6 +93,10 @@ class DeBERTa(BiasEncoding):
         key_bias: a bias in ``W_{k,r}`` (v2's ``pos_key_proj``; v1's ``pos_proj`` has none).
         norm: a LayerNorm on ``P`` before the projections (v2's ``norm_rel_ebd="layer_norm"``).
         layer_norm_eps: that LayerNorm's epsilon.
+        share_att_key: project ``P`` with each attention layer's own query and key projections
+            (DeBERTa-v2's ``share_att_key``, as in DeBERTa-v3) instead of ``W_{q,r}`` and
+            ``W_{k,r}``: the bias then reads the layer (``needs_layer``; ``D`` must be the
+            layer's width, without grouped key/value heads).
     """
 
     paper: ClassVar[str] = "He et al. 2021, DeBERTa: disentangled attention, ICLR"
@@ -110,6 +114,7 @@ class DeBERTa(BiasEncoding):
         key_bias: bool = True,
         norm: bool = False,
         layer_norm_eps: float = 1e-7,
+        share_att_key: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
@@ -140,9 +145,14 @@ class DeBERTa(BiasEncoding):
         #: ``P``, the relative embeddings ``(2k, D)``.
         self.rel_embeddings = nn.Parameter(torch.randn(2 * self.span, self.dim) * 0.02)
         self.norm = nn.LayerNorm(self.dim, eps=layer_norm_eps) if norm else None
+        self.share_att_key = check_bool("share_att_key", share_att_key)
+        self.needs_layer = self.share_att_key
         width = num_heads * head_dim
-        self.pos_key = nn.Linear(self.dim, width, bias=key_bias) if "c2p" in self.terms else None
-        self.pos_query = nn.Linear(self.dim, width) if "p2c" in self.terms else None
+        own = not self.share_att_key
+        self.pos_key = (
+            nn.Linear(self.dim, width, bias=key_bias) if own and "c2p" in self.terms else None
+        )
+        self.pos_query = nn.Linear(self.dim, width) if own and "p2c" in self.terms else None
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> DeBERTa:
@@ -162,8 +172,48 @@ class DeBERTa(BiasEncoding):
             )
         return (relative + self.span).clamp(0, 2 * self.span - 1)
 
+    def _projections(
+        self, table: Tensor, layer: nn.Module | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``K^r`` and ``Q^r`` of the rows ``table`` ``(m, D)``, each ``(h, m, d)`` (``None``
+        for a term not used): the scheme's own projections, or ``layer``'s."""
+        h, d = self.num_heads, self.head_dim
+        if not self.share_att_key:
+            keys = queries = None
+            if self.pos_key is not None:
+                keys = self.pos_key(table.to(self.pos_key.weight.dtype))
+            if self.pos_query is not None:
+                queries = self.pos_query(table.to(self.pos_query.weight.dtype))
+        else:
+            qkv = getattr(layer, "qkv", None)
+            if not isinstance(qkv, nn.Linear):
+                raise PosencValueError(
+                    "DeBERTa(share_att_key=True) needs layer= (the MultiHeadAttention whose "
+                    f"query and key projections it shares), got {type(layer).__name__}"
+                )
+            sizes = (layer.dim, layer.num_heads, layer.num_kv_heads, layer.head_dim)  # type: ignore[union-attr]
+            if sizes != (self.dim, h, h, d):
+                raise PosencValueError(
+                    f"DeBERTa(share_att_key=True) with dim={self.dim}, {h} heads of {d} needs "
+                    f"a layer of that width without grouped heads, got (dim, heads, kv heads, "
+                    f"head_dim) = {sizes}"
+                )
+            w, b = qkv.weight, qkv.bias
+            rows = table.to(w.dtype)
+            qb, kb = (None, None) if b is None else (b[: h * d], b[h * d : 2 * h * d])
+            queries = nn.functional.linear(rows, w[: h * d], qb) if "p2c" in self.terms else None
+            keys = nn.functional.linear(rows, w[h * d : 2 * h * d], kb)
+            keys = keys if "c2p" in self.terms else None
+        split = [None if t is None else t.view(-1, h, d).transpose(0, 1) for t in (keys, queries)]
+        return split[0], split[1]
+
     def _tiles(
-        self, q_positions: object, k_positions: object, q: Tensor | None, k: Tensor | None
+        self,
+        q_positions: object,
+        k_positions: object,
+        q: Tensor | None,
+        k: Tensor | None,
+        layer: nn.Module | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, int]:
         """Checked positions; ``q · K^r`` ``(b, h, nq, m)`` and ``k · Q^r`` ``(b, h, nk, m)``
         (scaled; ``None`` for a term not used) over the rows ``lo .. lo + m - 1`` of ``P``
@@ -189,14 +239,11 @@ class DeBERTa(BiasEncoding):
         if self.norm is not None:
             table = self.norm(table)
         scale = self.softmax_scale
-        h, d = self.num_heads, self.head_dim
+        keys, queries = self._projections(table, layer)  # (h, m, d) each
         c2p = p2c = None
-        if self.pos_key is not None:
-            keys = self.pos_key(table.to(self.pos_key.weight.dtype)).view(-1, h, d).transpose(0, 1)
+        if keys is not None:
             c2p = q.to(work) @ keys.to(work).transpose(-1, -2) * scale  # (b, h, nq, m)
-        if self.pos_query is not None:
-            queries = self.pos_query(table.to(self.pos_query.weight.dtype))
-            queries = queries.view(-1, h, d).transpose(0, 1)  # (h, m, d)
+        if queries is not None:
             p2c = k.to(work) @ queries.to(work).transpose(-1, -2) * scale  # (b, h, nk, m)
         return q_pos, k_pos, c2p, p2c, lo
 
@@ -207,9 +254,10 @@ class DeBERTa(BiasEncoding):
         *,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        layer: nn.Module | None = None,
     ) -> Tensor:
-        """``(b, h, nq, nk)``; needs ``q`` and ``k``."""
-        q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k)
+        """``(b, h, nq, nk)``; needs ``q`` and ``k`` (and ``layer`` with ``share_att_key``)."""
+        q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k, layer)
         assert q is not None
         b, h, nq, nk = q.shape[0], self.num_heads, q_pos.shape[-1], k_pos.shape[-1]
         check_bias_bytes(q_pos, k_pos, 2 * h + 3, q)
@@ -229,10 +277,11 @@ class DeBERTa(BiasEncoding):
         *,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        layer: nn.Module | None = None,
     ) -> ScoreMod | None:
         """Adds ``c2p[b, h, i, δ] + p2c[b, h, j, δ]`` inside the kernel, ``δ`` read from a
         table over the distances ``i - j`` that occur (bucketed as :meth:`index` does)."""
-        q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k)
+        q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k, layer)
         if not (q_pos.numel() and k_pos.numel()):
             return None
         near, far = distance_range(q_pos, k_pos)
@@ -258,4 +307,6 @@ class DeBERTa(BiasEncoding):
         text += f", max_relative_positions={self.max_relative_positions}"
         if self.position_buckets > 0:
             text += f", position_buckets={self.position_buckets}"
+        if self.share_att_key:
+            text += ", share_att_key=True"
         return text + f", terms={self.terms}"
