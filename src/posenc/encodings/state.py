@@ -80,7 +80,8 @@ class BiasState(PositionState):
     def per_layer(self) -> bool:
         """Whether the bias is made anew in every layer (it reads ``q``, ``k``, ``x`` or the
         layer)."""
-        return self.pe.needs_qk or self.pe.needs_x or self.pe.needs_layer
+        pe = self.pe
+        return pe.needs_qk or getattr(pe, "needs_x", False) or getattr(pe, "needs_layer", False)
 
     def reading(self, x: Tensor, layer: nn.Module, *, streaming: bool = False) -> BiasState:
         """This state for one attention ``layer`` whose input is ``x`` ``(b, n, D)``, the new
@@ -109,9 +110,9 @@ class BiasState(PositionState):
         reads ``q``/``k``, else once and kept."""
         q_pos, k_pos = self.positions, self.last_keys(k.shape[-2])
         reads: dict[str, Any] = {"q": q, "k": k} if self.pe.needs_qk else {}
-        if self.pe.needs_x:
+        if getattr(self.pe, "needs_x", False):
             reads["x"] = self.x
-        if self.pe.needs_layer:
+        if getattr(self.pe, "needs_layer", False):
             reads["layer"] = self.layer
         key = (hook, k.shape[-2])
         return self.keep(key, lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
