@@ -85,10 +85,9 @@ class BiasState(PositionState):
 
     def reading(self, x: Tensor, layer: nn.Module, *, streaming: bool = False) -> BiasState:
         """This state for one attention ``layer`` whose input is ``x`` ``(b, n, D)``, the new
-        tokens: a copy that hands ``x`` (and the layer) to a scheme that reads it (``needs_x``,
-        ``needs_layer``). ``streaming``:
-        the forward joins a :class:`~posenc.StreamingCache` (a scheme whose bias reads what
-        such a cache evicts refuses here)."""
+        tokens: a copy that hands ``x`` and the layer to a scheme that reads them (``needs_x``,
+        ``needs_layer``). ``streaming``: the forward joins a :class:`~posenc.StreamingCache`
+        (a scheme whose bias reads what such a cache evicts refuses here)."""
         state = copy.copy(self)
         state.x, state.layer, state._kept = x, layer, []
         return state
