@@ -183,7 +183,9 @@ class Inkling(BiasEncoding):
     ) -> ScoreMod | None:
         """Adds ``tile[b, h, i, i - j]`` inside the kernel where ``0 ≤ i - j < R``."""
         q_pos, k_pos, tile, m = self._tile(q_positions, k_positions, x)
-        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long())
+        # two tensors even when the queries' and keys' positions are one (flex's guards on
+        # captured tensors break on aliases)
+        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long().clone())
         extent = self.extent
 
         def inkling(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
