@@ -76,8 +76,9 @@ class DeBERTa(BiasEncoding):
     ``bias[b, h, i, j] = (q_i · K^r_δ + k_j · Q^r_δ) / sqrt(3d)``.
 
     Checked with the weights copied against transformers' ``DebertaV2`` self-attention
-    (clipped and log-bucketed distances) and ``Deberta``'s (v1: no bias on the key
-    projection), outputs and gradients, through :class:`~posenc.MultiHeadAttention` with
+    (clipped and log-bucketed distances, c2p alone, DeBERTa-v3's shared keys with a
+    layer-normed ``P``) and ``Deberta``'s (v1: no bias on the key projection), outputs and
+    gradients, through :class:`~posenc.MultiHeadAttention` with
     ``softmax_scale=pe.softmax_scale`` (``tests/encodings/bias/test_deberta.py``). It reads
     ``q`` and ``k``; its flex ``score_mod`` reads one per-query and one per-key tile of the
     relative terms. Positions must be whole numbers.
