@@ -54,6 +54,10 @@ def _heads_and_head_dim(dim: int, heads: int) -> dict[str, Any]:
     return {"num_heads": heads, "head_dim": dim // heads}
 
 
+def _width_and_heads(dim: int, heads: int) -> dict[str, Any]:
+    return {"dim": dim, "num_heads": heads}
+
+
 @dataclass(frozen=True)
 class Facts:
     """What the tests are told about one scheme."""
@@ -73,6 +77,8 @@ class Facts:
     head_dim_multiple: int = 1
     #: Each head turns by its own rotation: a key head cannot serve a group of query heads.
     per_head: bool = False
+    #: A StreamingCache takes it (exact at in-cache positions); else it refuses by name.
+    streams: bool = True
 
 
 FACTS: dict[str, Facts] = {
@@ -90,6 +96,7 @@ FACTS: dict[str, Facts] = {
     "rope-dinov3": Facts(_head_dim, head_dim_multiple=4),  # normalised by the positions' extent
     "rope-mixed": Facts(_heads_and_head_dim, relative=True, head_dim_multiple=4, per_head=True),
     "pope": Facts(_heads_and_head_dim, relative=True),
+    "fope": Facts(_head_dim, head_dim_multiple=2),  # mixed tables: not a rotation
     "alibi": Facts(_heads, relative=True, score_mod=True),
     "t5": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "kerple": Facts(_heads, relative=True, score_mod=True),
@@ -99,6 +106,10 @@ FACTS: dict[str, Facts] = {
     "shaw": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
     "xl": Facts(_heads_and_head_dim, integer_positions=True, relative=True),
     "cope": Facts(_heads_and_head_dim, relative=True),  # counts gates: reads no positions
+    "deberta": Facts(_heads_and_head_dim, integer_positions=True, relative=True, score_mod=True),
+    # sums the gates of the tokens between key and query: a StreamingCache evicts some
+    "fox": Facts(_width_and_heads, relative=True, score_mod=True, streams=False),
+    "inkling": Facts(_width_and_heads, integer_positions=True, relative=True, score_mod=True),
     "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "swinv2-cpb": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
 }
@@ -109,3 +120,19 @@ def qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random queries and keys ``(b, h, n, d)`` from the test's seed."""
     return torch.randn(b, h, n, d, dtype=dtype), torch.randn(b, h, n, d, dtype=dtype)
+
+
+def reads(
+    pe: Any, q: torch.Tensor | None = None, k: torch.Tensor | None = None, *, rows: int = 1
+) -> dict[str, Any]:
+    """The keyword arguments a bias scheme's ``bias``/``score_mod`` read: ``q`` and ``k`` as
+    given, and, for a scheme that reads the layer's input (``needs_x``), a random ``x``
+    ``(b, n, D)`` from the test's seed, ``b`` and ``n`` those of ``q`` (else ``rows``, and
+    the ``n`` of ``k``)."""
+    kwargs: dict[str, Any] = {"q": q, "k": k}
+    if getattr(pe, "needs_x", False):
+        ref = q if q is not None else k
+        b, n = (rows, 1) if ref is None else (ref.shape[0], ref.shape[2])
+        dtype = torch.float64 if ref is None else ref.dtype
+        kwargs["x"] = torch.randn(b, n, pe.dim, dtype=dtype)
+    return kwargs

@@ -35,6 +35,9 @@ from .encodings.base import (
 )
 from .encodings.bias.alibi import ALiBi, alibi_slopes
 from .encodings.bias.cope import CoPE
+from .encodings.bias.deberta import DeBERTa
+from .encodings.bias.fox import FoX
+from .encodings.bias.inkling import Inkling
 from .encodings.bias.relative import FIRE, KERPLE, DynamicPositionBias
 from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeBias
 from .encodings.bias.sandwich import Sandwich
@@ -50,6 +53,7 @@ from .encodings.rope_types.registry import (
 )
 from .encodings.rotary.axial import AxialRotaryEmbedding, Rotary2DEmbedding, Rotary3DEmbedding
 from .encodings.rotary.dinov3 import DINOv3RotaryEmbedding
+from .encodings.rotary.fope import FoPE
 from .encodings.rotary.functional import rotary_embedding, rotary_embedding_qk
 from .encodings.rotary.grid import GridRotaryEmbedding
 from .encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
@@ -95,13 +99,17 @@ __all__ = [
     "BiasState",
     "CoPE",
     "DINOv3RotaryEmbedding",
+    "DeBERTa",
     "DynamicPositionBias",
     "Encoder",
     "EncoderConfig",
     "EncoderLayer",
     "Entry",
     "FeedForward",
+    "FoPE",
+    "FoX",
     "GridRotaryEmbedding",
+    "Inkling",
     "InterleavedRotaryEmbedding",
     "KVCache",
     "LearnedPositionalEncoding",

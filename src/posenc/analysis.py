@@ -240,7 +240,8 @@ def contribution_matrix(
     - rotary: ``<R(i) q, R(j) q> / sqrt(w)`` averaged over random ``q`` (for a zero-mean
       random q and k the average would vanish, so the query and key share one vector), ``w``
       the width of the rotated vectors; per head for schemes with per-head phases (PoPE);
-    - bias: the bias itself (schemes that read q and k get random ones), per head;
+    - bias: the bias itself (schemes that read q and k, or the layer's input, get random
+      ones), per head;
     - none: zeros.
     """
     pe = pe.eval()
@@ -279,7 +280,11 @@ def contribution_matrix(
         d = _head_dim(pe, dim)
         q = torch.randn(1, h, n, d, generator=gen, dtype=torch.float64)
         k = torch.randn(1, h, n, d, generator=gen, dtype=torch.float64)
-        bias = pe.double().bias(pos, pos, q=q, k=k)  # type: ignore[attr-defined]
+        reads = {}
+        if pe.needs_x:  # type: ignore[attr-defined]  # a data-dependent bias: a random input
+            width = int(pe.dim)  # type: ignore[attr-defined]
+            reads["x"] = torch.randn(1, n, width, generator=gen, dtype=torch.float64)
+        bias = pe.double().bias(pos, pos, q=q, k=k, **reads)  # type: ignore[attr-defined]
         return bias.reshape(-1, h, n, n).mean(0).double()
     return torch.zeros(1, n, n, dtype=torch.float64)
 

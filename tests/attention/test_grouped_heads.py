@@ -50,7 +50,9 @@ def _repeated(grouped: posenc.MultiHeadAttention, pe) -> posenc.MultiHeadAttenti
 @pytest.mark.parametrize("name", INSIDE)
 def test_grouped_heads_equal_full_attention_with_repeated_heads(name, backend, causal):
     torch.manual_seed(0)
-    pe = posenc.build_for_model(name, HEADS * HEAD_DIM, HEADS)
+    # a data-dependent bias reads the layer's input: it is as wide as the model
+    width = DIM if getattr(posenc.entry(name).cls, "needs_x", False) else HEADS * HEAD_DIM
+    pe = posenc.build_for_model(name, width, HEADS)
     grouped = posenc.MultiHeadAttention(
         DIM,
         HEADS,

@@ -66,7 +66,8 @@ def by_hand(
     q, k, v = (t.transpose(1, 2) for t in qkv.view(b, n, 3, h, d).unbind(2))  # (b, h, n, d)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)
     if pe is not None:
-        scores = scores + pe.bias(positions, positions, q=q, k=k)
+        x_in = {"x": x} if pe.needs_x else {}  # a data-dependent bias reads the layer input
+        scores = scores + pe.bias(positions, positions, q=q, k=k, **x_in)
     allowed = torch.ones(b, 1, n, n, dtype=torch.bool)
     if causal:
         allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()

@@ -138,7 +138,8 @@ def call(
         return tuple(pe(inputs["q"], inputs["k"], positions))
     if pe.family == "bias":
         pos = explicit_default(case, pe.axes) if positions is None else positions
-        return (pe.bias(pos, pos, q=inputs["q"], k=inputs["k"]),)
+        x = {"x": inputs["x"]} if pe.needs_x else {}  # type: ignore[attr-defined]
+        return (pe.bias(pos, pos, q=inputs["q"], k=inputs["k"], **x),)
     return (pe(inputs["x"]),)
 
 
@@ -168,7 +169,8 @@ def expected_shapes(
         return [widen, (*inputs["k"].shape[:-1], inputs["k"].shape[-1] * pe.width_factor)]
     batched = positions is not None and positions.dim() == (2 if pe.axes == 1 else 3)
     b, h, n = case.batch, case.heads, case.seq
-    return [(b, h, n, n) if batched or pe.needs_qk else (h, n, n)]
+    reads = pe.needs_qk or pe.needs_x  # type: ignore[attr-defined]
+    return [(b, h, n, n) if batched or reads else (h, n, n)]
 
 
 def grid_default(case: Case, pe: posenc.PositionalEncoding, x: torch.Tensor) -> torch.Tensor:
@@ -296,7 +298,8 @@ def _probe(pe: posenc.PositionalEncoding) -> tuple[torch.Tensor, ...]:
         if pe.family == "bias":
             q = torch.randn(2, HEADS, n, head_dim, generator=gen)
             k = torch.randn(2, HEADS, n, head_dim, generator=gen)
-            return (pe.bias(positions, positions, q=q, k=k),)
+            x = {"x": torch.randn(2, n, DIM, generator=gen)} if pe.needs_x else {}
+            return (pe.bias(positions, positions, q=q, k=k, **x),)
         x = torch.randn(2, n, DIM, generator=gen)
         return (pe(x),)
 

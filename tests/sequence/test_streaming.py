@@ -24,11 +24,13 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.errors import PosencTypeError, PosencValueError
-from tests.schemes import SEQUENCE
+from tests.schemes import FACTS, SEQUENCE
 
 VOCAB, DIM, HEADS, S, W, N, PROMPT = 40, 16, 2, 2, 3, 10, 4
 ATOL, RTOL = 2e-5, 1e-4  # the suite's cached = full tolerance (tests/sequence/test_decoding.py)
 HALF = DIM // HEADS // 2  # rotary pairs per head
+#: The 1-D schemes a StreamingCache takes (the others are refused by name, below).
+STREAMS = [name for name in SEQUENCE if FACTS[name].streams]
 
 #: Every rope type with arguments (``original`` 4 < S + W, so length-dependent types move).
 SCALINGS: dict[str, dict] = {
@@ -60,13 +62,13 @@ SCALINGS: dict[str, dict] = {
 #: (scheme, pe_kwargs): every 1-D scheme of the registry, Shaw's value-side term, every rope
 #: type, partial and interleaved variants.
 CASES = (
-    [(name, {}) for name in SEQUENCE]
+    [(name, {}) for name in STREAMS]
     + [("shaw", {"values": True})]
     + [("rope", kwargs) for kwargs in SCALINGS.values()]
     + [("rope", {"rotary_dim": 4}), ("rope-interleaved", SCALINGS["yarn"])]
 )
 IDS = (
-    list(SEQUENCE)
+    list(STREAMS)
     + ["shaw-values"]
     + [f"rope-{kind}" for kind in SCALINGS]
     + ["rope-partial", "rope-interleaved-yarn"]
@@ -389,6 +391,12 @@ def test_what_cannot_stream_is_refused_by_name(make, call, error, match) -> None
     model = make()
     with pytest.raises(error, match=match):
         model(_tokens(n=3), cache=posenc.StreamingCache(S, W), **call)
+
+
+@pytest.mark.parametrize("name", [name for name in SEQUENCE if not FACTS[name].streams])
+def test_schemes_that_cannot_stream_are_refused_by_name(name: str) -> None:
+    with pytest.raises(PosencValueError, match=f"{name} cannot join a StreamingCache"):
+        _model(name, {})(_tokens(n=3), cache=posenc.StreamingCache(S, W))
 
 
 def test_rotary_schemes_without_read_state_and_mrope_are_refused_by_name() -> None:

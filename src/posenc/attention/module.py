@@ -366,6 +366,9 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask = context.last_keys(k.shape[2])[1]
         if at_read:  # (never in place: k is the cache's)
             q, k, bias_state = self._apply_state(q, k, state, inplace=False)
+        if bias_state is not None and (bias_state.pe.needs_x or bias_state.pe.needs_layer):
+            # a data-dependent bias (FoX), or one that reads this layer's projections
+            bias_state = bias_state.reading(x, self, streaming=at_read)
         if self.query_scale is not None:
             assert context is not None  # forward made one: reads_positions
             q = self.query_scale.apply(q, context.positions)

@@ -16,9 +16,12 @@ from .absolute import (
 from .bias import (  # noqa: F401
     alibi,
     cope,
+    deberta,
+    fox,
+    inkling,
     relative,
     relative_qk,
     sandwich,
     t5,
 )
-from .rotary import dinov3, mixed, multimodal, pope, rope  # noqa: F401
+from .rotary import dinov3, fope, mixed, multimodal, pope, rope  # noqa: F401

@@ -228,6 +228,14 @@ class BiasEncoding(PositionalEncoding):
     num_heads: int
     #: True when ``bias`` reads the queries or keys (Transformer-XL, Shaw, CoPE).
     needs_qk: ClassVar[bool] = False
+    #: True when ``bias`` and ``score_mod`` read the attention layer's input ``x`` ``(b, n, D)``
+    #: of the new tokens, as ``x=`` (data-dependent biases: FoX, Inkling); attention hands it
+    #: over through :meth:`~posenc.encodings.state.BiasState.reading`.
+    needs_x: ClassVar[bool] = False
+    #: True when ``bias`` and ``score_mod`` read the attention layer itself, as ``layer=``
+    #: (DeBERTa's ``share_att_key``: the layer's query and key projections); may be set per
+    #: instance.
+    needs_layer: bool = False
 
     @classmethod
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> BiasEncoding:

@@ -177,16 +177,20 @@ def resolve_pe(
 ) -> PositionalEncoding:
     """A registry name, a module or ``None`` (NoPE) -> a module sized for the model, built
     with ``pe_kwargs`` (a scheme's own ``causal``, ALiBi's say, among them). A name built for
-    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme is as
-    wide as the model; one acting inside attention is sized for ``num_heads`` heads of
-    ``head_dim`` (default ``dim / num_heads``)."""
+    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme, and
+    a bias that reads the layer's input (``needs_x``), is as wide as the model; any other
+    acting inside attention is sized for ``num_heads`` heads of ``head_dim`` (default
+    ``dim / num_heads``)."""
     kwargs = dict(pe_kwargs or {})
     if pe is None:
         return NoPE()
     if isinstance(pe, str):
         found = entry(pe)
         defaults = found.cls.causal_defaults if causal else {}
-        width = dim if head_dim is None or found.family == "additive" else num_heads * head_dim
+        # additive schemes and data-dependent biases (which read the layer input) take the
+        # model's width; the rest are sized by their heads
+        model_wide = found.family == "additive" or getattr(found.cls, "needs_x", False)
+        width = dim if head_dim is None or model_wide else num_heads * head_dim
         return build_for_model(pe, width, num_heads, **{**defaults, **kwargs})
     if isinstance(pe, PositionalEncoding):
         if kwargs:

@@ -9,7 +9,8 @@ decoder layer. A layer only *applies* the state:
 * :class:`RotaryState`: ``state(q, k) -> (q, k)``, the rotation with its cos/sin ready;
 * :class:`BiasState`: ``state.bias(q, k)`` / ``state.score_mod(q, k)``, computed at the
   first layer's call and reused by the others, unless the scheme reads ``q`` or ``k``
-  (Transformer-XL, Shaw with values, CoPE), which is then asked again in each layer.
+  (Transformer-XL, Shaw with values, CoPE) or the layer's input ``x`` (FoX, Inkling), which
+  is then asked again in each layer.
 
 Nothing here validates: the encoding did that when it made the state.
 
@@ -18,10 +19,11 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 #: ``rotate(q, k, inplace) -> (q, k)`` for ``(b, h, n, d)`` queries and keys.
 Rotate = Callable[[Tensor, Tensor, bool], tuple[Tensor, Tensor]]
@@ -66,10 +68,29 @@ class BiasState(PositionState):
         self.pe, self.positions = pe, positions
         self.key_positions = positions if key_positions is None else key_positions
         self._kept: list[tuple[tuple[Any, ...], Any]] = []  # see keep()
+        #: The layer input a data-dependent bias reads, and the layer (set by :meth:`reading`).
+        self.x: Tensor | None = None
+        self.layer: nn.Module | None = None
 
     @property
     def needs_qk(self) -> bool:
         return self.pe.needs_qk
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether the bias is made anew in every layer (it reads ``q``, ``k``, ``x`` or the
+        layer)."""
+        pe = self.pe
+        return pe.needs_qk or getattr(pe, "needs_x", False) or getattr(pe, "needs_layer", False)
+
+    def reading(self, x: Tensor, layer: nn.Module, *, streaming: bool = False) -> BiasState:
+        """This state for one attention ``layer`` whose input is ``x`` ``(b, n, D)``, the new
+        tokens: a copy that hands ``x`` and the layer to a scheme that reads them (``needs_x``,
+        ``needs_layer``). ``streaming``: the forward joins a :class:`~posenc.StreamingCache`
+        (a scheme whose bias reads what such a cache evicts refuses here)."""
+        state = copy.copy(self)
+        state.x, state.layer, state._kept = x, layer, []
+        return state
 
     @property
     def has_value_term(self) -> bool:
@@ -87,7 +108,11 @@ class BiasState(PositionState):
         """The encoding's ``hook`` at these positions: asked again for every layer when it
         reads ``q``/``k``, else once and kept."""
         q_pos, k_pos = self.positions, self.last_keys(k.shape[-2])
-        reads = {"q": q, "k": k} if self.pe.needs_qk else {}
+        reads: dict[str, Any] = {"q": q, "k": k} if self.pe.needs_qk else {}
+        if getattr(self.pe, "needs_x", False):
+            reads["x"] = self.x
+        if getattr(self.pe, "needs_layer", False):
+            reads["layer"] = self.layer
         key = (hook, k.shape[-2])
         return self.keep(key, lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
 
@@ -101,10 +126,10 @@ class BiasState(PositionState):
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         """``make()`` (the bias, its ``score_mod``, or a tensor derived from the bias such as
         the bias with a layer's mask), made once per forward: kept under ``key`` when the
-        scheme reads no ``q``/``k``, made anew in every layer otherwise. ``key`` lists what
-        it depends on (a hook's name, a mask, a flag, a dtype, a key count); its items are
-        compared by identity, ints by value."""
-        if self.pe.needs_qk:
+        scheme reads no ``q``/``k``/``x``, made anew in every layer otherwise. ``key`` lists
+        what it depends on (a hook's name, a mask, a flag, a dtype, a key count); its items
+        are compared by identity, ints by value."""
+        if self.per_layer:
             return make()
         for stored, value in self._kept:
             if len(stored) == len(key) and all(map(_same, stored, key)):

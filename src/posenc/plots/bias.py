@@ -1,8 +1,9 @@
 """Figures for the attention-bias family: the bias matrix of every head, the bias against the
 distance ``i - j`` per head, and a gallery of every bias scheme side by side.
 
-Schemes that read the queries and keys (Shaw, Transformer-XL, CoPE) are drawn for random
-``q, k`` from a seeded generator, so their pictures show one sample, not a fixed function.
+Schemes that read the queries and keys (Shaw, Transformer-XL, CoPE) or the layer's input
+(FoX, Inkling) are drawn for random ``q, k`` or ``x`` from a seeded generator, so their
+pictures show one sample, not a fixed function.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def bias_values(
     them. ``pe`` itself is left untouched (a float64 copy is evaluated)."""
     pe = copy.deepcopy(_check(pe)).double().eval()
     q = k = None
+    reads = {}
+    if pe.needs_x:  # a data-dependent bias: one seeded sample of the layer's input
+        gen_x = torch.Generator().manual_seed(seed)
+        shape_x = (1, k_positions.shape[-1], int(pe.dim))  # type: ignore[attr-defined]
+        reads["x"] = torch.randn(shape_x, generator=gen_x, dtype=torch.float64)
     if pe.needs_qk:
         head_dim = int(pe.head_dim)  # type: ignore[attr-defined]
         gen = torch.Generator().manual_seed(seed)
@@ -48,7 +54,7 @@ def bias_values(
         q = torch.randn(shape, generator=gen, dtype=torch.float64)
         k = torch.randn((1, pe.num_heads, k_positions.shape[-1], head_dim), generator=gen).double()
     with torch.no_grad():
-        bias = pe.bias(q_positions, k_positions, q=q, k=k)
+        bias = pe.bias(q_positions, k_positions, q=q, k=k, **reads)
     return bias.reshape(-1, pe.num_heads, *bias.shape[-2:])[0]
 
 

@@ -15,7 +15,7 @@ from posenc.encodings.bias.relative import KERPLE, DynamicPositionBias
 from posenc.encodings.bias.t5 import T5RelativeBias
 from posenc.errors import MemoryBudgetError
 from tests.misuse import MISSING, Misuse, cases, check
-from tests.schemes import BIAS, FACTS, qk
+from tests.schemes import BIAS, FACTS, qk, reads
 
 NEEDS_QK = [name for name in BIAS if posenc.entry(name).cls.needs_qk]
 
@@ -40,9 +40,10 @@ def test_score_mod_equals_bias(name: str, batched: bool) -> None:
     q, k = qk(2, 4, 9, 4)
     qp = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10, 11]])
     qp = qp if batched else qp[0]
+    kwargs = reads(pe, q, k)
     with torch.no_grad():
-        mod = pe.score_mod(qp, qp, q=q, k=k)
-        want = pe.bias(qp, qp, q=q, k=k).expand(2, 4, 9, 9)
+        mod = pe.score_mod(qp, qp, **kwargs)
+        want = pe.bias(qp, qp, **kwargs).expand(2, 4, 9, 9)
     if not FACTS[name].score_mod:
         assert mod is None  # these read every pair: attention materialises their bias
         return
@@ -83,12 +84,16 @@ def test_batched_positions_give_each_row_its_own_bias(name: str) -> None:
     pe = posenc.build_for_model(name, 16, 4).double()
     q, k = qk(2, 4, 6, 4)
     pos = torch.stack((torch.arange(6), torch.arange(6) * 2 + 3))  # (b, n): two different rows
+    kwargs = reads(pe, q, k)
     with torch.no_grad():
-        batched = pe.bias(pos, pos, q=q, k=k)
-        rows = [pe.bias(pos[b], pos[b], q=q[b : b + 1], k=k[b : b + 1]) for b in (0, 1)]
+        batched = pe.bias(pos, pos, **kwargs)
+        rows = [
+            pe.bias(pos[b], pos[b], **{n: t[b : b + 1] for n, t in kwargs.items()}) for b in (0, 1)
+        ]
     assert batched.shape == (2, 4, 6, 6)
     for b, row in enumerate(rows):
-        assert row.shape == ((1, 4, 6, 6) if pe.needs_qk else (4, 6, 6))
+        batch_first = pe.needs_qk or pe.needs_x
+        assert row.shape == ((1, 4, 6, 6) if batch_first else (4, 6, 6))
         assert_close(batched[b], row.reshape(4, 6, 6), rtol=1e-12, atol=1e-12)
 
 
@@ -101,24 +106,25 @@ def _position_misuse(name: str) -> list[Misuse]:
     """Bad positions for the scheme ``name``: each names the argument and the value."""
     pe = posenc.build_for_model(name, 16, 4)
     q = torch.randn(2, 4, 5, 4)
+    extra = reads(pe, q, q)  # (and a data-dependent scheme's input): only positions are bad
     pos = torch.arange(5)
     return [
         Misuse(f"{name}-batch-mismatch",
                lambda: pe.bias(torch.zeros(2, 5, dtype=torch.long),
-                               torch.zeros(3, 5, dtype=torch.long), q=q, k=q),
+                               torch.zeros(3, 5, dtype=torch.long), **extra),
                ValueError, "k_positions", (3, 5)),
         Misuse(f"{name}-rank",
-               lambda: pe.bias(torch.zeros(1, 2, 5, dtype=torch.long), pos, q=q, k=q),
+               lambda: pe.bias(torch.zeros(1, 2, 5, dtype=torch.long), pos, **extra),
                ValueError, "q_positions", (1, 2, 5)),
-        Misuse(f"{name}-list", lambda: pe.bias([0, 1], pos, q=q, k=q), TypeError, "q_positions",
+        Misuse(f"{name}-list", lambda: pe.bias([0, 1], pos, **extra), TypeError, "q_positions",
                "list"),
-        Misuse(f"{name}-bool", lambda: pe.bias(torch.ones(5, dtype=torch.bool), pos, q=q, k=q),
+        Misuse(f"{name}-bool", lambda: pe.bias(torch.ones(5, dtype=torch.bool), pos, **extra),
                TypeError, "q_positions", torch.bool),
         Misuse(f"{name}-q-nan",
-               lambda: pe.bias(torch.tensor([0.0, 1.0, NAN, 3.0, 4.0]), pos, q=q, k=q),
+               lambda: pe.bias(torch.tensor([0.0, 1.0, NAN, 3.0, 4.0]), pos, **extra),
                ValueError, "q_positions", NAN),
         Misuse(f"{name}-k-inf",
-               lambda: pe.bias(pos, torch.tensor([0.0, 1.0, 2.0, -INF, 4.0]), q=q, k=q),
+               lambda: pe.bias(pos, torch.tensor([0.0, 1.0, 2.0, -INF, 4.0]), **extra),
                ValueError, "k_positions", -INF),
     ]  # fmt: skip
 

@@ -23,7 +23,7 @@ from torch.testing import assert_close
 import posenc
 from posenc.encodings.bias.common import DistanceBias
 from posenc.encodings.bias.relative import FIRE
-from tests.schemes import BIAS, FACTS, qk
+from tests.schemes import BIAS, FACTS, qk, reads
 
 FUSED = [name for name in BIAS if FACTS[name].score_mod]
 #: Positions: plain, batched rows, and fractional (for the schemes that take them).
@@ -47,11 +47,16 @@ def _cases() -> list[tuple[str, str]]:
     ]
 
 
-def _scheme(name: str) -> tuple[Any, torch.Tensor, torch.Tensor]:
+def _scheme(name: str) -> tuple[Any, dict[str, Any]]:
+    """The scheme, and what its bias reads: ``q`` (which carries a gradient), ``k`` and,
+    for a data-dependent scheme, ``x`` (which carries one too)."""
     torch.manual_seed(0)
     pe = posenc.build_for_model(name, 16, 4).double()
     q, k = qk(2, 4, 9, 4)
-    return pe, q.requires_grad_(), k
+    kwargs = reads(pe, q.requires_grad_(), k)
+    if "x" in kwargs:
+        kwargs["x"].requires_grad_()
+    return pe, kwargs
 
 
 def _on_grid(mod: Callable[..., torch.Tensor], b: int, h: int, n: int) -> torch.Tensor:
@@ -67,19 +72,21 @@ def _on_grid(mod: Callable[..., torch.Tensor], b: int, h: int, n: int) -> torch.
 
 @pytest.mark.parametrize(("name", "where"), _cases())
 def test_score_mod_values_and_gradients_equal_the_bias(name: str, where: str) -> None:
-    pe, q, k = _scheme(name)
+    pe, kwargs = _scheme(name)
     positions = POSITIONS[where]
-    mod = pe.score_mod(positions, positions, q=q, k=k)
+    mod = pe.score_mod(positions, positions, **kwargs)
     if mod is None:  # only a table by distance, which fractional positions cannot index
         assert where == "fractional" and not FACTS[name].integer_positions
         assert isinstance(pe, DistanceBias) and pe.table_score_mod
         assert not pe.fused_at(positions, positions)  # declared: attention materialises it
         return
     got = _on_grid(mod, 2, 4, 9)
-    want = pe.bias(positions, positions, q=q, k=k).expand(2, 4, 9, 9)
+    want = pe.bias(positions, positions, **kwargs).expand(2, 4, 9, 9)
     assert_close(got, want, rtol=1e-12, atol=1e-12)
 
-    inputs = [p for p in pe.parameters() if p.requires_grad] + ([q] if pe.needs_qk else [])
+    inputs = [p for p in pe.parameters() if p.requires_grad]
+    inputs += [kwargs["q"]] if pe.needs_qk else []
+    inputs += [kwargs["x"]] if pe.needs_x else []
     if not inputs:  # a fixed bias (ALiBi, Sandwich): nothing to train
         return
     weight = torch.randn(2, 4, 9, 9, dtype=torch.float64)  # a loss that weighs every score
@@ -128,9 +135,9 @@ class _Reads(TorchFunctionMode):
 
 @pytest.mark.parametrize(("name", "where"), _cases())
 def test_each_captured_tensor_that_requires_grad_is_indexed_once(name: str, where: str) -> None:
-    pe, q, k = _scheme(name)
+    pe, kwargs = _scheme(name)
     positions = POSITIONS[where]
-    mod = pe.score_mod(positions, positions, q=q, k=k)
+    mod = pe.score_mod(positions, positions, **kwargs)
     if mod is None:
         return  # covered by the test above
     captured = _captured(mod)

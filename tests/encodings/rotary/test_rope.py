@@ -451,6 +451,10 @@ def test_encoder_with_rotary_is_shift_invariant_and_order_aware(pe: str) -> None
     if pe == "pope":  # at phase 0 its scores are even in i - j: a phase makes order count
         with torch.no_grad():
             enc.pe.phase.uniform_(-2 * math.pi, 0.0)
+    if pe == "fope":  # mixed tables are no rotation; with identity mixing it is RoPE
+        with torch.no_grad():
+            for coef in (enc.pe.cos_coef, enc.pe.sin_coef):
+                coef.copy_(torch.eye(coef.shape[-1]).expand_as(coef))
     x = torch.randn(2, 9, 32)
     positions = torch.arange(9)
     out = enc(x, positions=positions)
