@@ -244,8 +244,11 @@ class DeBERTa(BiasEncoding):
         c2p = p2c = None
         if keys is not None:
             c2p = q.to(work) @ keys.to(work).transpose(-1, -2) * scale  # (b, h, nq, m)
-        if queries is not None:
-            p2c = k.to(work) @ queries.to(work).transpose(-1, -2) * scale  # (b, h, nk, m)
+        if queries is not None:  # grouped keys read in place: each serves its G query heads
+            g = k.shape[1]
+            rows = queries.to(work).reshape(g, -1, *queries.shape[1:]).transpose(-1, -2)
+            p2c = k.to(work).unsqueeze(2) @ rows * scale  # (b, g, G, nk, m)
+            p2c = p2c.flatten(1, 2)  # (b, h, nk, m)
         return q_pos, k_pos, c2p, p2c, lo
 
     def bias(
