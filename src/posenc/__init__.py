@@ -70,8 +70,10 @@ from .errors import (
     set_memory_budget,
 )
 from .model.config import EncoderConfig
-from .model.encoder import Encoder, TransformerModel
+from .model.encoder import Encoder
 from .model.layers import EncoderLayer, FeedForward
+from .model.sampling import SamplingConfig
+from .model.transformer import TransformerModel
 from .sequence.cache import KVCache
 from .sequence.positions import positions_from_padding, randomize_positions
 from .sequence.streaming import StreamingCache
@@ -118,6 +120,7 @@ __all__ = [
     "RotaryEmbedding",
     "RotaryEncoding",
     "RotaryState",
+    "SamplingConfig",
     "Sandwich",
     "ScaledSinusoidalPositionalEncoding",
     "ShawRelativeBias",
