@@ -32,8 +32,8 @@ from torch import Tensor
 from ..encodings.base import BiasEncoding, ScoreMod
 from ..encodings.checks import compute_dtype
 from ..encodings.state import BiasState
-from ..sequence.context import SequenceContext
-from ..sequence.masks import attention_mask
+from ..sequence.context import SequenceContext, forward_memo
+from ..sequence.masks import MaskSpec
 from . import flex
 from .sdpa import fused_attention, scaled_dot_product_attention
 
@@ -193,17 +193,26 @@ class AttentionCall:
             return "padding"
         return "causal" if self.causal else "none"
 
+    def mask_spec(self, nk: int) -> MaskSpec:
+        """The rules of this call's mask over ``nk`` keys, read by the dense mask and by
+        flex's block mask alike."""
+        if self.context is None:
+            return MaskSpec.build(
+                self.batch, self.nq, nk, causal=self.causal, key_padding_mask=self.key_padding_mask
+            )
+        return self.context.mask_spec(self.causal, self.nq, nk, self.window, self.chunk)
+
+    def mask_key(self, nk: int) -> tuple[Any, ...]:
+        """What tells this call's mask from another layer's within one forward: the shape
+        and the kind of layer (with a context, which holds the rest), or the padding mask."""
+        if self.context is None:
+            return (self.batch, self.nq, nk, self.causal, self.key_padding_mask)
+        return (self.batch, self.nq, nk, self.causal, self.window, self.chunk)
+
     def dense_mask(self, nk: int, device: torch.device) -> Tensor | None:
         """The boolean mask ``(b|1, 1, nq, nk)`` (True = attend), or ``None``."""
         if self.context is None:
-            return attention_mask(
-                self.batch,
-                self.nq,
-                nk,
-                causal=self.causal,
-                key_padding_mask=self.key_padding_mask,
-                device=device,
-            )
+            return self.mask_spec(nk).dense(device)
         return self.context.mask(self.causal, self.nq, nk, device, self.window, self.chunk)
 
 
@@ -263,7 +272,7 @@ def flex_backend(
     :func:`posenc.attention.flex.sink_score_mod`);
     ``(None, None)`` when it cannot run: compilation failed, or ``call.fused_only`` and the
     scheme has no ``score_mod`` here."""
-    b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
+    nk = k.shape[-2]
     state, context = call.state, call.context
     score_mod: ScoreMod | None = None
     if state is not None:
@@ -281,18 +290,17 @@ def flex_backend(
         score_mod = flex.sink_score_mod(score_mod, sinks, nk)
         k, v = flex.append_sink_key(k, v)
         sinks = None
-    where: dict[str, Any] = {}
-    if context is not None:
-        k_positions, _, k_runs = context.last_keys(nk)
-        where = {"q_documents": context.q_runs, "k_documents": k_runs}
-        if call.windowed:
-            positions = context.positions.expand(b, nq), k_positions.expand(b, nk)
-            where.update(q_positions=positions[0], k_positions=positions[1])
-            where.update(window=call.window, chunk=call.chunk)
-    block_mask = flex.flex_block_mask(
-        b, nq, nk, causal=call.causal, key_padding_mask=call.key_padding_mask, device=q.device,
-        sink_key=sink_key, **where,
-    )  # fmt: skip
+
+    def make_block_mask() -> Any:
+        return flex.block_mask(call.mask_spec(nk), q.device, sink_key=sink_key)
+
+    # the layers of one forward share it: made by the first, keyed by shape and mask
+    memo = context.memo if context is not None else forward_memo()
+    if memo is None:
+        block_mask = make_block_mask()
+    else:
+        key = ("block mask", *call.mask_key(nk), sink_key, q.device)
+        block_mask = memo.keep(key, make_block_mask)
     out = flex.flex_attention_forward(
         q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex,
         scale=call.scale, sinks=sinks,

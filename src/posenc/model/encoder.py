@@ -9,11 +9,12 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabula
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import torch  # noqa: F401 (the docstring examples use it)
+import torch
 from torch import Tensor, nn
 
 from ..attention.backends import Backend
@@ -30,7 +31,7 @@ from ..encodings.schedule import (
 )
 from ..errors import PosencTypeError
 from ..sequence.cache import KVCache
-from ..sequence.context import SequenceContext
+from ..sequence.context import SequenceContext, sharing_within_forward
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import randomize_positions
 from ..sequence.streaming import StreamingCache
@@ -285,8 +286,13 @@ class Encoder(nn.Module):
                 states.append(pe.position_state(positions, x))
             else:
                 states.append(context.state(pe, x))
-        for layer, index in zip(self.layers, self._pe_index, strict=True):
-            x = layer(x, key_padding_mask=key_padding_mask, state=states[index], context=context)
+        # the layers share what they make alike (a block mask): in the context, or in a
+        # memo of this forward (a compiled forward shares it through the graph instead)
+        plain = context is None and not torch.compiler.is_compiling()
+        with sharing_within_forward() if plain else contextlib.nullcontext():
+            for layer, index in zip(self.layers, self._pe_index, strict=True):
+                state = states[index]
+                x = layer(x, key_padding_mask=key_padding_mask, state=state, context=context)
         if context is not None:
             context.commit()
         return self.norm(x)

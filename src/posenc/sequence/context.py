@@ -21,7 +21,9 @@ keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -37,10 +39,16 @@ from ..encodings.checks import (
 from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
 from .cache import KVCache
-from .masks import attention_mask, check_key_padding_mask
+from .masks import MaskSpec, check_key_padding_mask
 from .streaming import StreamingCache
 
-__all__ = ["SequenceContext", "check_document_ids"]
+__all__ = [
+    "ForwardMemo",
+    "SequenceContext",
+    "check_document_ids",
+    "forward_memo",
+    "sharing_within_forward",
+]
 
 
 def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | None:
@@ -63,6 +71,58 @@ def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | N
             f"got {tuple(document_ids.shape)}"
         )
     return document_ids
+
+
+class ForwardMemo:
+    """What the layers of one forward share, made by the first layer that needs it: a
+    layer's mask made into an additive one, flex's block mask."""
+
+    def __init__(self) -> None:
+        self._kept: list[tuple[tuple[Any, ...], Any]] = []
+
+    def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` kept under ``key`` for the rest of this forward. ``key``'s tensors are
+        compared by identity (the forward hands every layer the same ones), its other items
+        by type and value."""
+        for stored, value in self._kept:
+            if len(stored) == len(key) and all(map(_same, stored, key)):
+                return value
+        value = make()
+        self._kept.append((key, value))
+        return value
+
+
+def _same(a: object, b: object) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return False
+    return type(a) is type(b) and a == b
+
+
+#: The memo of the forward under way (an Encoder's, over all its layers), or None.
+_FORWARD_MEMO: ContextVar[ForwardMemo | None] = ContextVar("posenc_forward_memo", default=None)
+
+
+@contextlib.contextmanager
+def sharing_within_forward() -> Iterator[ForwardMemo]:
+    """Within it, :func:`forward_memo` is one new :class:`ForwardMemo`: the scope of one
+    forward over many layers that has no :class:`SequenceContext` (an Encoder's plain
+    forward), whose layers then share what they would each make alike."""
+    memo = ForwardMemo()
+    token = _FORWARD_MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _FORWARD_MEMO.reset(token)
+
+
+def forward_memo() -> ForwardMemo | None:
+    """The memo of the forward under way (:func:`sharing_within_forward`), or ``None``
+    (inside a captured graph the compiler shares what is made alike itself)."""
+    if torch.compiler.is_compiling():
+        return None
+    return _FORWARD_MEMO.get()
 
 
 class SequenceContext:
@@ -116,7 +176,9 @@ class SequenceContext:
         self._record = record  # what commit() hands the cache
         self._keeps = keeps
         self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
-        self._kept: list[tuple[tuple[Any, ...], Any]] = []
+        self._specs: dict[tuple[bool, int, int, int | None, int | None], MaskSpec] = {}
+        #: What the layers of this forward share (made by the first that needs it).
+        self.memo = ForwardMemo()
 
     @property
     def past(self) -> int:
@@ -353,9 +415,27 @@ class SequenceContext:
         positions; ``None`` when every pair may attend."""
         key = (causal, nq, nk, window, chunk)
         if key not in self._masks:
+            self._masks[key] = self.mask_spec(causal, nq, nk, window, chunk).dense(device)
+        return self._masks[key]
+
+    def mask_spec(
+        self,
+        causal: bool,
+        nq: int,
+        nk: int,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> MaskSpec:
+        """The :class:`~posenc.sequence.masks.MaskSpec` of a layer (arguments as for
+        :meth:`mask`), made once per forward for each kind of layer: what both the dense
+        mask and flex's block mask read."""
+        key = (causal, nq, nk, window, chunk)
+        spec = self._specs.get(key)
+        if spec is None:
             batch = self.key_positions.shape[0]
             k_positions, padding, k_runs = self.last_keys(nk)
-            self._masks[key] = attention_mask(
+            windowed = window is not None or chunk is not None
+            spec = self._specs[key] = MaskSpec.build(
                 batch,
                 nq,
                 nk,
@@ -363,13 +443,12 @@ class SequenceContext:
                 key_padding_mask=padding,
                 q_documents=self.q_runs,
                 k_documents=k_runs,
-                device=device,
-                q_positions=self.positions.expand(batch, nq),
-                k_positions=k_positions.expand(batch, nk),
+                q_positions=self.positions.expand(batch, nq) if windowed else None,
+                k_positions=k_positions.expand(batch, nk) if windowed else None,
                 window=window,
                 chunk=chunk,
             )
-        return self._masks[key]
+        return spec
 
     def last_keys(self, nk: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """The positions ``(b, nk)``, padding flags and document runs of the last ``nk`` keys:
@@ -386,14 +465,9 @@ class SequenceContext:
         return self.key_positions[..., start:], tail(self.key_padding_mask), tail(self.k_runs)
 
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """``make()`` kept under ``key`` for the rest of this forward (a layer's mask made
-        into an additive one, say); ``key``'s items are compared by identity."""
-        for stored, value in self._kept:
-            if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
-                return value
-        value = make()
-        self._kept.append((key, value))
-        return value
+        """``make()`` kept under ``key`` for the rest of this forward (see
+        :meth:`ForwardMemo.keep`)."""
+        return self.memo.keep(key, make)
 
     def commit(self) -> None:
         """End the forward: the cache (if any) records the new tokens."""
