@@ -69,9 +69,10 @@ class Backend(str, Enum):
 
 #: On the CPU, ``auto`` switches a bias scheme to compiled flex attention once a materialised
 #: bias would hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32,
-#: e.g. 16 heads at n = 1024). Below it, compiling (tens of seconds per kernel on a CPU) costs
-#: more than materialising saves. On a GPU compiling takes seconds, once per scheme (dynamic
-#: shapes), and the materialised bias is what makes SDPA slow: there is no threshold.
+#: e.g. 16 heads at n = 1024). Below it, compiling a kernel on a CPU costs more than not
+#: materialising saves. On a GPU a kernel compiles once per scheme (dynamic shapes), and the
+#: materialised bias is what makes SDPA slow: there is no threshold
+#: (``benchmarks/bias.md`` records where the CPU crosses over).
 FLEX_AUTO_MIN_ELEMENTS = 2**24
 
 #: How a bias reaches the logits: ``none``; ``score_mod`` (the scheme has a fused form);
@@ -83,7 +84,9 @@ BiasKind = Literal["none", "score_mod", "materialised", "value"]
 MaskKind = Literal["none", "causal", "padding", "packed"]
 
 
-@dataclass(slots=True)  # (not frozen: a frozen dataclass costs 1 µs more to make, per layer)
+# not frozen: it is made in every attention call and only read, and a frozen dataclass sets
+# each field through object.__setattr__ when made
+@dataclass(slots=True)
 class Request:
     """Everything :func:`choose_backend` reads about one attention call (made per call and
     only read; compared field by field in the decision-table test)."""

@@ -31,7 +31,7 @@ from ..encodings.schedule import (
 )
 from ..errors import PosencTypeError
 from ..sequence.cache import KVCache
-from ..sequence.context import SequenceContext, sharing_within_forward
+from ..sequence.context import SequenceContext, position_state, sharing_within_forward
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import randomize_positions
 from ..sequence.streaming import StreamingCache
@@ -267,6 +267,26 @@ class Encoder(nn.Module):
             windowed=windowed,
         )
         if context is None:
+            return self._stack(x, positions, key_padding_mask, None, cache)
+        try:
+            out = self._stack(x, positions, key_padding_mask, context, cache)
+        except BaseException:
+            context.rollback()  # the cache stays as it was
+            raise
+        context.commit()
+        return out
+
+    def _stack(
+        self,
+        x: Tensor,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        context: SequenceContext | None,
+        cache: KVCache | StreamingCache | None,
+    ) -> Tensor:
+        """:meth:`forward` once its context is made: the encodings, then every layer."""
+        b, n, _ = x.shape
+        if context is None:
             check_key_padding_mask(key_padding_mask, b, n, read_values=True)
         else:
             # the context holds both (additive encodings add at absolute_positions: those
@@ -280,12 +300,8 @@ class Encoder(nn.Module):
                 context.bound = None
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        states = []  # once per distinct encoding
-        for pe in distinct:
-            if context is None:
-                states.append(pe.position_state(positions, x))
-            else:
-                states.append(context.state(pe, x))
+        # once per distinct encoding, shared by the layers that use it
+        states = [position_state(pe, x, positions, context) for pe in self.distinct_pes()]
         # the layers share what they make alike (a block mask): in the context, or in a
         # memo of this forward (a compiled forward shares it through the graph instead)
         plain = context is None and not torch.compiler.is_compiling()
@@ -293,8 +309,6 @@ class Encoder(nn.Module):
             for layer, index in zip(self.layers, self._pe_index, strict=True):
                 state = states[index]
                 x = layer(x, key_padding_mask=key_padding_mask, state=state, context=context)
-        if context is not None:
-            context.commit()
         return self.norm(x)
 
     #: The sequence length this encoder was trained at, when known (``posenc extrapolate``

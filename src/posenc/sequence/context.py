@@ -38,15 +38,16 @@ from ..encodings.checks import (
 )
 from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
-from .cache import KVCache
+from .cache import CacheWrite, KVCache
 from .masks import MaskSpec, check_key_padding_mask
-from .streaming import StreamingCache
+from .streaming import StreamingCache, StreamWrite
 
 __all__ = [
     "ForwardMemo",
     "SequenceContext",
     "check_document_ids",
     "forward_memo",
+    "position_state",
     "sharing_within_forward",
 ]
 
@@ -137,13 +138,17 @@ class SequenceContext:
         key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
         q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
             ``None`` without documents.
-        cache: the :class:`~posenc.KVCache` (or :class:`~posenc.StreamingCache`) being
-            filled, or ``None``.
+        write: the write side of the cache being filled (a
+            :class:`~posenc.sequence.cache.CacheWrite` or
+            :class:`~posenc.sequence.streaming.StreamWrite`), or ``None``: what the forward
+            adds to the cache, which :meth:`commit` makes the cache's and :meth:`rollback`
+            drops.
         absolute_positions: the positions additive encodings add at: ``positions``, except
             with a StreamingCache (``positions`` are then in-cache ones, these each token's
             position in its row).
         keys_at_read: the cache stores keys before rotation (a StreamingCache): attention
             rotates every key it reads, at ``key_positions``.
+        memo: what the layers of this forward share (:class:`ForwardMemo`).
     """
 
     def __init__(
@@ -154,8 +159,7 @@ class SequenceContext:
         key_padding_mask: Tensor | None,
         q_runs: Tensor | None,
         k_runs: Tensor | None,
-        cache: KVCache | StreamingCache | None,
-        record: tuple[Any, ...] | None,
+        write: CacheWrite | StreamWrite | None,
         bound: PositionBound | None = None,
         keeps: bool = True,
         absolute_positions: Tensor | None = None,
@@ -172,18 +176,16 @@ class SequenceContext:
         self.bound = bound
         self.key_padding_mask = key_padding_mask
         self.q_runs, self.k_runs = q_runs, k_runs
-        self.cache = cache
-        self._record = record  # what commit() hands the cache
-        self._keeps = keeps
+        self.write = write
+        self._keeps = keeps  # what the cache learns of its rows' next positions on commit
         self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
         self._specs: dict[tuple[bool, int, int, int | None, int | None], MaskSpec] = {}
-        #: What the layers of this forward share (made by the first that needs it).
         self.memo = ForwardMemo()
 
     @property
     def past(self) -> int:
         """Tokens cached before this call."""
-        return 0 if self.cache is None else len(self.cache)
+        return 0 if self.write is None else len(self.write)
 
     @classmethod
     def build(
@@ -203,12 +205,9 @@ class SequenceContext:
         """The context of a forward over ``batch`` rows of ``seq`` new tokens, or ``None``
         when there is neither a cache nor documents nor a ``windowed`` layer (a sliding
         window or chunk, whose mask reads positions). Every argument is checked here, before
-        any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``."""
-        if cache is not None and not isinstance(cache, (KVCache, StreamingCache)):
-            raise PosencTypeError(
-                "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
-                f"{type(cache).__name__}"
-            )
+        any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``. A cache is
+        opened for writing (its write side is the context's :attr:`write`)."""
+        _check_cache(cache)
         if isinstance(cache, StreamingCache):
             return cls._streaming(
                 cache, batch, seq, device, positions, key_padding_mask, document_ids, axes, scheme
@@ -222,74 +221,67 @@ class SequenceContext:
                 f"{scheme or 'this pe'} takes {axes}-D positions"
             )
         check_key_padding_mask(key_padding_mask, batch, seq)
-        if cache is not None:
-            cache.begin(batch)
-        past = 0 if cache is None else len(cache)
+        write = None if cache is None else cache.write(batch)
         if (
             cache is not None
-            and past
+            and len(cache)
             and document_ids is None
             and key_padding_mask is None
             and not (cache.has_documents or cache.has_padding)
         ):
-            return cls._step(cache, batch, seq, device, positions)
-        bound = None
-        new_padding = (
+            return cls._step(write, batch, seq, device, positions)
+        return cls._tokens(write, batch, seq, device, positions, key_padding_mask, document_ids)
+
+    @classmethod
+    def _tokens(
+        cls,
+        write: CacheWrite | None,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+    ) -> SequenceContext:
+        """The context of a forward that records every token: padding and document runs (a
+        first cached call, padding or documents given now or held by the cache, or an
+        uncached packed or windowed forward)."""
+        cache = None if write is None else write.cache
+        given = document_ids is not None
+        padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
             else key_padding_mask
         )
-        # documents: the cache's last id and run continue unless ids are given
-        last_id = last_run = None
-        if past:
-            assert cache is not None
-            last_id, last_run = cache.last_document  # (b, 1) each
-        given = document_ids is not None
-        if document_ids is None and last_id is not None and last_run is not None:
-            document_ids, q_runs = last_id.expand(batch, seq), last_run.expand(batch, seq)
-            opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
-        else:
-            if document_ids is None:
-                document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
-            document_ids = document_ids.to(device=device, dtype=torch.long)
-            q_runs, opens = _runs(document_ids, last_id, last_run)
+        last_id, last_run = (None, None) if cache is None or not len(cache) else cache.last_document
+        document_ids, q_runs, opens = _documents(
+            document_ids, last_id, last_run, batch, seq, device
+        )
         if positions is None:
-            positions = _default_positions(cache, q_runs, opens, last_run)
-            # counted from 0, or from a row's next position (at most start.largest) where the
-            # cache's document goes on; exact where no new document opens (every row then
-            # continues the cache's, or counts 0 .. seq - 1 in a first call)
-            start = PositionBound(0, True)
-            if cache is not None and last_run is not None:
-                start = cache.position_bound()
-            if seq and start is not None:
-                bound = _within_range(start.largest + seq - 1, start.exact and not given)
+            positions, bound = _default_positions(cache, q_runs, opens, last_run, given)
         else:
-            positions, bound = resolve_bounded_positions(
-                positions, seq, batch=batch, device=device, name="positions"
+            continuing = None if last_run is None else (q_runs == last_run) & ~padding
+            positions, bound = _given_positions(positions, cache, continuing, batch, seq, device)
+        key_positions, keys_padding, k_runs = positions, padding, q_runs
+        if write is not None:  # staged past the cache's length: counted only on commit
+            key_positions, keys_padding, k_runs = write.stage(
+                positions, padding, document_ids, q_runs, padded=key_padding_mask is not None
             )
-            positions = positions.expand(batch, seq)
-            if cache is not None and cache.floor is not None and last_run is not None:
-                _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
-        key_positions, keys_padding, k_runs = positions, new_padding, q_runs
-        record = None
-        if cache is not None:  # written past the committed length: count only on commit
-            record = (positions, new_padding, document_ids, q_runs, key_padding_mask is not None)
-            key_positions, keys_padding, k_runs = cache.stage(*record[:4])
         # a document mask only where some row's keys hold two documents or more
         with_documents = (cache is not None and cache.has_documents) or (given and _splits(k_runs))
-        if with_documents and cache is not None:
-            cache.has_documents = True
+        if write is not None:
+            write.documents = with_documents
         any_padding = key_padding_mask is not None or (cache is not None and cache.has_padding)
         if key_padding_mask is not None:  # the earlier keys' rows were checked when cached
-            check_key_padding_mask(keys_padding, batch, past + seq, read_values=True)
+            keys = (0 if cache is None else len(cache)) + seq
+            check_key_padding_mask(keys_padding, batch, keys, read_values=True)
         return cls(
             positions=positions,
             key_positions=key_positions,
             key_padding_mask=keys_padding if any_padding else None,
             q_runs=q_runs if with_documents else None,
             k_runs=k_runs if with_documents else None,
-            cache=cache,
-            record=record,
+            write=write,
             bound=bound,
             keeps=not given and key_padding_mask is None,
         )
@@ -297,7 +289,7 @@ class SequenceContext:
     @classmethod
     def _step(
         cls,
-        cache: KVCache,
+        write: CacheWrite | None,
         batch: int,
         seq: int,
         device: torch.device,
@@ -305,6 +297,8 @@ class SequenceContext:
     ) -> SequenceContext:
         """A decoding step's context: real tokens continuing each row's document, in a cache
         without padding or documents; only their positions are recorded."""
+        assert write is not None
+        cache = write.cache
         following = cache.next_position
         assert following is not None
         bound = None
@@ -314,21 +308,16 @@ class SequenceContext:
             if start is not None and seq:
                 bound = _within_range(start.largest + seq - 1, start.exact)
         else:
-            positions, bound = resolve_bounded_positions(
-                positions, seq, batch=batch, device=device, name="positions"
-            )
-            positions = positions.expand(batch, seq)
-            if cache.floor is not None:
-                _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
-        key_positions, _, _ = cache.stage(positions)
+            every = torch.ones(batch, seq, dtype=torch.bool, device=device)
+            positions, bound = _given_positions(positions, cache, every, batch, seq, device)
+        key_positions, _, _ = write.stage(positions)
         return cls(
             positions=positions,
             key_positions=key_positions,
             key_padding_mask=None,
             q_runs=None,
             k_runs=None,
-            cache=cache,
-            record=(positions, None, None, None, False),
+            write=write,
             bound=bound,
         )
 
@@ -366,15 +355,15 @@ class SequenceContext:
         # (values are read by the plan: padding must come first in each row; a row with no
         # real token yet, a long left padding fed in parts, is let through)
         check_key_padding_mask(key_padding_mask, batch, seq)
-        step = cache.plan(batch, seq, key_padding_mask, device)
+        write = cache.write(batch, seq, key_padding_mask, device)
+        step = write.step
         return cls(
             positions=step.positions,
             key_positions=step.key_positions,
             key_padding_mask=step.key_padding_mask,
             q_runs=None,
             k_runs=None,
-            cache=cache,
-            record=(),
+            write=write,
             bound=step.bound,
             absolute_positions=step.absolute_positions,
             keys_at_read=True,
@@ -385,8 +374,9 @@ class SequenceContext:
         """``pe``'s state for this forward over ``x`` ``(b, n, D)``: its
         :meth:`~posenc.PositionalEncoding.context_state`, or, where keys are rotated when
         read (a StreamingCache), a rotary scheme's
-        :meth:`~posenc.RotaryEncoding.read_state`."""
-        memo = {} if self.cache is None else self.cache.memo(pe)
+        :meth:`~posenc.RotaryEncoding.read_state`. The encoding's memo across calls is the
+        cache's, as this forward's write sees it."""
+        memo = {} if self.write is None else self.write.memo(pe)
         if self.keys_at_read and isinstance(pe, RotaryEncoding):
             nk = self.key_positions.shape[-1]
             keys = None if self._arange_keys else self.key_positions
@@ -396,9 +386,9 @@ class SequenceContext:
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values ``(b, h, nk, d)`` that ``module``'s new queries read: its cached
         ones followed by ``k`` and ``v`` (which join the cache), or ``k`` and ``v`` alone."""
-        if self.cache is None:
+        if self.write is None:
             return k, v
-        return self.cache.append_kv(module, k, v)
+        return self.write.append_kv(module, k, v)
 
     def mask(
         self,
@@ -470,10 +460,39 @@ class SequenceContext:
         return self.memo.keep(key, make)
 
     def commit(self) -> None:
-        """End the forward: the cache (if any) records the new tokens."""
-        if self.cache is not None and self._record is not None:
-            self.cache.commit(*self._record, bound=self.bound, keeps=self._keeps)
-            self._record = None
+        """End the forward: the cache (if any) holds the new tokens."""
+        if self.write is not None:
+            self.write.commit(bound=self.bound, keeps=self._keeps)
+
+    def rollback(self) -> None:
+        """End a forward that failed: the cache (if any) stays as it was before it."""
+        if self.write is not None:
+            self.write.rollback()
+
+
+def position_state(
+    pe: PositionalEncoding | None,
+    x: Tensor,
+    positions: Tensor | None,
+    context: SequenceContext | None,
+) -> PositionState | None:
+    """The one place a forward asks encoding ``pe`` for its per-forward state over ``x``
+    ``(b, n, D)``: through the ``context`` of a cached, packed or windowed forward
+    (:meth:`SequenceContext.state`), else at ``positions``
+    (:meth:`~posenc.PositionalEncoding.position_state`); ``None`` without an encoding."""
+    if pe is None:
+        return None
+    if context is None:
+        return pe.position_state(positions, x)
+    return context.state(pe, x)
+
+
+def _check_cache(cache: object) -> None:
+    if cache is not None and not isinstance(cache, (KVCache, StreamingCache)):
+        raise PosencTypeError(
+            "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
+            f"{type(cache).__name__}"
+        )
 
 
 def _splits(runs: Tensor) -> bool:
@@ -501,19 +520,69 @@ def _runs(
     return start + opens.long().cumsum(dim=1), opens
 
 
+def _documents(
+    document_ids: Tensor | None,
+    last_id: Tensor | None,
+    last_run: Tensor | None,
+    batch: int,
+    seq: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The new tokens' document ids, run numbers and where a run opens, ``(b, n)`` each:
+    without ids, the cache's last document (``last_id``, ``last_run`` ``(b, 1)``) goes on,
+    or one document opens."""
+    if document_ids is None and last_id is not None and last_run is not None:
+        opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
+        return last_id.expand(batch, seq), last_run.expand(batch, seq), opens
+    if document_ids is None:
+        document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    document_ids = document_ids.to(device=device, dtype=torch.long)
+    q_runs, opens = _runs(document_ids, last_id, last_run)
+    return document_ids, q_runs, opens
+
+
 def _default_positions(
-    cache: KVCache | None, q_runs: Tensor, opens: Tensor, last_run: Tensor | None
-) -> Tensor:
+    cache: KVCache | None, q_runs: Tensor, opens: Tensor, last_run: Tensor | None, given: bool
+) -> tuple[Tensor, PositionBound | None]:
     """Positions of new tokens: counting from 0 where a document opens, and from the cached
-    document's largest position + 1 for the tokens continuing it."""
+    document's largest position + 1 for the tokens continuing it; and the host's bound on
+    them."""
     b, n = q_runs.shape
     index = torch.arange(n, device=q_runs.device).expand(b, n)
     start = torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
-    counted = index - start
-    if cache is None or last_run is None or cache.next_position is None:
-        return counted
-    continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
-    return torch.where(continuing, cache.next_position + index, counted)
+    positions = index - start
+    if cache is not None and last_run is not None and cache.next_position is not None:
+        continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
+        positions = torch.where(continuing, cache.next_position + index, positions)
+    # counted from 0, or from a row's next position (at most first.largest) where the
+    # cache's document goes on; exact where no new document opens (every row then continues
+    # the cache's, or counts 0 .. n - 1 in a first call)
+    first = PositionBound(0, True)
+    if cache is not None and last_run is not None:
+        first = cache.position_bound()
+    if not n or first is None:
+        return positions, None
+    return positions, _within_range(first.largest + n - 1, first.exact and not given)
+
+
+def _given_positions(
+    positions: Tensor,
+    cache: KVCache | None,
+    continuing: Tensor | None,
+    batch: int,
+    seq: int,
+    device: torch.device,
+) -> tuple[Tensor, PositionBound | None]:
+    """Positions a user gave, checked and expanded to ``(b, n)``, with their bound; those of
+    the ``continuing`` tokens (``(b, n)`` bool: in each row's cached document) must not go
+    back below where a windowed cache stands."""
+    positions, bound = resolve_bounded_positions(
+        positions, seq, batch=batch, device=device, name="positions"
+    )
+    positions = positions.expand(batch, seq)
+    if cache is not None and cache.floor is not None and continuing is not None:
+        _check_floor(positions, cache.floor, continuing)
+    return positions, bound
 
 
 def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
