@@ -32,8 +32,9 @@ from torch import Tensor
 from ..encodings.base import BiasEncoding, ScoreMod
 from ..encodings.checks import compute_dtype
 from ..encodings.state import BiasState
-from ..sequence.context import SequenceContext, forward_memo
+from ..sequence.context import SequenceContext
 from ..sequence.masks import MaskSpec
+from ..sequence.memo import forward_memo
 from . import flex
 from .sdpa import fused_attention, scaled_dot_product_attention
 

@@ -31,8 +31,9 @@ from ..encodings.schedule import (
 )
 from ..errors import PosencTypeError
 from ..sequence.cache import KVCache
-from ..sequence.context import SequenceContext, position_state, sharing_within_forward
+from ..sequence.context import SequenceContext, position_state
 from ..sequence.masks import check_key_padding_mask
+from ..sequence.memo import sharing_within_forward
 from ..sequence.positions import randomize_positions
 from ..sequence.streaming import StreamingCache
 from .config import Activation, EncoderConfig

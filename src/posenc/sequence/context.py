@@ -21,109 +21,30 @@ keys.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..encodings.base import PositionalEncoding, RotaryEncoding
-from ..encodings.checks import (
-    MAX_POSITION,
-    PositionBound,
-    check_position_range,
-    resolve_bounded_positions,
-)
+from ..encodings.checks import PositionBound
 from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
 from .cache import CacheWrite, KVCache
+from .documents import (
+    check_document_ids,
+    default_positions,
+    given_positions,
+    has_splits,
+    new_documents,
+    within_range,
+)
 from .masks import MaskSpec, check_key_padding_mask
+from .memo import ForwardMemo
 from .streaming import StreamingCache, StreamWrite
 
-__all__ = [
-    "ForwardMemo",
-    "SequenceContext",
-    "check_document_ids",
-    "forward_memo",
-    "position_state",
-    "sharing_within_forward",
-]
-
-
-def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | None:
-    """``document_ids`` checked to be a ``(batch, seq)`` integer tensor, or ``None``."""
-    if document_ids is None:
-        return None
-    if not isinstance(document_ids, Tensor):
-        raise PosencTypeError(
-            f"document_ids must be a torch.Tensor, got {type(document_ids).__name__}"
-        )
-    if (
-        document_ids.is_floating_point()
-        or document_ids.is_complex()
-        or document_ids.dtype == torch.bool
-    ):
-        raise PosencTypeError(f"document_ids must be an integer tensor, got {document_ids.dtype}")
-    if tuple(document_ids.shape) != (batch, seq):
-        raise PosencValueError(
-            f"document_ids must have shape (batch, seq) = {(batch, seq)}, "
-            f"got {tuple(document_ids.shape)}"
-        )
-    return document_ids
-
-
-class ForwardMemo:
-    """What the layers of one forward share, made by the first layer that needs it: a
-    layer's mask made into an additive one, flex's block mask."""
-
-    def __init__(self) -> None:
-        self._kept: list[tuple[tuple[Any, ...], Any]] = []
-
-    def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """``make()`` kept under ``key`` for the rest of this forward. ``key``'s tensors are
-        compared by identity (the forward hands every layer the same ones), its other items
-        by type and value."""
-        for stored, value in self._kept:
-            if len(stored) == len(key) and all(map(_same, stored, key)):
-                return value
-        value = make()
-        self._kept.append((key, value))
-        return value
-
-
-def _same(a: object, b: object) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return False
-    return type(a) is type(b) and a == b
-
-
-#: The memo of the forward under way (an Encoder's, over all its layers), or None.
-_FORWARD_MEMO: ContextVar[ForwardMemo | None] = ContextVar("posenc_forward_memo", default=None)
-
-
-@contextlib.contextmanager
-def sharing_within_forward() -> Iterator[ForwardMemo]:
-    """Within it, :func:`forward_memo` is one new :class:`ForwardMemo`: the scope of one
-    forward over many layers that has no :class:`SequenceContext` (an Encoder's plain
-    forward), whose layers then share what they would each make alike."""
-    memo = ForwardMemo()
-    token = _FORWARD_MEMO.set(memo)
-    try:
-        yield memo
-    finally:
-        _FORWARD_MEMO.reset(token)
-
-
-def forward_memo() -> ForwardMemo | None:
-    """The memo of the forward under way (:func:`sharing_within_forward`), or ``None``
-    (inside a captured graph the compiler shares what is made alike itself)."""
-    if torch.compiler.is_compiling():
-        return None
-    return _FORWARD_MEMO.get()
+__all__ = ["SequenceContext", "position_state"]
 
 
 class SequenceContext:
@@ -254,21 +175,22 @@ class SequenceContext:
             else key_padding_mask
         )
         last_id, last_run = (None, None) if cache is None or not len(cache) else cache.last_document
-        document_ids, q_runs, opens = _documents(
+        document_ids, q_runs, opens = new_documents(
             document_ids, last_id, last_run, batch, seq, device
         )
         if positions is None:
-            positions, bound = _default_positions(cache, q_runs, opens, last_run, given)
+            positions, bound = default_positions(cache, q_runs, opens, last_run, given)
         else:
             continuing = None if last_run is None else (q_runs == last_run) & ~padding
-            positions, bound = _given_positions(positions, cache, continuing, batch, seq, device)
+            positions, bound = given_positions(positions, cache, continuing, batch, seq, device)
         key_positions, keys_padding, k_runs = positions, padding, q_runs
         if write is not None:  # staged past the cache's length: counted only on commit
             key_positions, keys_padding, k_runs = write.stage(
                 positions, padding, document_ids, q_runs, padded=key_padding_mask is not None
             )
         # a document mask only where some row's keys hold two documents or more
-        with_documents = (cache is not None and cache.has_documents) or (given and _splits(k_runs))
+        held = cache is not None and cache.has_documents
+        with_documents = held or (given and has_splits(k_runs))
         if write is not None:
             write.documents = with_documents
         any_padding = key_padding_mask is not None or (cache is not None and cache.has_padding)
@@ -306,10 +228,10 @@ class SequenceContext:
             positions = following + torch.arange(seq, device=device)  # (b, n)
             start = cache.position_bound()  # every row's next position is at most this
             if start is not None and seq:
-                bound = _within_range(start.largest + seq - 1, start.exact)
+                bound = within_range(start.largest + seq - 1, start.exact)
         else:
             every = torch.ones(batch, seq, dtype=torch.bool, device=device)
-            positions, bound = _given_positions(positions, cache, every, batch, seq, device)
+            positions, bound = given_positions(positions, cache, every, batch, seq, device)
         key_positions, _, _ = write.stage(positions)
         return cls(
             positions=positions,
@@ -493,119 +415,3 @@ def _check_cache(cache: object) -> None:
             "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
             f"{type(cache).__name__}"
         )
-
-
-def _splits(runs: Tensor) -> bool:
-    """Whether some row holds more than one document run (runs only grow along a row)."""
-    return bool((runs[:, -1] != runs[:, 0]).any()) if runs.numel() else False
-
-
-def _runs(
-    document_ids: Tensor, last_id: Tensor | None, last_run: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """Run numbers ``(b, n)`` of new tokens with these ids (continuing the cache's numbering),
-    and where a run opens ``(b, n)`` bool (a token whose id differs from the one before it;
-    the first token opens one unless it continues the cache's last document)."""
-    b = document_ids.shape[0]
-    before = (
-        torch.full((b, 1), -1, dtype=torch.long, device=document_ids.device)
-        if last_id is None
-        else last_id.long()
-    )
-    previous = torch.cat([before, document_ids[:, :-1]], dim=1)  # (b, n)
-    opens = document_ids != previous
-    if last_id is None and opens.shape[1]:
-        opens[:, 0] = True
-    start = -1 if last_run is None else last_run.long()  # (b, 1) or a number
-    return start + opens.long().cumsum(dim=1), opens
-
-
-def _documents(
-    document_ids: Tensor | None,
-    last_id: Tensor | None,
-    last_run: Tensor | None,
-    batch: int,
-    seq: int,
-    device: torch.device,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The new tokens' document ids, run numbers and where a run opens, ``(b, n)`` each:
-    without ids, the cache's last document (``last_id``, ``last_run`` ``(b, 1)``) goes on,
-    or one document opens."""
-    if document_ids is None and last_id is not None and last_run is not None:
-        opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
-        return last_id.expand(batch, seq), last_run.expand(batch, seq), opens
-    if document_ids is None:
-        document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
-    document_ids = document_ids.to(device=device, dtype=torch.long)
-    q_runs, opens = _runs(document_ids, last_id, last_run)
-    return document_ids, q_runs, opens
-
-
-def _default_positions(
-    cache: KVCache | None, q_runs: Tensor, opens: Tensor, last_run: Tensor | None, given: bool
-) -> tuple[Tensor, PositionBound | None]:
-    """Positions of new tokens: counting from 0 where a document opens, and from the cached
-    document's largest position + 1 for the tokens continuing it; and the host's bound on
-    them."""
-    b, n = q_runs.shape
-    index = torch.arange(n, device=q_runs.device).expand(b, n)
-    start = torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
-    positions = index - start
-    if cache is not None and last_run is not None and cache.next_position is not None:
-        continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
-        positions = torch.where(continuing, cache.next_position + index, positions)
-    # counted from 0, or from a row's next position (at most first.largest) where the
-    # cache's document goes on; exact where no new document opens (every row then continues
-    # the cache's, or counts 0 .. n - 1 in a first call)
-    first = PositionBound(0, True)
-    if cache is not None and last_run is not None:
-        first = cache.position_bound()
-    if not n or first is None:
-        return positions, None
-    return positions, _within_range(first.largest + n - 1, first.exact and not given)
-
-
-def _given_positions(
-    positions: Tensor,
-    cache: KVCache | None,
-    continuing: Tensor | None,
-    batch: int,
-    seq: int,
-    device: torch.device,
-) -> tuple[Tensor, PositionBound | None]:
-    """Positions a user gave, checked and expanded to ``(b, n)``, with their bound; those of
-    the ``continuing`` tokens (``(b, n)`` bool: in each row's cached document) must not go
-    back below where a windowed cache stands."""
-    positions, bound = resolve_bounded_positions(
-        positions, seq, batch=batch, device=device, name="positions"
-    )
-    positions = positions.expand(batch, seq)
-    if cache is not None and cache.floor is not None and continuing is not None:
-        _check_floor(positions, cache.floor, continuing)
-    return positions, bound
-
-
-def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
-    """Refuse explicit positions that go back below a row's next position, for the tokens
-    continuing its document: a windowed layer of the cache dropped the keys they could
-    read."""
-    back = continuing & (positions < floor)  # (b, n)
-    if bool(back.any()):
-        row = int(back.any(dim=1).float().argmax())
-        raise PosencValueError(
-            f"positions go back in row {row}: the next position there is "
-            f"{floor[row, 0].item()}, got {positions[row][back[row]].min().item()}; this "
-            "cache's windowed layers no longer hold the keys such a token would read (use a "
-            "new KVCache)"
-        )
-
-
-def _within_range(largest: int, exact: bool) -> PositionBound | None:
-    """The bound on default positions that continue a cache, checked on the host: past
-    2**53 it refuses where some position equals it (``exact``), and is dropped where it is
-    only a bound (the positions are then read and checked where they are used)."""
-    if largest > MAX_POSITION:
-        if exact:
-            check_position_range("positions", 0, largest)
-        return None
-    return PositionBound(largest, exact)
