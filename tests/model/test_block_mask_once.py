@@ -67,3 +67,28 @@ def test_a_cached_and_packed_forward_builds_one_per_kind_of_layer(builds: list) 
         builds.clear()
         on_flex(x[:, :8], cache=posenc.KVCache())  # a cached forward: the same
         assert builds == [(8, 8), (8, 8)]
+
+
+def test_a_plain_forward_on_sdpa_makes_one_additive_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoPE (no bias state) with padding: SDPA's additive mask, made by the first layer."""
+    from posenc.sequence.memo import ForwardMemo
+
+    made: list[str] = []
+    keep = ForwardMemo.keep
+
+    def counted(self, key, make):
+        return keep(self, key, lambda: (made.append(key[0]), make())[1])
+
+    monkeypatch.setattr(ForwardMemo, "keep", counted)
+    _, on_sdpa = _pair(pe="rope", causal=True)
+    x = torch.randn(2, N, DIM, generator=torch.Generator().manual_seed(3))
+    padding = torch.zeros(2, N, dtype=torch.bool)
+    padding[0, :2] = True
+    with torch.no_grad():
+        got = on_sdpa(x, key_padding_mask=padding)
+    assert made == ["sdpa mask"]
+    for row in range(2):  # each row alone, its padding cut off: the same real tokens
+        start = int(padding[row].sum())
+        with torch.no_grad():
+            alone = on_sdpa(x[row : row + 1, start:], positions=torch.arange(N)[start:])
+        assert_close(got[row, start:], alone[0], atol=1e-5, rtol=1e-5)

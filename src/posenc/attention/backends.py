@@ -256,6 +256,8 @@ def sdpa_backend(
     plain_causal = call.causal and plain and call.nq == nk
     keep = None  # the additive mask is the same in every layer: make it once
     memo: Any = context if state is None else state
+    if memo is None:  # a plain forward's layers share it too
+        memo = forward_memo()
     if memo is not None and call.sinks is None:
         # the context keeps one mask per kind of layer; else the padding decides
         key = ("sdpa mask", call.causal, mask if context else call.key_padding_mask, q.dtype)

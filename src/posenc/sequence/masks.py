@@ -80,7 +80,7 @@ class MaskSpec:
             batch,
             nq,
             nk,
-            causal=causal and nq > 1,
+            causal=causal and bool(nq > 1),  # (a plain bool under symbolic sizes)
             keep=None if key_padding_mask is None else ~key_padding_mask,
             q_documents=q_documents if documents else None,
             k_documents=k_documents if documents else None,
