@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 UPWARD_CALLS = frozenset(
     {
         ("posenc.model.encoder", "posenc.hf.schedule"),
+        ("posenc.model.transformer", "posenc.hf.schedule"),
         ("posenc.encodings.rotary.rope", "posenc.hf.config"),
     }
 )

@@ -77,8 +77,10 @@ from .errors import (
     set_memory_budget,
 )
 from .model.config import EncoderConfig
-from .model.encoder import Encoder, TransformerModel
+from .model.encoder import Encoder
 from .model.layers import EncoderLayer, FeedForward
+from .model.sampling import SamplingConfig
+from .model.transformer import TransformerModel
 from .sequence.cache import KVCache
 from .sequence.positions import positions_from_padding, randomize_positions
 from .sequence.streaming import StreamingCache
@@ -132,6 +134,7 @@ __all__ = [
     "RotaryEncoding",
     "RotaryMixed",
     "RotaryState",
+    "SamplingConfig",
     "Sandwich",
     "ScaledSinusoidalPositionalEncoding",
     "ShawRelativeBias",

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.model.generation import check_tokens, ids_checked, sample_next
+from posenc.model.generation import check_tokens, ids_checked
+from posenc.model.sampling import sample_next
 from tests.schemes import SEQUENCE
 
 VOCAB, DIM, HEADS = 24, 16, 2

@@ -8,7 +8,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
-from posenc.sequence.cache import Growing
+from posenc.sequence.growing import Growing
 
 VOCAB, DIM, HEADS = 30, 16, 2
 

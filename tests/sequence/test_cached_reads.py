@@ -27,7 +27,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.encodings.rotary import rope as rope_module
-from posenc.model import generation
+from posenc.model import sampling
 
 DIM, HEADS, DEPTH, PROMPT, N = 32, 2, 3, 6, 11
 #: ``Tensor`` methods through which a device value reaches the host.
@@ -294,7 +294,7 @@ def test_sampling_a_token_copies_nothing_from_the_host(monkeypatch: pytest.Monke
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 5.0, 5.0, -1.0]])
     with host_copies(monkeypatch) as made:
         drawn = [
-            generation.sample_next(
+            sampling.sample_next(
                 logits,
                 temperature=1.0,
                 top_k=3,

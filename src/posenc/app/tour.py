@@ -24,7 +24,8 @@ from .. import analysis, plots
 from ..bench.suites.absolute import torch_table_fp32
 from ..encodings.absolute.sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 from ..encodings.registry import available, build_for_model, entry
-from ..model.encoder import Encoder, TransformerModel
+from ..model.encoder import Encoder
+from ..model.transformer import TransformerModel
 from ..plots.absolute import dimension_waves, heatmap, permutation_weights
 
 

@@ -37,7 +37,8 @@ from ..encodings.checks import compute_dtype
 from ..encodings.state import BiasState
 from ..errors import PosencValueError
 from ..sequence.context import SequenceContext
-from ..sequence.masks import attention_mask
+from ..sequence.masks import MaskSpec
+from ..sequence.memo import forward_memo
 from . import flex
 from .sdpa import fused_attention, scaled_dot_product_attention
 
@@ -76,9 +77,10 @@ class Backend(str, Enum):
 
 #: On the CPU, ``auto`` switches a bias scheme to compiled flex attention once a materialised
 #: bias would hold this many elements per batch row (``h · nq · nk``; 2**24 is 64 MiB in fp32,
-#: e.g. 16 heads at n = 1024). Below it, compiling (tens of seconds per kernel on a CPU) costs
-#: more than materialising saves. On a GPU compiling takes seconds, once per scheme (dynamic
-#: shapes), and the materialised bias is what makes SDPA slow: there is no threshold.
+#: e.g. 16 heads at n = 1024). Below it, compiling a kernel on a CPU costs more than not
+#: materialising saves. On a GPU a kernel compiles once per scheme (dynamic shapes), and the
+#: materialised bias is what makes SDPA slow: there is no threshold
+#: (``benchmarks/bias.md`` records where the CPU crosses over).
 FLEX_AUTO_MIN_ELEMENTS = 2**24
 
 #: How a bias reaches the logits: ``none``; ``score_mod`` (the scheme has a fused form here:
@@ -92,7 +94,9 @@ BiasKind = Literal["none", "score_mod", "materialised", "value"]
 MaskKind = Literal["none", "causal", "padding", "packed"]
 
 
-@dataclass(slots=True)  # (not frozen: a frozen dataclass costs 1 µs more to make, per layer)
+# not frozen: it is made in every attention call and only read, and a frozen dataclass sets
+# each field through object.__setattr__ when made
+@dataclass(slots=True)
 class Request:
     """Everything :func:`choose_backend` reads about one attention call (made per call and
     only read; compared field by field in the decision-table test)."""
@@ -222,17 +226,26 @@ class AttentionCall:
             return "padding"
         return "causal" if self.causal else "none"
 
+    def mask_spec(self, nk: int) -> MaskSpec:
+        """The rules of this call's mask over ``nk`` keys, read by the dense mask and by
+        flex's block mask alike."""
+        if self.context is None:
+            return MaskSpec.build(
+                self.batch, self.nq, nk, causal=self.causal, key_padding_mask=self.key_padding_mask
+            )
+        return self.context.mask_spec(self.causal, self.nq, nk, self.window, self.chunk)
+
+    def mask_key(self, nk: int) -> tuple[Any, ...]:
+        """What tells this call's mask from another layer's within one forward: the shape
+        and the kind of layer (with a context, which holds the rest), or the padding mask."""
+        if self.context is None:
+            return (self.batch, self.nq, nk, self.causal, self.key_padding_mask)
+        return (self.batch, self.nq, nk, self.causal, self.window, self.chunk)
+
     def dense_mask(self, nk: int, device: torch.device) -> Tensor | None:
         """The boolean mask ``(b|1, 1, nq, nk)`` (True = attend), or ``None``."""
         if self.context is None:
-            return attention_mask(
-                self.batch,
-                self.nq,
-                nk,
-                causal=self.causal,
-                key_padding_mask=self.key_padding_mask,
-                device=device,
-            )
+            return self.mask_spec(nk).dense(device)
         return self.context.mask(self.causal, self.nq, nk, device, self.window, self.chunk)
 
 
@@ -272,6 +285,8 @@ def sdpa_backend(
     plain_causal = call.causal and plain and call.nq == nk
     keep = None  # the additive mask is the same in every layer: make it once
     memo: Any = context if state is None else state
+    if memo is None:  # a plain forward's layers share it too
+        memo = forward_memo()
     if memo is not None and call.sinks is None:
         # the context keeps one mask per kind of layer; else the padding decides (and the
         # key/value heads: a mask may be folded for grouped heads)
@@ -293,7 +308,7 @@ def flex_backend(
     it, sinks folded in through flex's log-sum-exp (on the CPU's compiled kernel, which
     returns none, as one more key: :func:`posenc.attention.flex.sink_score_mod`);
     ``(None, None)`` when compiling failed (warned)."""
-    b, nq, nk = call.batch, q.shape[-2], k.shape[-2]
+    nk = k.shape[-2]
     state, context = call.state, call.context
     score_mod: ScoreMod | None = None
     if state is not None and fused_here(state, nk):
@@ -315,18 +330,17 @@ def flex_backend(
         score_mod = flex.sink_score_mod(score_mod, sinks, nk)
         k, v = flex.append_sink_key(k, v)
         sinks = None
-    where: dict[str, Any] = {}
-    if context is not None:
-        k_positions, _, k_runs = context.last_keys(nk)
-        where = {"q_documents": context.q_runs, "k_documents": k_runs}
-        if call.windowed:
-            positions = context.positions.expand(b, nq), k_positions.expand(b, nk)
-            where.update(q_positions=positions[0], k_positions=positions[1])
-            where.update(window=call.window, chunk=call.chunk)
-    block_mask = flex.flex_block_mask(
-        b, nq, nk, causal=call.causal, key_padding_mask=call.key_padding_mask, device=q.device,
-        sink_key=sink_key, **where,
-    )  # fmt: skip
+
+    def make_block_mask() -> Any:
+        return flex.block_mask(call.mask_spec(nk), q.device, sink_key=sink_key)
+
+    # the layers of one forward share it: made by the first, keyed by shape and mask
+    memo = context.memo if context is not None else forward_memo()
+    if memo is None:
+        block_mask = make_block_mask()
+    else:
+        key = ("block mask", *call.mask_key(nk), sink_key, q.device)
+        block_mask = memo.keep(key, make_block_mask)
     out = flex.flex_attention_forward(
         q, k, v, score_mod=score_mod, block_mask=block_mask, compile=call.compile_flex,
         scale=call.scale, sinks=sinks,

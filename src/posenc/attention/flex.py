@@ -1,11 +1,11 @@
 """Flex attention for :class:`~posenc.MultiHeadAttention`'s ``flex`` backend: the block mask
-for causal and key-padding masks, a ``score_mod`` reading a materialised bias, and
+of a :class:`~posenc.sequence.masks.MaskSpec`, a ``score_mod`` reading a materialised bias, and
 :func:`torch.nn.attention.flex_attention` compiled once per shape (with a fallback when
 compilation fails).
 
 A bias scheme's ``score_mod`` adds its bias inside the kernel, block by block, so no
-``n × n`` tensor ever exists; the causal and padding masks become a block-sparse
-``BlockMask`` that skips whole blocks of masked keys.
+``n × n`` tensor ever exists; the mask becomes a block-sparse ``BlockMask`` that skips whole
+blocks of masked keys.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence (``nq``/``nk``), ``d`` head dim.
 """
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..encodings.base import ScoreMod
+from ..sequence.masks import MaskSpec
 from .groups import fold_flex_call, groups_of, unfold_groups
 from .sdpa import kernel_dtype
 
@@ -28,17 +29,19 @@ __all__ = [
     "FLEX_BLOCK_SIZE",
     "append_sink_key",
     "bias_score_mod",
+    "block_mask",
     "flex_attention_forward",
     "flex_available",
     "flex_block_mask",
     "flex_cache_clear",
     "lse_route",
+    "mask_mod",
     "sink_score_mod",
     "softcap_score_mod",
     "with_sinks",
 ]
 
-#: Block size of the BlockMask built for causal and padding masks (flex_attention's default).
+#: Block size of the BlockMasks posenc builds (flex_attention's default).
 FLEX_BLOCK_SIZE = 128
 
 
@@ -67,82 +70,39 @@ def flex_block_mask(
     chunk: int | None = None,
     sink_key: bool = False,
 ) -> Any:
-    """A flex_attention ``BlockMask`` for a causal, key-padding and/or document mask (all
-    blocks full when there is none). Documents are run numbers, ``(b, nq)`` and ``(b, nk)``,
-    that never decrease along a row (:mod:`posenc.sequence.context`), so a block's documents span
-    from its first token's to its last token's. A sliding ``window`` and a ``chunk`` read positions,
-    ``(b, nq)`` and ``(b, nk)`` (as :func:`~posenc.sequence.masks.attention_mask`); a block is
-    skipped
-    when no pair in it can be near enough (or share a chunk), judged from the block's
-    smallest and largest positions.
+    """:func:`block_mask` of the :class:`~posenc.sequence.masks.MaskSpec` these arguments
+    describe (as :func:`~posenc.sequence.masks.attention_mask`'s)."""
+    spec = MaskSpec.build(
+        batch, nq, nk, causal=causal, key_padding_mask=key_padding_mask,
+        q_documents=q_documents, k_documents=k_documents,
+        q_positions=q_positions, k_positions=k_positions, window=window, chunk=chunk,
+    )  # fmt: skip
+    return block_mask(spec, device, sink_key=sink_key)
 
-    Built from block-level reasoning, ``(b, 1, nq/128, nk/128)`` booleans, never from an
-    ``nq × nk`` mask (``create_block_mask`` would evaluate every pair). Blocks with every pair
-    allowed are "full" (no mask_mod call), blocks with some allowed "partial", the rest are
-    skipped. Causal masking aligns the last query with the last key, as in
-    :func:`attention_mask`.
+
+def block_mask(spec: MaskSpec, device: torch.device, *, sink_key: bool = False) -> Any:
+    """A flex_attention ``BlockMask`` for the rules of ``spec`` (every block full when no
+    rule is in force).
+
+    Built from :meth:`~posenc.sequence.masks.MaskSpec.blocks`, ``(B, mq, mk)`` booleans per
+    block of 128 by 128, never from an ``nq × nk`` mask (``create_block_mask`` would evaluate
+    every pair). Blocks with every pair allowed are "full" (no mask_mod call), blocks with
+    some allowed "partial", the rest are skipped; in a partial block the kernel asks
+    :func:`mask_mod`, which is :meth:`~posenc.sequence.masks.MaskSpec.allows`.
 
     ``sink_key``: one more key, number ``nk``, that every query reads (sinks on the CPU's
     compiled kernel, see :func:`sink_score_mod`); the mask is ``nq × (nk + 1)``.
 
     A mask is passed even when nothing is masked: without one, flex_attention's CPU kernel
-    works on the whole ``nq × nk`` as a single block, a per-thread ``nq × nk`` buffer
-    (0.5 GiB at n = 8192 on two threads) and about 3x slower at that length.
+    works on the whole ``nq × nk`` as a single block, with a per-thread ``nq × nk`` buffer.
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    bs = FLEX_BLOCK_SIZE
-    mq, mk = -(-nq // bs), -(-nk // bs)
-    q_first = torch.arange(mq, device=device) * bs
-    q_last = (q_first + bs).clamp(max=nq) - 1
-    k_first = torch.arange(mk, device=device) * bs
-    k_last = (k_first + bs).clamp(max=nk) - 1
-    some = torch.ones(1, mq, mk, dtype=torch.bool, device=device)  # (B, mq, mk)
-    every = some.clone()
-    offset = nk - nq
-    if causal:  # key j is allowed for query i when j <= i + offset
-        some = some & (k_first.view(1, 1, mk) <= q_last.view(1, mq, 1) + offset)
-        every = every & (k_last.view(1, 1, mk) <= q_first.view(1, mq, 1) + offset)
-    keep: Tensor | None = None
-    if key_padding_mask is not None:
-        keep = ~key_padding_mask  # (b, nk)
-        tail = mk * bs - nk
-        some_keys = F.pad(keep, (0, tail), value=False).view(batch, mk, bs).any(-1)
-        every_keys = F.pad(keep, (0, tail), value=True).view(batch, mk, bs).all(-1)
-        some = some & some_keys.view(batch, 1, mk)
-        every = every & every_keys.view(batch, 1, mk)
-    documents = q_documents is not None and k_documents is not None
-    if documents:
-        assert q_documents is not None and k_documents is not None
-        q_lo, q_hi = q_documents[:, q_first].view(batch, mq, 1), q_documents[:, q_last]
-        k_lo, k_hi = k_documents[:, k_first].view(batch, 1, mk), k_documents[:, k_last]
-        q_hi, k_hi = q_hi.view(batch, mq, 1), k_hi.view(batch, 1, mk)
-        some = some & (q_lo <= k_hi) & (k_lo <= q_hi)  # the two blocks share a document
-        every = every & (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)  # ... and only it
-    if window is not None or chunk is not None:
-        assert q_positions is not None and k_positions is not None
-        q_lo, q_hi = _block_range(q_positions, bs, mq)  # (b, mq) each
-        k_lo, k_hi = _block_range(k_positions, bs, mk)
-        q_lo, q_hi = q_lo.view(batch, mq, 1), q_hi.view(batch, mq, 1)
-        k_lo, k_hi = k_lo.view(batch, 1, mk), k_hi.view(batch, 1, mk)
-        if window is not None:  # the nearest pair is within reach / the farthest one is
-            gap = torch.maximum(k_lo - q_hi, q_lo - k_hi)
-            some = some & (gap < window)
-            every = every & (torch.maximum(q_hi - k_lo, k_hi - q_lo) < window)
-        if chunk is not None:
-            cq_lo, cq_hi, ck_lo, ck_hi = (
-                torch.div(t, chunk, rounding_mode="floor") for t in (q_lo, q_hi, k_lo, k_hi)
-            )
-            some = some & (cq_lo <= ck_hi) & (ck_lo <= cq_hi)
-            every = every & (cq_lo == cq_hi) & (ck_lo == ck_hi) & (cq_lo == ck_lo)
+    some, every = spec.blocks(FLEX_BLOCK_SIZE, device)
     partial, full = some & ~every, every
-    mask_mod = _mask_mod(causal, offset, keep, device)  # None when neither
-    if documents:
-        mask_mod = _document_mask_mod(mask_mod, q_documents, k_documents)
-    if window is not None or chunk is not None:
-        mask_mod = _position_mask_mod(mask_mod, q_positions, k_positions, window, chunk)
+    rule = mask_mod(spec, device)  # None when no rule is in force
     if sink_key:
-        partial, full, mask_mod = _with_sink_key(partial, full, mask_mod, nk, device)
+        partial, full, rule = _with_sink_key(partial, full, rule, spec.nk, device)
 
     def as_indices(blocks: Tensor) -> tuple[Tensor, Tensor]:
         counts = blocks.sum(-1, dtype=torch.int32)  # (B, mq)
@@ -152,9 +112,26 @@ def flex_block_mask(
     kv_num, kv_idx = as_indices(partial)
     full_num, full_idx = as_indices(full)
     return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=bs, mask_mod=mask_mod,
-        seq_lengths=(nq, nk + int(sink_key)),
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=FLEX_BLOCK_SIZE, mask_mod=rule,
+        seq_lengths=(spec.nq, spec.nk + int(sink_key)),
     )  # fmt: skip
+
+
+def mask_mod(spec: MaskSpec, device: torch.device) -> Callable[..., Tensor] | None:
+    """Flex's ``mask_mod`` for ``spec``: :meth:`~posenc.sequence.masks.MaskSpec.allows` of
+    one pair (``None`` when no rule is in force). Its ``code_key`` names the rules in force,
+    so compiled kernels of different rules are kept apart."""
+    if not spec.restricts:
+        return None
+    # the causal offset as a tensor: no recompilation per offset; filled on the device
+    # (torch.tensor would copy from the host, which on CUDA waits for the stream)
+    offset = torch.full((), spec.nk - spec.nq, device=device) if spec.causal else 0
+
+    def allowed(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return spec.allows(b, q_idx, kv_idx, offset)
+
+    allowed.code_key = (allowed.__code__, spec.rules)  # type: ignore[attr-defined]
+    return allowed
 
 
 def _with_sink_key(
@@ -177,80 +154,13 @@ def _with_sink_key(
         partial[..., -1] |= ~full[..., -1]
     if inner is None:
         return partial, full, None
-    sink = torch.tensor(nk, device=device)  # a tensor: no recompilation per length
+    sink = torch.full((), nk, device=device)  # a tensor: no recompilation per length
 
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    def with_sink(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return (kv_idx == sink) | inner(b, h, q_idx, torch.minimum(kv_idx, sink - 1))
 
-    return partial, full, mask_mod
-
-
-def _mask_mod(
-    causal: bool, offset: int, keep: Tensor | None, device: torch.device
-) -> Callable[..., Tensor] | None:
-    if not causal and keep is None:
-        return None
-    # a tensor: no recompilation per offset; filled on the device (torch.tensor would copy
-    # from the host, which on CUDA waits for the stream)
-    shift = torch.full((), offset, device=device)
-    if causal and keep is not None:
-        return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx + shift) & keep[b, kv_idx]
-    if causal:
-        return lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + shift
-    assert keep is not None
-    return lambda b, h, q_idx, kv_idx: keep[b, kv_idx]
-
-
-def _document_mask_mod(
-    inner: Callable[..., Tensor] | None, q_documents: Any, k_documents: Any
-) -> Callable[..., Tensor]:
-    """``inner`` (or nothing) and: the query and the key lie in the same document."""
-    if inner is None:
-        return lambda b, h, q_idx, kv_idx: q_documents[b, q_idx] == k_documents[b, kv_idx]
-
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        same = q_documents[b, q_idx] == k_documents[b, kv_idx]
-        return same & inner(b, h, q_idx, kv_idx)
-
-    return mask_mod
-
-
-def _block_range(positions: Tensor, bs: int, blocks: int) -> tuple[Tensor, Tensor]:
-    """The smallest and largest position in each block of ``bs`` tokens: ``(b, blocks)``."""
-    n = positions.shape[-1]
-    tail = blocks * bs - n
-    # past the end: above every position, and exact in the positions' dtype (the pad value
-    # passes through a double: int64's largest would round up and wrap to its most negative)
-    top = (
-        float("inf")
-        if positions.is_floating_point()
-        else min(2**62, torch.iinfo(positions.dtype).max)
-    )
-    low = F.pad(positions, (0, tail), value=top)
-    high = F.pad(positions, (0, tail), value=-1)
-    return low.view(-1, blocks, bs).amin(-1), high.view(-1, blocks, bs).amax(-1)
-
-
-def _position_mask_mod(
-    inner: Callable[..., Tensor] | None,
-    q_positions: Any,
-    k_positions: Any,
-    window: int | None,
-    chunk: int | None,
-) -> Callable[..., Tensor]:
-    """``inner`` (or nothing) and: the key is within ``window`` positions of the query, and
-    in its ``chunk``."""
-
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        qp, kp = q_positions[b, q_idx], k_positions[b, kv_idx]
-        allowed = qp == qp  # all True, of the right shape
-        if window is not None:
-            allowed = allowed & ((qp - kp).abs() < window)
-        if chunk is not None:
-            allowed = allowed & (qp // chunk == kp // chunk)
-        return allowed if inner is None else allowed & inner(b, h, q_idx, kv_idx)
-
-    return mask_mod
+    with_sink.code_key = (with_sink.__code__, _code_key(inner))  # type: ignore[attr-defined]
+    return partial, full, with_sink
 
 
 def bias_score_mod(bias: Tensor) -> ScoreMod:

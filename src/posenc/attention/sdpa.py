@@ -221,8 +221,8 @@ def fused_attention(
             # (filled on the device: torch.tensor would copy from the host, a sync on CUDA)
             blocked = torch.full((), torch.finfo(work).min, dtype=exact, device=q.device)
             additive = torch.where(mask, additive, blocked)
-        # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which is
-        # 2-3x slower and materialises the scores
+        # 4-D: with a 3-D mask SDPA leaves its fused CPU kernel for the math one, which
+        # materialises the scores
         additive = additive.view((1,) * (4 - additive.dim()) + tuple(additive.shape))
         if sinks is not None:  # the sink column: (B, h, Q, 1) beside (B, h, Q, nk)
             rows, _, queries, _ = additive.shape

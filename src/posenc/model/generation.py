@@ -16,7 +16,6 @@ Dimension legend: ``b`` batch, ``n`` prompt length, ``V`` vocabulary.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -29,43 +28,9 @@ from ..sequence.cache import KVCache
 from ..sequence.masks import check_key_padding_mask
 from ..sequence.positions import positions_from_padding
 from ..sequence.streaming import StreamingCache
+from .sampling import SamplingConfig, sample_next
 
-__all__ = ["check_tokens", "generate", "sample_next"]
-
-
-def sample_next(
-    logits: Tensor,
-    *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """The next token of each row from its logits ``(b, V)`` -> ``(b,)`` int64.
-
-    ``temperature == 0`` is greedy (the first largest logit). Otherwise the logits are divided
-    by the temperature, cut to the ``top_k`` largest and then to the smallest set whose
-    probability reaches ``top_p`` (nucleus sampling; the most likely token always stays), and
-    one token is drawn with ``generator``. Computed in float32 at least.
-    """
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    work = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    # shift first: the largest logit becomes 0, so a tiny temperature gives -inf, never NaN
-    work = (work - work.amax(dim=-1, keepdim=True)) / temperature
-    # (-inf filled in place of the cut logits: a Python number, no tensor copied from the
-    # host, which on CUDA waits for the stream at every token)
-    if top_k is not None and top_k < work.shape[-1]:
-        kth = work.topk(top_k, dim=-1).values[:, -1:]  # (b, 1)
-        work = work.masked_fill(work < kth, -math.inf)
-    if top_p is not None and top_p < 1.0:
-        ordered, order = work.sort(dim=-1, descending=True)
-        probs = ordered.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # the mass of the more likely tokens
-        cut = ordered.masked_fill(before >= top_p, -math.inf)
-        work = torch.empty_like(work).scatter_(-1, order, cut)
-    probs = work.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+__all__ = ["check_tokens", "generate"]
 
 
 #: Set within :func:`ids_checked`: the caller checked the token ids' range on the host.
@@ -105,15 +70,13 @@ def _check_generate(
     model: Any,
     prompt: object,
     max_new_tokens: object,
-    temperature: object,
-    top_k: object,
-    top_p: object,
-    eos_token_id: object,
+    sampling: SamplingConfig,
     generator: object,
     key_padding_mask: object,
     cache: object = None,
 ) -> None:
-    """Every argument of :func:`generate`, checked before any work."""
+    """Every argument of :func:`generate`, checked before any work (``sampling`` checked
+    itself when made)."""
     if cache is not None:
         if not isinstance(cache, (KVCache, StreamingCache)):
             raise PosencTypeError(
@@ -136,26 +99,12 @@ def _check_generate(
         raise PosencTypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
     if max_new_tokens < 0:
         raise PosencValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise PosencTypeError(f"temperature must be a number, got {temperature!r}")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise PosencValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-        raise PosencTypeError(f"top_k must be an int or None, got {top_k!r}")
-    if top_k is not None and top_k < 1:
-        raise PosencValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))):
-        raise PosencTypeError(f"top_p must be a number or None, got {top_p!r}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise PosencValueError(f"top_p must be in (0, 1], got {top_p}")
     outputs = model.head.out_features
-    if eos_token_id is not None:
-        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int):
-            raise PosencTypeError(f"eos_token_id must be an int or None, got {eos_token_id!r}")
-        if not 0 <= eos_token_id < model.vocab_size:
-            raise PosencValueError(
-                f"eos_token_id must be in [0, {model.vocab_size}), got {eos_token_id}"
-            )
+    eos_token_id = sampling.eos_token_id
+    if eos_token_id is not None and eos_token_id >= model.vocab_size:
+        raise PosencValueError(
+            f"eos_token_id must be in [0, {model.vocab_size}), got {eos_token_id}"
+        )
     if generator is not None and not isinstance(generator, torch.Generator):
         raise PosencTypeError(
             f"generator must be a torch.Generator or None, got {type(generator).__name__}"
@@ -184,29 +133,23 @@ def generate(
     prompt: Tensor,
     max_new_tokens: int,
     *,
-    temperature: float = 0.0,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
     key_padding_mask: Tensor | None = None,
     cache: KVCache | StreamingCache | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> Tensor:
     """``prompt`` ``(b, n)`` followed by up to ``max_new_tokens`` tokens of ``model`` (a
-    causal :class:`~posenc.TransformerModel`): ``(b, n + steps)``. See
+    causal :class:`~posenc.TransformerModel`): ``(b, n + steps)``. The sampling options come
+    as keywords or as one :class:`~posenc.SamplingConfig` (``sampling=``), not both. See
     :meth:`posenc.TransformerModel.generate`."""
-    _check_generate(
-        model,
-        prompt,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        eos_token_id,
-        generator,
-        key_padding_mask,
-        cache,
+    sampling = SamplingConfig.resolve(
+        sampling, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id
     )
+    _check_generate(model, prompt, max_new_tokens, sampling, generator, key_padding_mask, cache)
     b, n = prompt.shape
     encoder = model.encoder
     itemsize = next(model.parameters()).element_size()
@@ -237,10 +180,7 @@ def generate(
             model,
             prompt,
             max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            eos_token_id,
+            sampling,
             generator,
             key_padding_mask,
             KVCache() if cache is None else cache,
@@ -252,10 +192,7 @@ def _new_tokens(
     model: Any,
     prompt: Tensor,
     max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    eos_token_id: int | None,
+    sampling: SamplingConfig,
     generator: torch.Generator | None,
     key_padding_mask: Tensor | None,
     cache: KVCache | StreamingCache,
@@ -275,9 +212,14 @@ def _new_tokens(
         )
     finished = torch.zeros(b, dtype=torch.bool, device=prompt.device)
     new: list[Tensor] = []
+    eos_token_id = sampling.eos_token_id
     for step in range(max_new_tokens):
         token = sample_next(
-            logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            logits[:, -1],
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            generator=generator,
         )
         if eos_token_id is not None:
             token = torch.where(finished, torch.full_like(token, eos_token_id), token)

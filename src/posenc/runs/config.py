@@ -133,7 +133,7 @@ def transformer_for(
     per-layer schedule, :mod:`posenc.runs.schedules`) and its options (``config`` a
     lengthgen or extrapolate config), on the CPU; options the encoding refuses name it.
     ``trained_length`` is the floor of a tempered NoPE entry's query temperature."""
-    from ..model.encoder import TransformerModel
+    from ..model.transformer import TransformerModel
 
     try:
         return TransformerModel(

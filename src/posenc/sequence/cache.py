@@ -22,9 +22,14 @@ its positions; the other token records are filled in when read. A model with win
 chunked layers scans the token records after each call to find the keys they can drop
 (``O(N)`` per call, 8 bytes a token). The host keeps a bound on each row's next position
 (:meth:`KVCache.position_bound`), which sizes the rotary tables of the next call without
-reading the device (no synchronisation on CUDA). A call that fails half-way leaves the
-cache as it was before that call: its writes lie past the committed length and are dropped
-by the next call.
+reading the device (no synchronisation on CUDA).
+
+**Reading and writing.** :class:`KVCache` is what users read (length, positions, masks,
+documents, each layer's keys and values, ``reset``). A forward writes through a
+:class:`CacheWrite` (:meth:`KVCache.write`), held by its
+:class:`~posenc.sequence.context.SequenceContext`: every write is staged past what the cache
+counts, and only :meth:`CacheWrite.commit` makes it the cache's. A forward that fails
+half-way (rolled back, or never committed) leaves the cache as it was before it.
 
 Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n`` new tokens,
 ``d`` head dim.
@@ -40,69 +45,9 @@ from torch import Tensor, nn
 
 from ..encodings.checks import PositionBound
 from ..errors import PosencValueError
+from .growing import Growing
 
-__all__ = ["KVCache"]
-
-
-class Growing:
-    """A tensor grown along one dimension by doubling. Entries are numbered by their index in
-    the sequence: ``append`` writes new ones past the committed ``length`` and returns the
-    live ones up to them; :meth:`commit` moves ``length``; :meth:`drop_before` forgets a
-    prefix (a windowed layer's keys no query can read again), whose room the next growth
-    reclaims."""
-
-    def __init__(self, dim: int, *, follow_dtype: bool = False) -> None:
-        self.dim = dim
-        #: On a new dtype, convert what is stored to it (keys and values follow the model,
-        #: moved to bf16 between calls, say); otherwise promote (positions: int, then float).
-        self.follow_dtype = follow_dtype
-        self.data: Tensor | None = None  # holds entries base, base + 1, ...
-        self.base = 0  # the index of data's first entry
-        self.first = 0  # the first live entry (>= base)
-        self.length = 0
-
-    def view(self) -> Tensor | None:
-        """The live committed entries, ``first … length - 1``."""
-        if self.data is None:
-            return None
-        return self.data.narrow(self.dim, self.first - self.base, self.length - self.first)
-
-    def append(self, new: Tensor) -> Tensor:
-        """Write ``new`` after the committed entries; return the live ones, ``new`` included."""
-        start, count = self.length, new.shape[self.dim]
-        end = start + count
-        if self.data is not None and self.data.dtype != new.dtype:
-            dtype = (
-                new.dtype if self.follow_dtype else torch.promote_types(self.data.dtype, new.dtype)
-            )
-            self.data = self.data.to(dtype)
-            new = new.to(dtype)
-        if self.data is None or (torch.is_grad_enabled() and new.requires_grad):
-            # autograd (or a first call): a new tensor, never written into later
-            old = self.view()
-            self.data = new.clone() if old is None else torch.cat([old, new], dim=self.dim)
-            self.base = self.first
-            return self.data
-        if end - self.base > self.data.shape[self.dim]:
-            # out of room: move the live entries to a buffer twice their size (amortised O(1)
-            # per entry, and a dropped prefix's room is reclaimed)
-            live = start - self.first
-            shape = list(self.data.shape)
-            shape[self.dim] = max(2 * (live + count), 1)
-            grown = self.data.new_empty(shape)
-            grown.narrow(self.dim, 0, live).copy_(
-                self.data.narrow(self.dim, self.first - self.base, live)
-            )
-            self.data, self.base = grown, self.first
-        self.data.narrow(self.dim, start - self.base, count).copy_(new)
-        return self.data.narrow(self.dim, self.first - self.base, end - self.first)
-
-    def commit(self, length: int) -> None:
-        self.length = length
-
-    def drop_before(self, index: int) -> None:
-        """Forget the entries before ``index`` (never the uncommitted ones)."""
-        self.first = max(self.first, min(index, self.length))
+__all__ = ["CacheWrite", "KVCache"]
 
 
 class LayerKV:
@@ -112,18 +57,11 @@ class LayerKV:
         self.module = module  # kept so that a reused id() is never mistaken for this layer
         self.keys = Growing(2, follow_dtype=True)
         self.values = Growing(2, follow_dtype=True)
-        self.pending = 0  # tokens appended in the current call, not yet committed
         #: The layer's sliding window and chunk: what it may drop after each call.
         self.window: int | None = getattr(module, "window", None)
         self.chunk: int | None = getattr(module, "chunk", None)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.pending:
-            raise PosencValueError(
-                f"{type(self.module).__name__} ran twice in one cached call: one KVCache entry "
-                "serves one attention layer per call (give each use its own module)"
-            )
-        self.pending = k.shape[2]
         return self.keys.append(k), self.values.append(v)
 
     def drop_before(self, index: int) -> None:
@@ -133,10 +71,127 @@ class LayerKV:
     def commit(self, length: int) -> None:
         for part in (self.keys, self.values):
             part.commit(length)
-        self.pending = 0
 
-    def drop_pending(self) -> None:
-        self.pending = 0
+    def rollback(self) -> None:
+        for part in (self.keys, self.values):
+            part.rollback()
+
+
+class CacheWrite:
+    """The write side of one forward into a :class:`KVCache`, held by the forward's
+    :class:`~posenc.sequence.context.SequenceContext`: the new tokens' records and every
+    layer's new keys and values are staged past what the cache counts, the encodings' memos
+    are copies, and nothing a reader sees changes until :meth:`commit`. :meth:`rollback` (or
+    a forward that never commits) leaves the cache as it was.
+
+    Made by :meth:`KVCache.write` for ``batch`` rows (checked against the cache's)."""
+
+    def __init__(self, cache: KVCache, batch: int) -> None:
+        if cache.batch_size is not None and batch != cache.batch_size:
+            raise PosencValueError(
+                f"this KVCache holds {cache.batch_size} row(s), got a batch of {batch}; "
+                "use one cache per batch (or cache.reset())"
+            )
+        self.cache = cache
+        #: The new tokens' records ``(positions, padding, documents, runs, padded)``.
+        self._tokens: tuple[Any, ...] | None = None
+        self._layers: dict[int, LayerKV] = {}  # appended in this forward, in order
+        self._memos: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
+        #: Whether the keys hold more than one document (the cache then masks documents).
+        self.documents = False
+        self.closed = False
+
+    def __len__(self) -> int:
+        """Tokens the cache counts before this forward."""
+        return len(self.cache)
+
+    def stage(
+        self,
+        positions: Tensor,
+        padding: Tensor | None = None,
+        documents: Tensor | None = None,
+        runs: Tensor | None = None,
+        *,
+        padded: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Stage the new tokens' records ``(b, n)``; return every key's positions, padding
+        flags and runs ``(b, N + n)`` (``padded``: the call passed a padding mask).
+
+        Without ``padding``, ``documents`` and ``runs`` (a decoding step: real tokens that
+        continue each row's last document) only the positions are written; the rest is
+        filled in when read, so a step writes one record, not four."""
+        cache = self.cache
+        self._tokens = (positions, padding, documents, runs, padded)
+        key_positions = cache._positions.append(positions)
+        if padding is None or documents is None or runs is None:
+            return key_positions, None, None
+        cache._catch_up()
+        cache._documents.append(documents)
+        return key_positions, cache._padding.append(padding), cache._runs.append(runs)
+
+    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Stage one layer's new keys and values ``(b, h, n, d)``; return all ``(b, h, N + n,
+        d)``: the cached ones first."""
+        cache = self.cache
+        if id(module) in self._layers:
+            raise PosencValueError(
+                f"{type(module).__name__} ran twice in one cached call: one KVCache entry "
+                "serves one attention layer per call (give each use its own module)"
+            )
+        entry = cache._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            if len(cache):
+                raise PosencValueError(
+                    f"{type(module).__name__} has no entry in this KVCache, which already "
+                    f"holds {len(cache)} tokens of other layers: a cache serves the model "
+                    "that filled it"
+                )
+            entry = LayerKV(module)  # joins the cache on commit
+        if entry.keys.length != len(cache):
+            raise PosencValueError(
+                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
+                f"{entry.keys.length} tokens, the cache {len(cache)}"
+            )
+        self._layers[id(module)] = entry
+        return entry.append(k, v)
+
+    def memo(self, pe: nn.Module) -> dict[str, Any]:
+        """Encoding ``pe``'s memo for this forward: a copy of the cache's, which replaces it
+        on commit."""
+        held = self._memos.get(id(pe))
+        if held is None or held[0] is not pe:
+            kept = self.cache._memos.get(id(pe))
+            start = dict(kept[1]) if kept is not None and kept[0] is pe else {}
+            held = self._memos[id(pe)] = (pe, start)
+        return held[1]
+
+    def commit(self, *, bound: PositionBound | None = None, keeps: bool = False) -> None:
+        """End the forward: the cache counts the staged tokens and keys (``bound`` and
+        ``keeps`` as for :meth:`KVCache._commit`)."""
+        if self.closed:
+            return
+        self.closed = True
+        cache = self.cache
+        cache._memos.update(self._memos)
+        for key, entry in self._layers.items():
+            cache._layers.setdefault(key, entry)
+        if self.documents:
+            cache.has_documents = True
+        if self._tokens is not None:
+            cache._commit(
+                *self._tokens, layers=list(self._layers.values()), bound=bound, keeps=keeps
+            )
+
+    def rollback(self) -> None:
+        """Drop everything staged: the cache stays as it was before the forward."""
+        if self.closed:
+            return
+        self.closed = True
+        for entry in self._layers.values():
+            entry.rollback()
+        cache = self.cache
+        for part in (cache._positions, cache._padding, cache._documents, cache._runs):
+            part.rollback()
 
 
 class KVCache:
@@ -248,37 +303,6 @@ class KVCache:
         """Forget everything: the next call fills the cache anew."""
         self.__init__()  # type: ignore[misc]
 
-    # ------------------------------------------------------------ used by posenc.sequence.context
-
-    def begin(self, batch: int) -> None:
-        """Start a call over ``batch`` rows: check the batch and drop what a failed call left."""
-        if self.batch_size is not None and batch != self.batch_size:
-            raise PosencValueError(
-                f"this KVCache holds {self.batch_size} row(s), got a batch of {batch}; "
-                "use one cache per batch (or cache.reset())"
-            )
-        for entry in self._layers.values():
-            entry.drop_pending()
-
-    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append one layer's new keys and values ``(b, h, n, d)``; return all ``(b, h, N + n,
-        d)``: the cached ones first."""
-        entry = self._layers.get(id(module))
-        if entry is None or entry.module is not module:
-            if self._length:
-                raise PosencValueError(
-                    f"{type(module).__name__} has no entry in this KVCache, which already "
-                    f"holds {self._length} tokens of other layers: a cache serves the model "
-                    "that filled it"
-                )
-            entry = self._layers[id(module)] = LayerKV(module)
-        if entry.keys.length != self._length:
-            raise PosencValueError(
-                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
-                f"{entry.keys.length} tokens, the cache {self._length}"
-            )
-        return entry.append(k, v)
-
     def memo(self, pe: nn.Module) -> dict[str, Any]:
         """A dict kept for encoding ``pe`` across calls (xPos keeps its centre there)."""
         held = self._memos.get(id(pe))
@@ -286,25 +310,10 @@ class KVCache:
             held = self._memos[id(pe)] = (pe, {})
         return held[1]
 
-    def stage(
-        self,
-        positions: Tensor,
-        padding: Tensor | None = None,
-        documents: Tensor | None = None,
-        runs: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Write a call's tokens' records ``(b, n)`` after the committed ones, uncounted until
-        :meth:`commit`; return every key's positions, padding flags and runs ``(b, N + n)``.
-
-        Without ``padding``, ``documents`` and ``runs`` (a decoding step: real tokens that
-        continue each row's last document) only the positions are written; the rest is
-        filled in when read (:meth:`_catch_up`), so a step writes one record, not four."""
-        key_positions = self._positions.append(positions)
-        if padding is None or documents is None or runs is None:
-            return key_positions, None, None
-        self._catch_up()
-        self._documents.append(documents)
-        return key_positions, self._padding.append(padding), self._runs.append(runs)
+    def write(self, batch: int) -> CacheWrite:
+        """The write side of one forward over ``batch`` rows (a :class:`CacheWrite`, which
+        the forward's :class:`~posenc.sequence.context.SequenceContext` holds)."""
+        return CacheWrite(self, batch)
 
     def _catch_up(self) -> None:
         """Fill the padding flags, document ids and runs of the tokens staged without them:
@@ -320,7 +329,7 @@ class KVCache:
         for part in (self._padding, self._documents, self._runs):
             part.commit(self._length)
 
-    def commit(
+    def _commit(
         self,
         positions: Tensor,
         padding: Tensor | None,
@@ -328,10 +337,12 @@ class KVCache:
         runs: Tensor | None,
         padded: bool,
         *,
+        layers: list[LayerKV],
         bound: PositionBound | None = None,
         keeps: bool = False,
     ) -> None:
-        """End a call: count its staged tokens ``(b, n)`` and every layer's appends, and note
+        """End a call (:meth:`CacheWrite.commit`): count its staged tokens ``(b, n)`` and the
+        appends of its ``layers``, and note
         where each row goes on (``padded``: the call passed a padding mask; ``padding`` and
         the rest ``None``: a step staged with its positions alone). ``bound``: the host's
         bound on the call's positions (``None``: unknown); ``keeps``: every row's document
@@ -352,9 +363,8 @@ class KVCache:
         if padding is not None:
             for part in (self._padding, self._documents, self._runs):
                 part.commit(self._length)
-        for entry in self._layers.values():
-            if entry.pending:
-                entry.commit(self._length)
+        for entry in layers:
+            entry.commit(self._length)
         self.batch_size = positions.shape[0]
         self.has_padding = self.has_padding or padded
         if n and (padding is None or documents is None or runs is None):

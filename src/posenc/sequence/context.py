@@ -28,41 +28,23 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.base import PositionalEncoding, RotaryEncoding
-from ..encodings.checks import (
-    MAX_POSITION,
-    PositionBound,
-    check_position_range,
-    resolve_bounded_positions,
-)
+from ..encodings.checks import PositionBound
 from ..encodings.state import PositionState
 from ..errors import PosencTypeError, PosencValueError
-from .cache import KVCache
-from .masks import attention_mask, check_key_padding_mask
-from .streaming import StreamingCache
+from .cache import CacheWrite, KVCache
+from .documents import (
+    check_document_ids,
+    default_positions,
+    given_positions,
+    has_splits,
+    new_documents,
+    within_range,
+)
+from .masks import MaskSpec, check_key_padding_mask
+from .memo import ForwardMemo
+from .streaming import StreamingCache, StreamWrite
 
-__all__ = ["SequenceContext", "check_document_ids"]
-
-
-def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | None:
-    """``document_ids`` checked to be a ``(batch, seq)`` integer tensor, or ``None``."""
-    if document_ids is None:
-        return None
-    if not isinstance(document_ids, Tensor):
-        raise PosencTypeError(
-            f"document_ids must be a torch.Tensor, got {type(document_ids).__name__}"
-        )
-    if (
-        document_ids.is_floating_point()
-        or document_ids.is_complex()
-        or document_ids.dtype == torch.bool
-    ):
-        raise PosencTypeError(f"document_ids must be an integer tensor, got {document_ids.dtype}")
-    if tuple(document_ids.shape) != (batch, seq):
-        raise PosencValueError(
-            f"document_ids must have shape (batch, seq) = {(batch, seq)}, "
-            f"got {tuple(document_ids.shape)}"
-        )
-    return document_ids
+__all__ = ["SequenceContext", "position_state"]
 
 
 class SequenceContext:
@@ -77,13 +59,17 @@ class SequenceContext:
         key_padding_mask: ``(b, nk)`` bool, True = padding, or ``None`` when no key is.
         q_runs / k_runs: document run numbers of queries ``(b, n)`` and keys ``(b, nk)``, or
             ``None`` without documents.
-        cache: the :class:`~posenc.KVCache` (or :class:`~posenc.StreamingCache`) being
-            filled, or ``None``.
+        write: the write side of the cache being filled (a
+            :class:`~posenc.sequence.cache.CacheWrite` or
+            :class:`~posenc.sequence.streaming.StreamWrite`), or ``None``: what the forward
+            adds to the cache, which :meth:`commit` makes the cache's and :meth:`rollback`
+            drops.
         absolute_positions: the positions additive encodings add at: ``positions``, except
             with a StreamingCache (``positions`` are then in-cache ones, these each token's
             position in its row).
         keys_at_read: the cache stores keys before rotation (a StreamingCache): attention
             rotates every key it reads, at ``key_positions``.
+        memo: what the layers of this forward share (:class:`ForwardMemo`).
     """
 
     def __init__(
@@ -94,8 +80,7 @@ class SequenceContext:
         key_padding_mask: Tensor | None,
         q_runs: Tensor | None,
         k_runs: Tensor | None,
-        cache: KVCache | StreamingCache | None,
-        record: tuple[Any, ...] | None,
+        write: CacheWrite | StreamWrite | None,
         bound: PositionBound | None = None,
         keeps: bool = True,
         absolute_positions: Tensor | None = None,
@@ -112,16 +97,16 @@ class SequenceContext:
         self.bound = bound
         self.key_padding_mask = key_padding_mask
         self.q_runs, self.k_runs = q_runs, k_runs
-        self.cache = cache
-        self._record = record  # what commit() hands the cache
-        self._keeps = keeps
+        self.write = write
+        self._keeps = keeps  # what the cache learns of its rows' next positions on commit
         self._masks: dict[tuple[bool, int, int, int | None, int | None], Tensor | None] = {}
-        self._kept: list[tuple[tuple[Any, ...], Any]] = []
+        self._specs: dict[tuple[bool, int, int, int | None, int | None], MaskSpec] = {}
+        self.memo = ForwardMemo()
 
     @property
     def past(self) -> int:
         """Tokens cached before this call."""
-        return 0 if self.cache is None else len(self.cache)
+        return 0 if self.write is None else len(self.write)
 
     @classmethod
     def build(
@@ -141,12 +126,9 @@ class SequenceContext:
         """The context of a forward over ``batch`` rows of ``seq`` new tokens, or ``None``
         when there is neither a cache nor documents nor a ``windowed`` layer (a sliding
         window or chunk, whose mask reads positions). Every argument is checked here, before
-        any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``."""
-        if cache is not None and not isinstance(cache, (KVCache, StreamingCache)):
-            raise PosencTypeError(
-                "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
-                f"{type(cache).__name__}"
-            )
+        any work: ``key_padding_mask`` and ``document_ids`` are ``(batch, seq)``. A cache is
+        opened for writing (its write side is the context's :attr:`write`)."""
+        _check_cache(cache)
         if isinstance(cache, StreamingCache):
             return cls._streaming(
                 cache, batch, seq, device, positions, key_padding_mask, document_ids, axes, scheme
@@ -160,74 +142,68 @@ class SequenceContext:
                 f"{scheme or 'this pe'} takes {axes}-D positions"
             )
         check_key_padding_mask(key_padding_mask, batch, seq)
-        if cache is not None:
-            cache.begin(batch)
-        past = 0 if cache is None else len(cache)
+        write = None if cache is None else cache.write(batch)
         if (
             cache is not None
-            and past
+            and len(cache)
             and document_ids is None
             and key_padding_mask is None
             and not (cache.has_documents or cache.has_padding)
         ):
-            return cls._step(cache, batch, seq, device, positions)
-        bound = None
-        new_padding = (
+            return cls._step(write, batch, seq, device, positions)
+        return cls._tokens(write, batch, seq, device, positions, key_padding_mask, document_ids)
+
+    @classmethod
+    def _tokens(
+        cls,
+        write: CacheWrite | None,
+        batch: int,
+        seq: int,
+        device: torch.device,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+    ) -> SequenceContext:
+        """The context of a forward that records every token: padding and document runs (a
+        first cached call, padding or documents given now or held by the cache, or an
+        uncached packed or windowed forward)."""
+        cache = None if write is None else write.cache
+        given = document_ids is not None
+        padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
             else key_padding_mask
         )
-        # documents: the cache's last id and run continue unless ids are given
-        last_id = last_run = None
-        if past:
-            assert cache is not None
-            last_id, last_run = cache.last_document  # (b, 1) each
-        given = document_ids is not None
-        if document_ids is None and last_id is not None and last_run is not None:
-            document_ids, q_runs = last_id.expand(batch, seq), last_run.expand(batch, seq)
-            opens = torch.zeros(batch, seq, dtype=torch.bool, device=device)
-        else:
-            if document_ids is None:
-                document_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
-            document_ids = document_ids.to(device=device, dtype=torch.long)
-            q_runs, opens = _runs(document_ids, last_id, last_run)
+        last_id, last_run = (None, None) if cache is None or not len(cache) else cache.last_document
+        document_ids, q_runs, opens = new_documents(
+            document_ids, last_id, last_run, batch, seq, device
+        )
         if positions is None:
-            positions = _default_positions(cache, q_runs, opens, last_run)
-            # counted from 0, or from a row's next position (at most start.largest) where the
-            # cache's document goes on; exact where no new document opens (every row then
-            # continues the cache's, or counts 0 .. seq - 1 in a first call)
-            start = PositionBound(0, True)
-            if cache is not None and last_run is not None:
-                start = cache.position_bound()
-            if seq and start is not None:
-                bound = _within_range(start.largest + seq - 1, start.exact and not given)
+            positions, bound = default_positions(cache, q_runs, opens, last_run, given)
         else:
-            positions, bound = resolve_bounded_positions(
-                positions, seq, batch=batch, device=device, name="positions"
+            continuing = None if last_run is None else (q_runs == last_run) & ~padding
+            positions, bound = given_positions(positions, cache, continuing, batch, seq, device)
+        key_positions, keys_padding, k_runs = positions, padding, q_runs
+        if write is not None:  # staged past the cache's length: counted only on commit
+            key_positions, keys_padding, k_runs = write.stage(
+                positions, padding, document_ids, q_runs, padded=key_padding_mask is not None
             )
-            positions = positions.expand(batch, seq)
-            if cache is not None and cache.floor is not None and last_run is not None:
-                _check_floor(positions, cache.floor, (q_runs == last_run) & ~new_padding)
-        key_positions, keys_padding, k_runs = positions, new_padding, q_runs
-        record = None
-        if cache is not None:  # written past the committed length: count only on commit
-            record = (positions, new_padding, document_ids, q_runs, key_padding_mask is not None)
-            key_positions, keys_padding, k_runs = cache.stage(*record[:4])
         # a document mask only where some row's keys hold two documents or more
-        with_documents = (cache is not None and cache.has_documents) or (given and _splits(k_runs))
-        if with_documents and cache is not None:
-            cache.has_documents = True
+        held = cache is not None and cache.has_documents
+        with_documents = held or (given and has_splits(k_runs))
+        if write is not None:
+            write.documents = with_documents
         any_padding = key_padding_mask is not None or (cache is not None and cache.has_padding)
         if key_padding_mask is not None:  # the earlier keys' rows were checked when cached
-            check_key_padding_mask(keys_padding, batch, past + seq, read_values=True)
+            keys = (0 if cache is None else len(cache)) + seq
+            check_key_padding_mask(keys_padding, batch, keys, read_values=True)
         return cls(
             positions=positions,
             key_positions=key_positions,
             key_padding_mask=keys_padding if any_padding else None,
             q_runs=q_runs if with_documents else None,
             k_runs=k_runs if with_documents else None,
-            cache=cache,
-            record=record,
+            write=write,
             bound=bound,
             keeps=not given and key_padding_mask is None,
         )
@@ -235,7 +211,7 @@ class SequenceContext:
     @classmethod
     def _step(
         cls,
-        cache: KVCache,
+        write: CacheWrite | None,
         batch: int,
         seq: int,
         device: torch.device,
@@ -243,6 +219,8 @@ class SequenceContext:
     ) -> SequenceContext:
         """A decoding step's context: real tokens continuing each row's document, in a cache
         without padding or documents; only their positions are recorded."""
+        assert write is not None
+        cache = write.cache
         following = cache.next_position
         assert following is not None
         bound = None
@@ -250,23 +228,18 @@ class SequenceContext:
             positions = following + torch.arange(seq, device=device)  # (b, n)
             start = cache.position_bound()  # every row's next position is at most this
             if start is not None and seq:
-                bound = _within_range(start.largest + seq - 1, start.exact)
+                bound = within_range(start.largest + seq - 1, start.exact)
         else:
-            positions, bound = resolve_bounded_positions(
-                positions, seq, batch=batch, device=device, name="positions"
-            )
-            positions = positions.expand(batch, seq)
-            if cache.floor is not None:
-                _check_floor(positions, cache.floor, torch.ones_like(positions, dtype=torch.bool))
-        key_positions, _, _ = cache.stage(positions)
+            every = torch.ones(batch, seq, dtype=torch.bool, device=device)
+            positions, bound = given_positions(positions, cache, every, batch, seq, device)
+        key_positions, _, _ = write.stage(positions)
         return cls(
             positions=positions,
             key_positions=key_positions,
             key_padding_mask=None,
             q_runs=None,
             k_runs=None,
-            cache=cache,
-            record=(positions, None, None, None, False),
+            write=write,
             bound=bound,
         )
 
@@ -304,15 +277,15 @@ class SequenceContext:
         # (values are read by the plan: padding must come first in each row; a row with no
         # real token yet, a long left padding fed in parts, is let through)
         check_key_padding_mask(key_padding_mask, batch, seq)
-        step = cache.plan(batch, seq, key_padding_mask, device)
+        write = cache.write(batch, seq, key_padding_mask, device)
+        step = write.step
         return cls(
             positions=step.positions,
             key_positions=step.key_positions,
             key_padding_mask=step.key_padding_mask,
             q_runs=None,
             k_runs=None,
-            cache=cache,
-            record=(),
+            write=write,
             bound=step.bound,
             absolute_positions=step.absolute_positions,
             keys_at_read=True,
@@ -323,8 +296,9 @@ class SequenceContext:
         """``pe``'s state for this forward over ``x`` ``(b, n, D)``: its
         :meth:`~posenc.PositionalEncoding.context_state`, or, where keys are rotated when
         read (a StreamingCache), a rotary scheme's
-        :meth:`~posenc.RotaryEncoding.read_state`."""
-        memo = {} if self.cache is None else self.cache.memo(pe)
+        :meth:`~posenc.RotaryEncoding.read_state`. The encoding's memo across calls is the
+        cache's, as this forward's write sees it."""
+        memo = {} if self.write is None else self.write.memo(pe)
         if self.keys_at_read and isinstance(pe, RotaryEncoding):
             nk = self.key_positions.shape[-1]
             keys = None if self._arange_keys else self.key_positions
@@ -334,9 +308,9 @@ class SequenceContext:
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values ``(b, h, nk, d)`` that ``module``'s new queries read: its cached
         ones followed by ``k`` and ``v`` (which join the cache), or ``k`` and ``v`` alone."""
-        if self.cache is None:
+        if self.write is None:
             return k, v
-        return self.cache.append_kv(module, k, v)
+        return self.write.append_kv(module, k, v)
 
     def mask(
         self,
@@ -353,9 +327,27 @@ class SequenceContext:
         positions; ``None`` when every pair may attend."""
         key = (causal, nq, nk, window, chunk)
         if key not in self._masks:
+            self._masks[key] = self.mask_spec(causal, nq, nk, window, chunk).dense(device)
+        return self._masks[key]
+
+    def mask_spec(
+        self,
+        causal: bool,
+        nq: int,
+        nk: int,
+        window: int | None = None,
+        chunk: int | None = None,
+    ) -> MaskSpec:
+        """The :class:`~posenc.sequence.masks.MaskSpec` of a layer (arguments as for
+        :meth:`mask`), made once per forward for each kind of layer: what both the dense
+        mask and flex's block mask read."""
+        key = (causal, nq, nk, window, chunk)
+        spec = self._specs.get(key)
+        if spec is None:
             batch = self.key_positions.shape[0]
             k_positions, padding, k_runs = self.last_keys(nk)
-            self._masks[key] = attention_mask(
+            windowed = window is not None or chunk is not None
+            spec = self._specs[key] = MaskSpec.build(
                 batch,
                 nq,
                 nk,
@@ -363,13 +355,12 @@ class SequenceContext:
                 key_padding_mask=padding,
                 q_documents=self.q_runs,
                 k_documents=k_runs,
-                device=device,
-                q_positions=self.positions.expand(batch, nq),
-                k_positions=k_positions.expand(batch, nk),
+                q_positions=self.positions.expand(batch, nq) if windowed else None,
+                k_positions=k_positions.expand(batch, nk) if windowed else None,
                 window=window,
                 chunk=chunk,
             )
-        return self._masks[key]
+        return spec
 
     def last_keys(self, nk: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """The positions ``(b, nk)``, padding flags and document runs of the last ``nk`` keys:
@@ -386,83 +377,41 @@ class SequenceContext:
         return self.key_positions[..., start:], tail(self.key_padding_mask), tail(self.k_runs)
 
     def keep(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-        """``make()`` kept under ``key`` for the rest of this forward (a layer's mask made
-        into an additive one, say); ``key``'s items are compared by identity."""
-        for stored, value in self._kept:
-            if len(stored) == len(key) and all(a is b for a, b in zip(stored, key, strict=True)):
-                return value
-        value = make()
-        self._kept.append((key, value))
-        return value
+        """``make()`` kept under ``key`` for the rest of this forward (see
+        :meth:`ForwardMemo.keep`)."""
+        return self.memo.keep(key, make)
 
     def commit(self) -> None:
-        """End the forward: the cache (if any) records the new tokens."""
-        if self.cache is not None and self._record is not None:
-            self.cache.commit(*self._record, bound=self.bound, keeps=self._keeps)
-            self._record = None
+        """End the forward: the cache (if any) holds the new tokens."""
+        if self.write is not None:
+            self.write.commit(bound=self.bound, keeps=self._keeps)
+
+    def rollback(self) -> None:
+        """End a forward that failed: the cache (if any) stays as it was before it."""
+        if self.write is not None:
+            self.write.rollback()
 
 
-def _splits(runs: Tensor) -> bool:
-    """Whether some row holds more than one document run (runs only grow along a row)."""
-    return bool((runs[:, -1] != runs[:, 0]).any()) if runs.numel() else False
-
-
-def _runs(
-    document_ids: Tensor, last_id: Tensor | None, last_run: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """Run numbers ``(b, n)`` of new tokens with these ids (continuing the cache's numbering),
-    and where a run opens ``(b, n)`` bool (a token whose id differs from the one before it;
-    the first token opens one unless it continues the cache's last document)."""
-    b = document_ids.shape[0]
-    before = (
-        torch.full((b, 1), -1, dtype=torch.long, device=document_ids.device)
-        if last_id is None
-        else last_id.long()
-    )
-    previous = torch.cat([before, document_ids[:, :-1]], dim=1)  # (b, n)
-    opens = document_ids != previous
-    if last_id is None and opens.shape[1]:
-        opens[:, 0] = True
-    start = -1 if last_run is None else last_run.long()  # (b, 1) or a number
-    return start + opens.long().cumsum(dim=1), opens
-
-
-def _default_positions(
-    cache: KVCache | None, q_runs: Tensor, opens: Tensor, last_run: Tensor | None
-) -> Tensor:
-    """Positions of new tokens: counting from 0 where a document opens, and from the cached
-    document's largest position + 1 for the tokens continuing it."""
-    b, n = q_runs.shape
-    index = torch.arange(n, device=q_runs.device).expand(b, n)
-    start = torch.where(opens, index, torch.zeros_like(index)).cummax(dim=1).values
-    counted = index - start
-    if cache is None or last_run is None or cache.next_position is None:
-        return counted
-    continuing = q_runs == last_run  # (b, n): the first run, when it continues the cache
-    return torch.where(continuing, cache.next_position + index, counted)
-
-
-def _check_floor(positions: Tensor, floor: Tensor, continuing: Tensor) -> None:
-    """Refuse explicit positions that go back below a row's next position, for the tokens
-    continuing its document: a windowed layer of the cache dropped the keys they could
-    read."""
-    back = continuing & (positions < floor)  # (b, n)
-    if bool(back.any()):
-        row = int(back.any(dim=1).float().argmax())
-        raise PosencValueError(
-            f"positions go back in row {row}: the next position there is "
-            f"{floor[row, 0].item()}, got {positions[row][back[row]].min().item()}; this "
-            "cache's windowed layers no longer hold the keys such a token would read (use a "
-            "new KVCache)"
-        )
-
-
-def _within_range(largest: int, exact: bool) -> PositionBound | None:
-    """The bound on default positions that continue a cache, checked on the host: past
-    2**53 it refuses where some position equals it (``exact``), and is dropped where it is
-    only a bound (the positions are then read and checked where they are used)."""
-    if largest > MAX_POSITION:
-        if exact:
-            check_position_range("positions", 0, largest)
+def position_state(
+    pe: PositionalEncoding | None,
+    x: Tensor,
+    positions: Tensor | None,
+    context: SequenceContext | None,
+) -> PositionState | None:
+    """The one place a forward asks encoding ``pe`` for its per-forward state over ``x``
+    ``(b, n, D)``: through the ``context`` of a cached, packed or windowed forward
+    (:meth:`SequenceContext.state`), else at ``positions``
+    (:meth:`~posenc.PositionalEncoding.position_state`); ``None`` without an encoding."""
+    if pe is None:
         return None
-    return PositionBound(largest, exact)
+    if context is None:
+        return pe.position_state(positions, x)
+    return context.state(pe, x)
+
+
+def _check_cache(cache: object) -> None:
+    if cache is not None and not isinstance(cache, (KVCache, StreamingCache)):
+        raise PosencTypeError(
+            "cache must be a posenc.KVCache, a posenc.StreamingCache or None, got "
+            f"{type(cache).__name__}"
+        )

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from ..encodings.checks import PositionBound
 from ..errors import PosencTypeError, PosencValueError
 
-__all__ = ["StreamStep", "StreamingCache"]
+__all__ = ["StreamStep", "StreamWrite", "StreamingCache"]
 
 
 @dataclass
@@ -81,7 +81,6 @@ class _LayerEntry:
         self.module = module  # kept so that a reused id() is never mistaken for this layer
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
-        self.pending: tuple[Tensor, Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -131,7 +130,6 @@ class StreamingCache:
         self._valid: Tensor | None = None  # (b, L) True = a real token (after padding)
         self._seen: Tensor | None = None  # (b, 1) real tokens seen per row (after padding)
         self._positions: Tensor | None = None  # (b, L) in-cache positions
-        self._step: StreamStep | None = None
 
     @property
     def capacity(self) -> int:
@@ -197,9 +195,15 @@ class StreamingCache:
             held = self._memos[id(pe)] = (pe, {})
         return held[1]
 
-    # ------------------------------------------------------------ used by posenc.sequence.context
+    def write(
+        self, batch: int, n: int, key_padding_mask: Tensor | None, device: torch.device
+    ) -> StreamWrite:
+        """The write side of one forward of ``n`` new tokens per row (a
+        :class:`StreamWrite`, which the forward's
+        :class:`~posenc.sequence.context.SequenceContext` holds), planned first."""
+        return StreamWrite(self, self._plan(batch, n, key_padding_mask, device))
 
-    def plan(
+    def _plan(
         self, batch: int, n: int, key_padding_mask: Tensor | None, device: torch.device
     ) -> StreamStep:
         """Plan a call of ``n`` new tokens per row (``key_padding_mask`` checked ``(b, n)``):
@@ -210,8 +214,6 @@ class StreamingCache:
                 f"this StreamingCache holds {self.batch_size} row(s), got a batch of {batch}; "
                 "use one cache per batch (or cache.reset())"
             )
-        for entry in self._layers.values():
-            entry.pending = None  # what a failed call left
         S, cap = self.sink_tokens, self.capacity
         if key_padding_mask is None and not self.has_padding:
             if n > 1 and self._real + n > cap:
@@ -237,7 +239,6 @@ class StreamingCache:
             )
         else:
             step = self._plan_padded(batch, n, key_padding_mask, device)
-        self._step = step
         return step
 
     def _plan_padded(
@@ -257,24 +258,24 @@ class StreamingCache:
                 f"call (left padding): row(s) {rows[:8]} of key_padding_mask have padding after "
                 "a real token"
             )
-        if self._valid is None:  # the first padded call: rows were alike until now
-            self._valid = torch.ones(batch, self._length, dtype=torch.bool, device=device)
-            self._seen = torch.full((batch, 1), self._real, dtype=torch.long, device=device)
-        assert self._seen is not None
+        held_valid, held_seen = self._valid, self._seen
+        if held_valid is None or held_seen is None:  # the first padded call: rows were alike
+            held_valid = torch.ones(batch, self._length, dtype=torch.bool, device=device)
+            held_seen = torch.full((batch, 1), self._real, dtype=torch.long, device=device)
         counts = new_real.sum(dim=1, keepdim=True)  # (b, 1)
-        seen = self._seen + counts
+        seen = held_seen + counts
         cap = self.capacity
         if n > 1:
             over = (counts > 1) & (seen > cap)  # (b, 1): would evict part-way
             if bool(over.any()):
                 row = int(over.flatten().float().argmax())
                 raise PosencValueError(
-                    f"a call of {int(counts[row])} real tokens after {int(self._seen[row])} in "
+                    f"a call of {int(counts[row])} real tokens after {int(held_seen[row])} in "
                     f"row {row} would pass the StreamingCache's sink_tokens + window = {cap} "
                     "part-way: feed at most that many in one call and the rest one per call "
                     "(generate does)"
                 )
-        valid = torch.cat([self._valid, new_real], dim=1)  # (b, L + n)
+        valid = torch.cat([held_valid, new_real], dim=1)  # (b, L + n)
         width = valid.shape[1]
         left = valid.long().cumsum(dim=1) - 1  # rank among the row's real tokens
         right = valid.long().sum(dim=1, keepdim=True) - 1 - left
@@ -285,7 +286,7 @@ class StreamingCache:
         index = order[:, width - total :]  # (b, L')
         kept = keep.gather(1, index)
         key_positions = (kept.long().cumsum(dim=1) - 1).clamp_(min=0) * kept
-        absolute = (self._seen + new_real.long().cumsum(dim=1) - 1).clamp_(min=0) * new_real
+        absolute = (held_seen + new_real.long().cumsum(dim=1) - 1).clamp_(min=0) * new_real
         return StreamStep(
             positions=key_positions[:, total - n :],
             key_positions=key_positions,
@@ -297,35 +298,6 @@ class StreamingCache:
             valid=kept,
             seen=seen,
         )
-
-    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Join one layer's new keys (unrotated) and values ``(b, g, n, d)`` to those it
-        holds; return the ones the new queries read ``(b, g, L', d)``: the kept held ones
-        first, then the new ones."""
-        step = self._step
-        assert step is not None  # plan() ran for this call
-        entry = self._layers.get(id(module))
-        if entry is None or entry.module is not module:
-            if self._length:
-                raise PosencValueError(
-                    f"{type(module).__name__} has no entry in this StreamingCache, which "
-                    f"already holds {self._length} tokens of other layers: a cache serves the "
-                    "model that filled it"
-                )
-            entry = self._layers[id(module)] = _LayerEntry(module)
-        if entry.pending is not None:
-            raise PosencValueError(
-                f"{type(module).__name__} ran twice in one cached call: one StreamingCache "
-                "entry serves one attention layer per call (give each use its own module)"
-            )
-        if entry.length != self._length:
-            raise PosencValueError(
-                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
-                f"{entry.length} tokens, the cache {self._length}"
-            )
-        joined = (self._join(entry.keys, k, step), self._join(entry.values, v, step))
-        entry.pending = joined
-        return joined
 
     @staticmethod
     def _join(held: Tensor | None, new: Tensor, step: StreamStep) -> Tensor:
@@ -343,15 +315,12 @@ class StreamingCache:
             parts = [held[:, :, :s], held[:, :, s + dropped :], new]
         return torch.cat(parts, dim=2) if len(parts) > 1 else new.clone()
 
-    def commit(self, *record: Any, bound: Any = None, keeps: bool = True) -> None:
-        """End a call: every layer's joined keys and values become what it holds."""
-        step = self._step
-        if step is None:
-            return
-        for entry in self._layers.values():
-            if entry.pending is not None:
-                entry.keys, entry.values = entry.pending
-                entry.pending = None
+    def _commit(self, step: StreamStep, joined: dict[int, tuple[_LayerEntry, Any]]) -> None:
+        """End a call (:meth:`StreamWrite.commit`): every layer's joined keys and values
+        become what it holds."""
+        for key, (entry, (keys, values)) in joined.items():
+            entry.keys, entry.values = keys, values
+            self._layers.setdefault(key, entry)
         self._length = step.key_positions.shape[1]
         self._positions = step.key_positions
         if step.valid is not None:
@@ -360,4 +329,72 @@ class StreamingCache:
         else:
             self._real = step.real
         self.batch_size = step.key_positions.shape[0]
-        self._step = None
+
+
+class StreamWrite:
+    """The write side of one forward into a :class:`StreamingCache`, held by the forward's
+    :class:`~posenc.sequence.context.SequenceContext`: the planned ``step``, each layer's
+    joined keys and values and the encodings' memos (copies), none of which the cache holds
+    until :meth:`commit`; :meth:`rollback` (or a forward that never commits) leaves the
+    cache as it was."""
+
+    def __init__(self, cache: StreamingCache, step: StreamStep) -> None:
+        self.cache, self.step = cache, step
+        self._joined: dict[int, tuple[_LayerEntry, Any]] = {}  # in order of first use
+        self._memos: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
+        self.closed = False
+
+    def __len__(self) -> int:
+        """Tokens the cache holds before this forward."""
+        return len(self.cache)
+
+    def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Join one layer's new keys (unrotated) and values ``(b, g, n, d)`` to those it
+        holds; return the ones the new queries read ``(b, g, L', d)``: the kept held ones
+        first, then the new ones."""
+        cache = self.cache
+        if id(module) in self._joined:
+            raise PosencValueError(
+                f"{type(module).__name__} ran twice in one cached call: one StreamingCache "
+                "entry serves one attention layer per call (give each use its own module)"
+            )
+        entry = cache._layers.get(id(module))
+        if entry is None or entry.module is not module:
+            if len(cache):
+                raise PosencValueError(
+                    f"{type(module).__name__} has no entry in this StreamingCache, which "
+                    f"already holds {len(cache)} tokens of other layers: a cache serves the "
+                    "model that filled it"
+                )
+            entry = _LayerEntry(module)  # joins the cache on commit
+        if entry.length != len(cache):
+            raise PosencValueError(
+                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
+                f"{entry.length} tokens, the cache {len(cache)}"
+            )
+        step = self.step
+        joined = (cache._join(entry.keys, k, step), cache._join(entry.values, v, step))
+        self._joined[id(module)] = (entry, joined)
+        return joined
+
+    def memo(self, pe: nn.Module) -> dict[str, Any]:
+        """Encoding ``pe``'s memo for this forward: a copy of the cache's, which replaces it
+        on commit."""
+        held = self._memos.get(id(pe))
+        if held is None or held[0] is not pe:
+            kept = self.cache._memos.get(id(pe))
+            start = dict(kept[1]) if kept is not None and kept[0] is pe else {}
+            held = self._memos[id(pe)] = (pe, start)
+        return held[1]
+
+    def commit(self, **_: Any) -> None:
+        """End the forward: the cache holds what it joined."""
+        if self.closed:
+            return
+        self.closed = True
+        self.cache._memos.update(self._memos)
+        self.cache._commit(self.step, self._joined)
+
+    def rollback(self) -> None:
+        """Drop what the forward joined: the cache stays as it was."""
+        self.closed = True

@@ -36,7 +36,7 @@ from .settings import Settings, missing_peer, timing_line
 
 def posenc_model(s: Settings) -> nn.Module:
     """The causal RoPE model every row times (seeded, eval mode)."""
-    from ...model.encoder import TransformerModel
+    from ...model.transformer import TransformerModel
 
     vocab, dim, depth, heads = s.decode
     torch.manual_seed(0)
@@ -366,7 +366,7 @@ def cache_bytes(cache: KVCache | StreamingCache) -> tuple[int, int]:
 
 def _streaming(s: Settings, section: Section) -> Table:
     """A long greedy generation with a StreamingCache and with a KVCache, alternating."""
-    from ...model.encoder import TransformerModel
+    from ...model.transformer import TransformerModel
 
     vocab, dim, depth, heads = s.decode_stream
     n, new, sinks, window = s.decode_stream_tokens
