@@ -42,7 +42,7 @@ from .registry import (
     _REGISTRY,
     register,
 )
-from .state import BiasState, PositionState, RotaryState
+from .state import BiasState, ModuleRotation, PositionState, RotaryState
 from .tiles import add_encoding
 
 Family = Literal["additive", "rotary", "bias", "none"]
@@ -182,7 +182,7 @@ class RotaryEncoding(PositionalEncoding):
     def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
         """A rotation for every layer. This default calls :meth:`forward` in each layer;
         schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
-        return RotaryState(lambda q, k, inplace: self(q, k, positions))
+        return ModuleRotation(self, positions)
 
     def read_state(
         self,

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
-from ..encodings.rotary.kernels.rotate import rotate_pair as rotate_both
+from ..encodings.rotary.kernels.rotate import run_plan_pair as rotate_both
 from ..encodings.rotary.kernels.select import select
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding

@@ -284,7 +284,9 @@ def _lane_row(rope: RotaryEmbedding, positions: torch.Tensor | None, n: int) -> 
         return None
     if positions is None:
         extent = (0, n - 1, True)
-    return rope._tables.first_row(extent, n, torch.device("cpu")) if rope._decode_lane else None
+    return (
+        rope._tables.first_row(extent, n, torch.device("cpu")) if rope._tables.decode_lane else None
+    )
 
 
 @pytest.mark.parametrize(
@@ -413,13 +415,13 @@ def test_compiled_in_place_rotates_the_inputs_own_storage(
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     want = rope(q.clone(), k.clone(), positions)
     calls = []
-    fast = ops.rotate_with
+    fast = ops.turn_or_fallback
 
     def counted(kernel: object, x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append((x.data_ptr(), out.data_ptr()))
         fast(kernel, x, out, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ops, "rotate_with", counted)
+    monkeypatch.setattr(ops, "turn_or_fallback", counted)
     pointers = (q.data_ptr(), k.data_ptr())
     with torch.no_grad():
         got = compiled(q, k, positions)
@@ -448,13 +450,13 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     compiled = torch.compile(lambda q, k, p: rope(q, k, p), fullgraph=True)
     q, k, positions = torch.randn(2, 3, 9, 16), torch.randn(2, 1, 9, 16), torch.arange(4, 13)
     calls = []
-    fast = ops.rotate_with
+    fast = ops.turn_or_fallback
 
     def counted(kernel: object, x: torch.Tensor, out: torch.Tensor, *args: object) -> None:
         calls.append(x.shape)
         fast(kernel, x, out, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ops, "rotate_with", counted)
+    monkeypatch.setattr(ops, "turn_or_fallback", counted)
     grads = []
     for run in (rope, compiled):
         calls.clear()

@@ -20,12 +20,12 @@ from ..registry import register
 from ..rope_types.builtin import default_inv_freq
 from ..state import RotaryState
 from .common import (
+    TableRotation,
+    apply_tables,
+    apply_tables_qk,
     check_base,
     check_qk,
     check_rotary_dim,
-    rotary_state,
-    rotate_one,
-    rotate_qk,
     unsqueeze_heads,
 )
 
@@ -151,7 +151,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
         """cos and sin of the coordinates, computed once for every layer of a forward."""
         coords = self.coordinates(positions, x.shape[1], x.shape[0], x.device)
         cos_sin = self.cos_sin(coords, compute_dtype(x.dtype))
-        return rotary_state(self.interleaved, cos_sin, cos_sin)
+        return TableRotation(self.interleaved, cos_sin, cos_sin)
 
     def rotate(
         self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -161,7 +161,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
         x, _ = check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         tables = self.cos_sin(coords, compute_dtype(x.dtype))
-        return rotate_one(x, tables, self.interleaved, inplace)
+        return apply_tables(x, tables, self.interleaved, inplace)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -174,7 +174,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
         coords = self.coordinates(positions, n, b, q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         tables = self.cos_sin(coords, work)
-        return rotate_qk(q, k, tables, tables, self.interleaved, inplace)
+        return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         return (

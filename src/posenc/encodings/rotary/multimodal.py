@@ -32,7 +32,7 @@ from torch import Tensor
 from ...errors import PosencValueError
 from ..checks import check_bool, compute_dtype
 from ..state import RotaryState
-from .common import check_qk, rotary_state, rotate_one, rotate_qk
+from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
 from .kernels.select import Plan, select
 from .mrope_layouts import check_mrope, pair_rows
 from .rope import HF_CLASSES, RotaryEmbedding
@@ -198,9 +198,9 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         (``blocked-channels``): each by both, keeping the channels each was made for."""
         first, second = tables
         if not self.split_pairs:
-            return rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
-        other_q, other_k = rotate_qk(q, k, second, second, self.interleaved, False)
-        q, k = rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
+            return apply_tables_qk(q, k, first, first, self.interleaved, inplace, plan)
+        other_q, other_k = apply_tables_qk(q, k, second, second, self.interleaved, False)
+        q, k = apply_tables_qk(q, k, first, first, self.interleaved, inplace, plan)
         self._second_channels(q).copy_(self._second_channels(other_q))
         self._second_channels(k).copy_(self._second_channels(other_k))
         return q, k
@@ -248,9 +248,9 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         work = compute_dtype(x.dtype)
         first, second = self._row_tables(positions, x.shape[0], x.shape[2], work, x.device, plan)
         if not self.split_pairs:
-            return rotate_one(x, first, self.interleaved, inplace, "x", plan)
-        other = rotate_one(x, second, self.interleaved, False, "x")
-        x = rotate_one(x, first, self.interleaved, inplace, "x", plan)
+            return apply_tables(x, first, self.interleaved, inplace, "x", plan)
+        other = apply_tables(x, second, self.interleaved, False, "x")
+        x = apply_tables(x, first, self.interleaved, inplace, "x", plan)
         self._second_channels(x).copy_(self._second_channels(other))
         return x
 
@@ -290,12 +290,8 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         work = compute_dtype(x.dtype)
         tables = self._row_tables(positions, x.shape[0], x.shape[1], work, x.device, plan)
         if not self.split_pairs:
-            return rotary_state(self.interleaved, tables[0], tables[0])
-
-        def rotate(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._rotate_split(q, k, tables, inplace, None)
-
-        return RotaryState(rotate)
+            return TableRotation(self.interleaved, tables[0], tables[0])
+        return SplitPairRotation(self, tables)
 
     def read_state(
         self,
@@ -319,6 +315,19 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, "
             f"mrope_layout={self.mrope_layout!r}"
         )
+
+
+class SplitPairRotation(RotaryState):
+    """The per-forward state of the ``blocked-channels`` layout: each layer's ``q`` and ``k``
+    turned by the first and the second channels' tables (:meth:`~MultimodalRotaryEmbedding.
+    _rotate_split`)."""
+
+    def __init__(self, module: MultimodalRotaryEmbedding, tables: tuple[Tables, Tables]) -> None:
+        super().__init__()
+        self.module, self.tables = module, tables
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return self.module._rotate_split(q, k, self.tables, inplace, None)
 
 
 HF_CLASSES["mrope"] = MultimodalRotaryEmbedding

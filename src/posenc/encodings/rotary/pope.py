@@ -154,12 +154,7 @@ class PoPE(RotaryEncoding):
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The tables of one forward, computed once for every layer."""
         pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
-        tables = self.tables(pos, compute_dtype(x.dtype))
-
-        def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._transform(*check_qk(q, k, self.head_dim), tables)
-
-        return RotaryState(transform)
+        return PopeTransform(self, self.tables(pos, compute_dtype(x.dtype)), check=True)
 
     def read_state(
         self,
@@ -178,11 +173,7 @@ class PoPE(RotaryEncoding):
         work = compute_dtype(x.dtype)
         query_tables = self.tables(pos[..., keys - queries :], work)[0]
         key_tables = self.tables(pos, work)[1]
-
-        def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._transform(q, k, (query_tables, key_tables))
-
-        return RotaryState(transform)
+        return PopeTransform(self, (query_tables, key_tables), check=False)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -199,3 +190,18 @@ class PoPE(RotaryEncoding):
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, num_heads={self.num_heads}"
         return text if self.base == 10000.0 else text + f", base={self.base:g}"
+
+
+class PopeTransform(RotaryState):
+    """PoPE's per-forward state: each layer's ``q`` and ``k`` transformed with the tables
+    computed once; ``check``: whether ``q`` and ``k`` are checked as a pair of one length
+    (not where queries and keys read from a cache differ in length)."""
+
+    def __init__(self, pope: PoPE, tables: Any, *, check: bool) -> None:
+        super().__init__()
+        self.pope, self.tables, self.check = pope, tables, check
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        if self.check:
+            q, k = check_qk(q, k, self.pope.head_dim)
+        return self.pope._transform(q, k, self.tables)

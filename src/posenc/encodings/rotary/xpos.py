@@ -32,12 +32,12 @@ from ..registry import register
 from ..rope_types.builtin import default_inv_freq
 from ..state import RotaryState
 from .common import (
+    TableRotation,
+    apply_tables,
+    apply_tables_qk,
     check_base,
     check_qk,
     check_rotary_dim,
-    rotary_state,
-    rotate_one,
-    rotate_qk,
     unsqueeze_heads,
 )
 
@@ -161,7 +161,7 @@ class XPos(RotaryEncoding):
         pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
-        return rotary_state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
+        return TableRotation(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
 
     def context_state(
         self,
@@ -184,7 +184,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos, work, key=False, center=center)
         keys = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return rotary_state(self.interleaved, query, keys)
+        return TableRotation(self.interleaved, query, keys)
 
     def read_state(
         self,
@@ -207,7 +207,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos[..., keys - queries :], work, key=False, center=center)
         rows = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return rotary_state(self.interleaved, query, rows)
+        return TableRotation(self.interleaved, query, rows)
 
     def rotate(
         self,
@@ -223,7 +223,7 @@ class XPos(RotaryEncoding):
         x, _ = check_qk(x, x, self.head_dim)
         pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
-        return rotate_one(x, tables, self.interleaved, inplace)
+        return apply_tables(x, tables, self.interleaved, inplace)
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
@@ -236,7 +236,7 @@ class XPos(RotaryEncoding):
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         q_tables = self.scaled_cos_sin(pos, work, key=False)
         k_tables = self.scaled_cos_sin(pos, work, key=True)
-        return rotate_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
+        return apply_tables_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 import posenc
-from posenc.encodings.rotary.kernels import triton_kernel
+from posenc.encodings.rotary.kernels import triton_launch
 from posenc.encodings.rotary.kernels.rotate import rotate_reference
 
 from . import interpreted_triton as kernel_cases
@@ -59,13 +59,13 @@ DESIGN = _design()
 def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """``POSENC_ROTARY_KERNEL=triton``, and the number of Triton launches so far."""
     seen: list[int] = []
-    launch = triton_kernel._launch
+    launch = triton_launch.launch
 
     def counted(*args: object, **kwargs: object) -> None:
         seen.append(1)
         launch(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(triton_kernel, "_launch", counted)
+    monkeypatch.setattr(triton_launch, "launch", counted)
     monkeypatch.setenv("POSENC_ROTARY_KERNEL", "triton")
     yield seen
 
@@ -272,13 +272,13 @@ def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch
     """Positions that are not one run (packing, left padding) reach the kernel as positions
     over the module's whole cached table, in one launch for q and k: no gathered table."""
     seen: list[tuple] = []
-    launch = triton_kernel._launch
+    launch = triton_launch.launch
 
     def spy(q, out_q, k, out_k, cos, sin, positions, *rest):  # type: ignore[no-untyped-def]
         seen.append((k is not None, tuple(cos.shape), positions))
         launch(q, out_q, k, out_k, cos, sin, positions, *rest)
 
-    monkeypatch.setattr(triton_kernel, "_launch", spy)
+    monkeypatch.setattr(triton_launch, "launch", spy)
     monkeypatch.setenv("POSENC_ROTARY_KERNEL", "triton")
     rope = posenc.RotaryEmbedding(D).to(DEVICE)
     q = torch.randn(B, HQ, N, D, device=DEVICE, dtype=torch.bfloat16)

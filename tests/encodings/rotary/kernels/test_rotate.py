@@ -111,9 +111,9 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         cos, sin = angles.cos().float(), angles.sin().float()
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        native._rotate_native(x, out, cos, sin, interleaved)
+        native._turn_c(x, out, cos, sin, interleaved)
         assert torch.equal(out, want)
-        native._rotate_native(x, x, cos, sin, interleaved)
+        native._turn_c(x, x, cos, sin, interleaved)
         assert torch.equal(x, want)
     # three threads: shares that start and end inside a run of rows
     for layout in ("contiguous", "fused"):
@@ -152,7 +152,7 @@ def test_the_native_kernel_rounds_special_values_as_torch_does(
     want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
     for inplace in (False, True):
         out = x.clone() if inplace else torch.empty_like(x)
-        native._rotate_native(out if inplace else x, out, cos, sin, interleaved)
+        native._turn_c(out if inplace else x, out, cos, sin, interleaved)
         nan = want.isnan()  # (torch itself writes bfloat16 NaN as 0x7fc0 or 0xffff)
         assert torch.equal(out.isnan(), nan)
         assert torch.equal(_bits(out[~nan]), _bits(want[~nan]))
@@ -480,7 +480,7 @@ def test_transforms_and_modes_see_every_operation() -> None:
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("rows", ["none", "run", "positions", "per_row"])
 def test_the_pair_node_has_the_formulas_gradient(interleaved: bool, rows: str) -> None:
-    """``_PairRotation`` (q and k as one autograd node, the backward the kernel turning
+    """``_PairNode`` (q and k as one autograd node, the backward the kernel turning
     clockwise) in float64 on the pure-torch kernel: gradcheck against finite differences,
     with broadcast tables and with whole tables read at a run of rows, at positions ``(n,)``
     and at per-row positions ``(b, n)``."""
@@ -501,7 +501,7 @@ def test_the_pair_node_has_the_formulas_gradient(interleaved: bool, rows: str) -
         cos, sin = cos[:n], sin[:n]
 
     def pair(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotate._PairRotation.apply(q, k, cos, sin, interleaved, False, TORCH, at)
+        return rotate._PairNode.apply(q, k, cos, sin, interleaved, False, TORCH, at)
 
     assert torch.autograd.gradcheck(pair, (q, k))
     # and the forward is eq. 34 at the rows named
@@ -520,7 +520,7 @@ def test_training_turns_q_and_k_in_one_node_on_the_c_kernel() -> None:
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     k = torch.randn(1, 1, 5, 8, requires_grad=True)
     got_q, got_k = rope(q, k, torch.arange(3, 8))
-    assert type(got_q.grad_fn).__name__ == "_PairRotationBackward"
+    assert type(got_q.grad_fn).__name__ == "_PairNodeBackward"
     assert got_q.grad_fn is got_k.grad_fn
     g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
     ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
