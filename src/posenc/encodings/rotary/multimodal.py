@@ -30,10 +30,11 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencValueError
-from ..checks import check_bool, compute_dtype
+from ..checks import check_bool, compute_dtype, take_position_ids
 from ..state import RotaryState
 from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
 from .kernels.select import Plan, select
+from .layouts import Layout, stated_layout
 from .mrope_layouts import check_mrope, pair_rows
 from .rope import HF_CLASSES, RotaryEmbedding
 from .tables import FEW_POSITIONS, read_positions
@@ -206,15 +207,30 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         return q, k
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys by their positions.
 
         Shapes:
             q: ``(b, hq, n, d)``; k: ``(b, hk, n, d)``; positions: ``(rows, b, n)``,
             ``(rows, 1, n)``, or, for text, ``(n,)`` / ``(b, n)``. Returns ``(q, k)`` rotated
-            as :meth:`RotaryEmbedding.forward` does (with ``inplace=True``, in their storage).
+            as :meth:`RotaryEmbedding.forward` does (with ``inplace=True``, in their storage),
+            ``position_ids``, ``layout`` and the packing arguments included.
         """
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
             self._check_text(positions, q.shape[0])
             return super().forward(q, k, positions, inplace=inplace)
@@ -232,10 +248,25 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         return self._rotate_split(q, k, tables, inplace, plan)
 
     def rotate(
-        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache) by positions
-        of any shape :meth:`forward` takes; with ``inplace=True`` in its own storage."""
+        of any shape :meth:`forward` takes; with ``inplace=True`` in its own storage;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
             self._check_text(positions, x.shape[0])
             return super().rotate(x, positions, inplace=inplace)

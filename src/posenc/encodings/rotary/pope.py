@@ -42,10 +42,12 @@ from ..checks import (
     check_positive_int,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
+from .layouts import Layout, stated_layout
 
 __all__ = ["PoPE"]
 
@@ -176,11 +178,28 @@ class PoPE(RotaryEncoding):
         return PopeTransform(self, (query_tables, key_tables), check=False)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, h, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
-        returns q' ``(b, h, n, 2d)`` and k' ``(b, hk, n, 2d)``. ``inplace`` is accepted for
-        the rotary protocol and ignored: the outputs are new tensors of twice the width."""
+        returns q' ``(b, h, n, 2d)`` and k' ``(b, hk, n, 2d)`` (in ``layout``). ``inplace`` is
+        accepted for the rotary protocol and ignored: the outputs are new tensors of twice the
+        width;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         pos = resolve_positions(positions, n, batch=b, device=q.device)

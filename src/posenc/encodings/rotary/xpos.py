@@ -27,6 +27,7 @@ from ..checks import (
     check_positive_int,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from ..registry import register
 from ..rope_types.builtin import default_inv_freq
@@ -40,6 +41,7 @@ from .common import (
     check_rotary_dim,
     unsqueeze_heads,
 )
+from .layouts import Layout, stated_layout
 
 __all__ = ["XPos"]
 
@@ -215,21 +217,48 @@ class XPos(RotaryEncoding):
         positions: Tensor | None = None,
         *,
         key: bool = False,
+        position_ids: Tensor | None = None,
         inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``;
         with ``inplace=True`` in its own storage. Pass a fixed ``center`` at construction when
-        queries and keys come in separate calls."""
+        queries and keys come in separate calls;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, key=key, inplace=inplace))
         x, _ = check_qk(x, x, self.head_dim)
         pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
         return apply_tables(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
-        ``inplace`` as for :meth:`RotaryEmbedding.forward`."""
+        ``inplace`` as for :meth:`RotaryEmbedding.forward`;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         pos = resolve_positions(positions, n, batch=b, device=q.device)
