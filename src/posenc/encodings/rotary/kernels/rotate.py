@@ -246,7 +246,7 @@ def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Ten
                 f"{name} is full width ({d}) but not in transformers' form ({form}) for "
                 f"interleaved={interleaved}: its two copies differ; pass the half-width table"
             )
-        halves.append(first)
+        halves.append(first.contiguous())  # (a kernel reads contiguous channels)
     return halves[0], halves[1]
 
 
