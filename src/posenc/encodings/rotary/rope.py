@@ -103,9 +103,7 @@ def _hf_class(cls: type[RotaryEmbedding], arguments: Mapping[str, Any]) -> type[
 @register("rope", "rotary embedding, half layout (GPT-NeoX / Llama), with HF scaling")
 class RotaryEmbedding(RotaryEncoding):
     """Rotary position embedding (Su et al. 2021, eq. 15), with Hugging Face's context
-    extensions.
-
-    Checked against transformers' ``LlamaRotaryEmbedding`` / ``apply_rotary_pos_emb`` and
+    extensions; checked against transformers' ``LlamaRotaryEmbedding`` and
     ``modeling_rope_utils`` for every ``rope_type``, against rotary-embedding-torch for the
     interleaved layout, and against a float64 transcription of eq. 15.
 
@@ -115,15 +113,14 @@ class RotaryEmbedding(RotaryEncoding):
         rotary_dim: channels rotated, ``r <= d`` and even (default ``d``); the rest pass
             through.
         interleaved: GPT-J / RoFormer pairs ``(2i, 2i+1)`` instead of the half layout.
-        clockwise: turn each pair by ``-angle``, as NanoChat does (its ``rotate_half``
-            returns ``cat(x2, -x1)``): position ``p`` turns as ``-p`` would otherwise.
+        clockwise: turn each pair by ``-angle``, as NanoChat does (``cat(x2, -x1)``).
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, e.g.
             ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}``
             (types: ``default linear ntk dynamic yarn longrope llama3``, and any added with
             :func:`~posenc.register_rope_type`). A ``rope_theta`` or
             ``partial_rotary_factor`` in it sets ``base`` / ``rotary_dim``.
-        max_position_embeddings: the model's context length (HF's config field): fills a
-            missing ``original_max_position_embeddings`` (``dynamic`` needs one of the two).
+        max_position_embeddings: the model's context length: fills a missing
+            ``original_max_position_embeddings``, and sizes the tables of positions on a GPU.
         learned_freq: make the frequencies a trainable parameter (no cached tables).
 
     Integer positions read cached float32 cos/sin tables, float positions are evaluated in
@@ -141,9 +138,8 @@ class RotaryEmbedding(RotaryEncoding):
     inv_freq: Tensor
     #: Rows built when the tables are first made; they grow by doubling when needed.
     initial_table_size: ClassVar[int] = 4096
-    #: The softmax scale of the attention this rotation belongs to, where the rotary config
-    #: changes it (:meth:`from_hf_config`: DeepSeek's YaRN ``mscale_all_dim``); ``None``: the
-    #: attention's own ``1 / sqrt(head_dim)``. Not used by the rotation itself.
+    #: The softmax scale of the attention this rotation belongs to where the rotary config
+    #: changes it (:meth:`from_hf_config`); ``None``: the attention's own. Not used here.
     softmax_scale: float | None = None
 
     def __init__(
@@ -254,8 +250,7 @@ class RotaryEmbedding(RotaryEncoding):
         ``arange(seq_len)``), ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``: what
         :meth:`forward` would rotate by now, made by the same code (lengths followed too)."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
-        # (only whether the call is eager matters here: the frequencies stand in for q)
-        plan = select(self.inv_freq, inplace=False, positions=positions, kernel=False)
+        plan = select(self.inv_freq, inplace=False, positions=positions, kernel=False)  # (the mode)
         return self._cos_sin(positions, batch, seq_len, dtype, device, plan)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
@@ -363,13 +358,12 @@ class RotaryEmbedding(RotaryEncoding):
         seqlen_offsets: int | Tensor = 0,
         max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Rotate queries and keys by their positions ``(n,)`` or ``(b, n)`` (``position_ids``:
-        the same). ``layout`` (:mod:`~.layouts`): ``"bhsd"`` q ``(b, hq, n, d)``, k
-        ``(b, hk, n, d)``; ``"bshd"`` ``(b, n, h, d)``; ``"thd"`` ``(t, h, d)`` with
-        ``cu_seqlens``, ``seqlen_offsets`` and ``max_seqlen`` as flash-attention's
-        ``apply_rotary_emb`` takes them. Returns new ``(q, k)``, or with ``inplace=True`` ``q``
-        and ``k`` themselves rotated in their own storage (any strided views; see
-        :func:`apply_rotary_` for when autograd allows it)."""
+        """Rotate queries and keys by positions ``(n,)`` or ``(b, n)`` (``position_ids``: the
+        same). ``layout`` (:mod:`~.layouts`): ``"bhsd"`` ``(b, h, n, d)``, ``"bshd"``
+        ``(b, n, h, d)``, ``"thd"`` ``(t, h, d)`` with ``cu_seqlens``, ``seqlen_offsets`` and
+        ``max_seqlen`` as flash-attention's ``apply_rotary_emb`` takes them. Returns new
+        ``(q, k)``, or with ``inplace=True`` ``q`` and ``k`` themselves rotated in their own
+        storage (any strided views; :func:`apply_rotary_` says when autograd allows it)."""
         positions = take_position_ids(positions, position_ids)
         stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
         if stated is not None:
