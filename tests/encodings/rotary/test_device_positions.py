@@ -87,3 +87,23 @@ def test_rows_outside_the_sized_tables_are_nan(
     got, _ = rope(q, q.clone(), far)
     assert device_reads and not got.isnan().any()
     torch.testing.assert_close(got.double(), rope64(q, far), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["rope-interleaved", "xpos", "pope", "mrope"])
+def test_other_schemes_read_no_device_positions(device_reads: list[str], name: str) -> None:
+    """Each scheme's rotation at GPU positions reads nothing on the host and equals its
+    rotation at the same positions on the CPU (read and checked there)."""
+    torch.manual_seed(2)
+    if name == "mrope":
+        pe = posenc.MultimodalRotaryEmbedding(D, mrope_section=[2, 1, 1])
+    else:
+        pe = posenc.build(name, head_dim=D, **({"num_heads": 2} if name == "pope" else {}))
+    q, k = torch.randn(2, 2, 3, D), torch.randn(2, 2, 3, D)
+    positions = torch.tensor([[0, 3, 9], [2, 2, 5]])
+    device_reads.clear()
+    got = pe(q, k, positions)
+    assert device_reads == []
+    tables.HOST_DEVICES = ("cpu",)  # (restored by the fixture's monkeypatch)
+    want = pe(q, k, positions)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

@@ -8,6 +8,8 @@ with 6):
   of ``B`` sequences laid end to end, ``cu_seqlens (B + 1,)`` their boundaries; token ``t``
   of sequence ``b`` is at position ``t - cu_seqlens[b] + seqlen_offsets[b]``
   (flash-attention's ``apply_rotary_emb``), and positions given otherwise are refused.
+  ``cu_seqlens`` (and ``max_seqlen``) are checked where they lie on the CPU; on a GPU, as
+  positions are (:mod:`~.tables`), only under ``POSENC_CHECK_POSITIONS=1``.
 
 :func:`rotary_embedding` (:mod:`.functional`) reads its tables by these rules;
 the rotary modules turn the other layouts into the ``(b, h, n, d)`` view their rotation takes
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
+from .tables import reads_values
 
 __all__ = ["LAYOUTS", "Layout", "StatedLayout", "stated_layout"]
 
@@ -180,6 +183,20 @@ def packed_rows(
         )
     bounds = cu_seqlens.to(device=device, dtype=torch.long)
     lengths = bounds[1:] - bounds[:-1]  # (B,)
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)):
+        raise PosencTypeError(f"max_seqlen must be an int, got {max_seqlen!r}")
+    if reads_values(bounds):  # (on a GPU only under POSENC_CHECK_POSITIONS=1: a read syncs)
+        _check_bounds(bounds, lengths, total, max_seqlen)
+    batch = lengths.shape[0]
+    starts = (bounds[:-1] - _offsets(offsets, batch, device)[:, 0]).repeat_interleave(
+        lengths, output_size=total
+    )  # (T,): each token's sequence start, less its offset
+    return torch.arange(total, device=device) - starts
+
+
+def _check_bounds(bounds: Tensor, lengths: Tensor, total: int, max_seqlen: int | None) -> None:
+    """Raise unless ``cu_seqlens`` rises from 0 to the ``total`` packed tokens, each sequence
+    at most ``max_seqlen`` long (two reads of the values)."""
     first, last = int(bounds[0]), int(bounds[-1])
     if first != 0 or last != total or bool((lengths < 0).any()):
         raise PosencValueError(
@@ -187,15 +204,8 @@ def packed_rows(
             f"{bounds.tolist() if bounds.numel() <= 16 else tuple(bounds.shape)}"
         )
     if max_seqlen is not None:
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-            raise PosencTypeError(f"max_seqlen must be an int, got {max_seqlen!r}")
         longest = int(lengths.max())
         if longest > max_seqlen:
             raise PosencValueError(
                 f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens"
             )
-    batch = lengths.shape[0]
-    starts = (bounds[:-1] - _offsets(offsets, batch, device)[:, 0]).repeat_interleave(
-        lengths, output_size=total
-    )  # (T,): each token's sequence start, less its offset
-    return torch.arange(total, device=device) - starts

@@ -37,7 +37,7 @@ from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
 from .mrope_layouts import check_mrope, pair_rows
 from .rope import HF_CLASSES, RotaryEmbedding
-from .tables import FEW_POSITIONS, read_positions
+from .tables import FEW_POSITIONS, read_positions, reads_values
 
 __all__ = ["MultimodalRotaryEmbedding"]
 
@@ -146,6 +146,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             or type(positions) is not Tensor
             or positions.is_meta
             or positions.numel() > FEW_POSITIONS * self.rows
+            or not reads_values(positions)  # (a GPU's positions are not read)
         ):
             return None
         rows = positions.tolist()

@@ -48,6 +48,7 @@ from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
 from .layouts import Layout, stated_layout
+from .tables import checks_values
 
 __all__ = ["PoPE"]
 
@@ -155,7 +156,13 @@ class PoPE(RotaryEncoding):
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The tables of one forward, computed once for every layer."""
-        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        pos = resolve_positions(
+            positions,
+            x.shape[1],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
         return PopeTransform(self, self.tables(pos, compute_dtype(x.dtype)), check=True)
 
     def read_state(
@@ -202,7 +209,9 @@ class PoPE(RotaryEncoding):
             return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
-        pos = resolve_positions(positions, n, batch=b, device=q.device)
+        pos = resolve_positions(
+            positions, n, batch=b, device=q.device, values=checks_values(positions)
+        )
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         return self._transform(q, k, self.tables(pos, work))
 

@@ -50,6 +50,7 @@ __all__ = [
     "FEW_POSITIONS",
     "RotaryTables",
     "bounded_positions",
+    "checks_values",
     "read_positions",
     "reads_values",
 ]
@@ -87,6 +88,13 @@ def _extent(positions: Tensor) -> Extent:
         return min(values), max(values), False
     lo, hi = torch.aminmax(positions)
     return int(lo), int(hi), False
+
+
+def checks_values(positions: object) -> bool:
+    """Whether the values of ``positions`` (a tensor, or anything a check will refuse) are
+    checked on the host (:func:`reads_values`); the ``values`` of
+    :func:`~posenc.encodings.checks.resolve_positions`."""
+    return not isinstance(positions, Tensor) or reads_values(positions)
 
 
 def read_positions(

@@ -42,6 +42,7 @@ from .common import (
     unsqueeze_heads,
 )
 from .layouts import Layout, stated_layout
+from .tables import checks_values
 
 __all__ = ["XPos"]
 
@@ -155,12 +156,20 @@ class XPos(RotaryEncoding):
         :meth:`scaled_cos_sin`; ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         device = self.inv_freq.device if device is None else device
-        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
+        pos = resolve_positions(
+            positions, seq_len, batch=batch, device=device, values=checks_values(positions)
+        )
         return self.scaled_cos_sin(pos, dtype, key=check_bool("key", key))
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The scaled cos and sin of queries and of keys, computed once for every layer."""
-        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        pos = resolve_positions(
+            positions,
+            x.shape[1],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
         return TableRotation(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
@@ -234,7 +243,13 @@ class XPos(RotaryEncoding):
         if stated is not None:
             return stated.one(self.rotate(stated.q, stated.positions, key=key, inplace=inplace))
         x, _ = check_qk(x, x, self.head_dim)
-        pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
+        pos = resolve_positions(
+            positions,
+            x.shape[2],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
         return apply_tables(x, tables, self.interleaved, inplace)
 
@@ -261,7 +276,9 @@ class XPos(RotaryEncoding):
             return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
-        pos = resolve_positions(positions, n, batch=b, device=q.device)
+        pos = resolve_positions(
+            positions, n, batch=b, device=q.device, values=checks_values(positions)
+        )
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         q_tables = self.scaled_cos_sin(pos, work, key=False)
         k_tables = self.scaled_cos_sin(pos, work, key=True)
