@@ -92,9 +92,15 @@ def stated_layout(
     where ``thd`` comes without ``cu_seqlens`` or with positions, and where positions and
     ``seqlen_offsets`` are both given, and where positions do not fit the sequence axis of
     the layout (``coordinates``: positions end in a coordinate axis, ``(..., n, a)``)."""
-    offsets = not is_zero(seqlen_offsets)
-    if layout == "bhsd" and cu_seqlens is None and max_seqlen is None and not offsets:
+    if (  # the default call, first: nothing to do
+        layout == "bhsd"
+        and cu_seqlens is None
+        and max_seqlen is None
+        and type(seqlen_offsets) is int
+        and seqlen_offsets == 0
+    ):
         return None
+    offsets = not is_zero(seqlen_offsets)
     if layout not in LAYOUTS:
         raise PosencValueError(f"layout must be one of {', '.join(LAYOUTS)}; got {layout!r}")
     for name, t in (("q", q), ("k", k)):

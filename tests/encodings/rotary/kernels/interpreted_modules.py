@@ -298,12 +298,12 @@ def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch
 def test_unread_positions_are_indexed_by_the_kernel(
     launches: list[int], monkeypatch: pytest.MonkeyPatch, grad: bool
 ) -> None:
-    """Positions a GPU keeps (not read on the host: ``HOST_DEVICES`` emptied, as on CUDA)
+    """Positions a GPU keeps (not read on the host: ``CPU_IS_HOST`` cleared, as on CUDA)
     are indexed by the kernel in the whole table, one launch for q and k; a row outside the
     table turns by NaN, the others by the formula."""
     from posenc.encodings.rotary import tables
 
-    monkeypatch.setattr(tables, "HOST_DEVICES", ())
+    monkeypatch.setattr(tables, "CPU_IS_HOST", False)
     monkeypatch.delenv(tables.CHECK_VARIABLE, raising=False)
     torch.manual_seed(7)
     rope = posenc.RotaryEmbedding(D).to(DEVICE)
