@@ -188,7 +188,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         r = self.rotary_dim
         return x[..., 1:r:2] if self.interleaved else x[..., r // 2 : r]
 
-    def _rotate_split(
+    def _apply_split_tables(
         self,
         q: Tensor,
         k: Tensor,
@@ -246,7 +246,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
         tables = self._row_tables(positions, b, n, work, q.device, plan)
-        return self._rotate_split(q, k, tables, inplace, plan)
+        return self._apply_split_tables(q, k, tables, inplace, plan)
 
     def rotate(
         self,
@@ -352,14 +352,14 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
 class SplitPairRotation(RotaryState):
     """The per-forward state of the ``blocked-channels`` layout: each layer's ``q`` and ``k``
     turned by the first and the second channels' tables (:meth:`~MultimodalRotaryEmbedding.
-    _rotate_split`)."""
+    _apply_split_tables`)."""
 
     def __init__(self, module: MultimodalRotaryEmbedding, tables: tuple[Tables, Tables]) -> None:
         super().__init__()
         self.module, self.tables = module, tables
 
     def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-        return self.module._rotate_split(q, k, self.tables, inplace, None)
+        return self.module._apply_split_tables(q, k, self.tables, inplace, None)
 
 
 HF_CLASSES["mrope"] = MultimodalRotaryEmbedding

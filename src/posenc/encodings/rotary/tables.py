@@ -292,8 +292,8 @@ class RotaryTables:
             and positions.device == device
         ):
             if extent is None and plan.kernel is not None and plan.kernel.reads_positions:
-                self.size_ahead(device)  # (positions left unread: the kernel masks the rest)
-                rows = positions
+                if self.size_ahead(device):  # (positions left unread: the kernel masks the rest)
+                    rows = positions
             elif self.in_table(extent, device):
                 rows = positions
         if rows is None:
