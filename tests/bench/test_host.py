@@ -24,7 +24,7 @@ def test_faked_launches_need_the_compiler(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_suite_times_every_column_and_restores_everything() -> None:
     from triton.runtime import driver
 
-    from posenc.encodings.rotary.kernels import triton_entry, triton_kernel
+    from posenc.encodings.rotary.kernels import triton_entry, triton_kernel, triton_launch
 
     before = (driver._active, triton_entry._tensor_ok, os.environ.get("POSENC_ROTARY_KERNEL"))
     section = host.suite(calls=2, rounds=1)
@@ -35,6 +35,6 @@ def test_the_suite_times_every_column_and_restores_everything() -> None:
     times = section.data["decode"]
     assert set(times) >= {"triton", "posenc", "launch", "native"}
     after = (driver._active, triton_entry._tensor_ok, os.environ.get("POSENC_ROTARY_KERNEL"))
-    assert after == before and not triton_kernel._PLANS
-    assert not triton_kernel._rotary_kernel.device_caches  # (kernels that launch nothing)
+    assert after == before and not triton_launch._PLANS
+    assert not triton_kernel.rotary_kernel.device_caches  # (kernels that launch nothing)
     assert not triton_entry.takes(torch.zeros(1, 2), None, None)  # CPU tensors: no longer

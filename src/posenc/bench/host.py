@@ -12,7 +12,7 @@ tensors stand in for CUDA ones (their addresses are all the launch reads).
 Each call is timed as a whole, and in its two parts:
 
 * posenc's: the same call with the launch itself
-  (:func:`~posenc.encodings.rotary.kernels.triton_kernel._run`) a no-op: selection, checks, the
+  (:func:`~posenc.encodings.rotary.kernels.triton_launch._run`) a no-op: selection, checks, the
   plan lookup, outputs, table views;
 * Triton's: that launch alone, with the arguments a call hands it (the stream lookup and
   the launcher call; on the first launch of a plan, ``JITFunction.run``).
@@ -106,14 +106,14 @@ def faked_launches() -> Iterator[FakeDriver]:
         raise PosencValueError("faked launches need Triton's compiler: unset TRITON_INTERPRET")
     from triton.runtime import driver
 
-    from ..encodings.rotary.kernels import triton_entry, triton_kernel
+    from ..encodings.rotary.kernels import triton_entry, triton_kernel, triton_launch
 
     fake = FakeDriver()
     previous_driver = driver._active
     tensor_ok = triton_entry._tensor_ok
     previous_kernel = os.environ.get("POSENC_ROTARY_KERNEL")
-    triton_kernel._rotary_kernel.device_caches.clear()  # (no kernel made for a real device
-    triton_kernel._PLANS.clear()  # may launch on CPU addresses in here, nor fake ones later)
+    triton_kernel.rotary_kernel.device_caches.clear()  # (no kernel made for a real device
+    triton_launch._PLANS.clear()  # may launch on CPU addresses in here, nor fake ones later)
     driver.set_active(fake)
     triton_entry._tensor_ok = lambda x: (  # (CPU tensors stand in for CUDA ones)
         x.dtype in triton_entry.DTYPES and 1 <= x.dim() <= triton_entry.MAX_DIMS
@@ -128,21 +128,21 @@ def faked_launches() -> Iterator[FakeDriver]:
             del os.environ["POSENC_ROTARY_KERNEL"]
         else:
             os.environ["POSENC_ROTARY_KERNEL"] = previous_kernel
-        triton_kernel._rotary_kernel.device_caches.clear()
-        triton_kernel._PLANS.clear()
+        triton_kernel.rotary_kernel.device_caches.clear()
+        triton_launch._PLANS.clear()
 
 
 @contextmanager
 def launches_skipped() -> Iterator[None]:
     """Within: posenc's Triton path does everything but the launch (posenc's part)."""
-    from ..encodings.rotary.kernels import triton_kernel
+    from ..encodings.rotary.kernels import triton_launch
 
-    run = triton_kernel._run
-    triton_kernel._run = lambda plan, *tensors: None
+    run = triton_launch._run
+    triton_launch._run = lambda plan, *tensors: None
     try:
         yield
     finally:
-        triton_kernel._run = run
+        triton_launch._run = run
 
 
 def time_calls(
@@ -202,7 +202,7 @@ def host_times(
     """Seconds per eager call ``rope(q, k, positions)`` (bfloat16 CPU tensors): ``triton``
     (launch faked), ``posenc`` (its part), ``launch`` (Triton's part), ``native`` (the C
     kernel, its arithmetic included) and ``transformers`` (where installed)."""
-    from ..encodings.rotary.kernels import triton_kernel
+    from ..encodings.rotary.kernels import triton_launch
     from ..encodings.rotary.rope import RotaryEmbedding
 
     torch.manual_seed(0)
@@ -210,7 +210,7 @@ def host_times(
     k = torch.randn(shape_k, dtype=torch.bfloat16)
     rope = RotaryEmbedding(shape_q[-1], max_position_embeddings=8192)
     seen: list[tuple] = []
-    run = triton_kernel._run
+    run = triton_launch._run
 
     def spy(plan: Any, *tensors: torch.Tensor) -> None:
         seen.append((plan, tensors))
@@ -220,18 +220,18 @@ def host_times(
     with torch.inference_mode():
         rope(q, k, positions)  # (the tables)
         with faked_launches() as fake:
-            triton_kernel._run = spy
+            triton_launch._run = spy
             try:
                 rope(q, k, positions)  # (the plan, the compilation)
             finally:
-                triton_kernel._run = run
+                triton_launch._run = run
             if fake.launches != 1 or len(seen) != 1:
                 raise RuntimeError("the call did not reach the faked Triton launch once")
             plan, tensors = seen[0]
             times |= time_calls(
                 {
                     "triton": lambda: rope(q, k, positions),
-                    "launch": lambda: triton_kernel._run(plan, *tensors),
+                    "launch": lambda: triton_launch._run(plan, *tensors),
                 },
                 calls=calls,
                 rounds=rounds,

@@ -37,12 +37,13 @@ from .checks import (
     check_input,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from .registry import (
     _REGISTRY,
     register,
 )
-from .state import BiasState, PositionState, RotaryState
+from .state import BiasState, ModuleRotation, PositionState, RotaryState
 from .tiles import add_encoding
 
 Family = Literal["additive", "rotary", "bias", "none"]
@@ -152,12 +153,15 @@ class AdditiveEncoding(PositionalEncoding):
         """Return the encoding of ``positions`` (shape ``(n,)`` or ``(b, n)``) as ``(..., d)``."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         """Add the encoding.
 
         Shapes:
             x: ``(b, n, d)``; positions: ``(n,)`` or ``(b, n)``; returns ``(b, n, d)``.
         """
+        positions = take_position_ids(positions, position_ids)
         check_input(x, self.dim)
         positions = resolve_positions(
             positions, x.shape[1], batch=x.shape[0], device=x.device, integer=self.integer_positions
@@ -182,7 +186,7 @@ class RotaryEncoding(PositionalEncoding):
     def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
         """A rotation for every layer. This default calls :meth:`forward` in each layer;
         schemes with a table (:class:`~posenc.RotaryEmbedding`) compute cos/sin here once."""
-        return RotaryState(lambda q, k, inplace: self(q, k, positions))
+        return ModuleRotation(self, positions)
 
     def read_state(
         self,
@@ -319,7 +323,10 @@ class NoPE(PositionalEncoding):
     def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> NoPE:
         return cls(**kwargs)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
+        positions = take_position_ids(positions, position_ids)
         return x
 
 

@@ -109,7 +109,8 @@ def resolve_positions(
     Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
     Positions must be finite, in ``[0, 2**53]`` (:func:`check_position_range`, both ends in
     one read) and, with ``integer=True``, whole numbers. ``values=False``: the caller checks
-    the range itself (:func:`resolve_bounded_positions`).
+    the values itself (:func:`resolve_bounded_positions`), or leaves them unread (positions
+    on a GPU, whose reads would synchronise: see :mod:`posenc.encodings.rotary.tables`).
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
@@ -128,7 +129,8 @@ def resolve_positions(
         raise PosencValueError(
             f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
         )
-    check_finite(name, positions)
+    if values:
+        check_finite(name, positions)
     checkable = _eager() and positions.device.type != "meta"
     needs_whole_check = integer and checkable and positions.is_floating_point()
     if needs_whole_check and not torch.equal(positions, positions.round()):
@@ -137,6 +139,19 @@ def resolve_positions(
     if values and checkable and positions.numel():
         check_position_range(name, *torch.stack(torch.aminmax(positions)).tolist())  # one read
     return positions
+
+
+def take_position_ids(positions: Tensor | None, position_ids: Tensor | None) -> Tensor | None:
+    """The positions of a call given as ``positions`` or as ``position_ids`` (transformers',
+    PyTorch's and ONNX's name for the same argument); both given: a
+    :class:`~posenc.errors.PosencValueError` naming both."""
+    if position_ids is None:
+        return positions
+    if positions is not None:
+        raise PosencValueError(
+            "positions and position_ids are two names of one argument; give one, got both"
+        )
+    return position_ids
 
 
 class PositionBound(NamedTuple):

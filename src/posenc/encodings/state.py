@@ -36,19 +36,40 @@ class PositionState:
 class RotaryState(PositionState):
     """Rotates each layer's queries and keys with angles computed once.
 
+    A scheme's state is a subclass holding what it computed (its tables) and implementing
+    :meth:`rotate`; ``RotaryState(function)`` wraps a plain ``(q, k, inplace) -> (q, k)``
+    function instead.
+
     Args:
-        rotate: ``(q, k, inplace) -> (q, k)``, the encoding's rotation with its cos/sin
-            bound; ``inplace`` is a request that a scheme may ignore (then it returns new
-            tensors).
+        function: the rotation, for a state that is not a subclass; ``inplace`` is a request
+            that a scheme may ignore (then it returns new tensors).
     """
 
-    def __init__(self, rotate: Rotate) -> None:
-        self.rotate = rotate
+    def __init__(self, function: Rotate | None = None) -> None:
+        self.function = function
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        """Rotate ``q`` and ``k`` (see :meth:`__call__`)."""
+        if self.function is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement rotate")
+        return self.function(q, k, inplace)
 
     def __call__(self, q: Tensor, k: Tensor, *, inplace: bool = False) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``; returns both rotated (with
         ``inplace=True``, where the scheme can, ``q`` and ``k`` themselves)."""
         return self.rotate(q, k, inplace)
+
+
+class ModuleRotation(RotaryState):
+    """A rotary encoding's own forward at positions fixed for every layer (for schemes that
+    compute nothing ahead)."""
+
+    def __init__(self, pe: Any, positions: Tensor | None) -> None:  # pe: a RotaryEncoding
+        super().__init__()
+        self.pe, self.positions = pe, positions
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return self.pe(q, k, self.positions)
 
 
 class BiasState(PositionState):
@@ -98,23 +119,22 @@ class BiasState(PositionState):
 
     def bias(self, q: Tensor, k: Tensor) -> Tensor:
         """The logit bias ``(h, n, nk)`` or ``(b, h, n, nk)`` for this layer's ``q``, ``k``."""
-        return self._ask("bias", q, k)
+        return self._ask("bias", self.pe.bias, q, k)
 
     def score_mod(self, q: Tensor, k: Tensor) -> Callable[..., Tensor] | None:
         """The scheme's flex_attention ``score_mod``, or ``None`` when it has none."""
-        return self._ask("score_mod", q, k)
+        return self._ask("score_mod", self.pe.score_mod, q, k)
 
-    def _ask(self, hook: str, q: Tensor, k: Tensor) -> Any:
-        """The encoding's ``hook`` at these positions: asked again for every layer when it
-        reads ``q``/``k``, else once and kept."""
+    def _ask(self, name: str, hook: Callable[..., Any], q: Tensor, k: Tensor) -> Any:
+        """The encoding's ``hook`` (its method ``name``) at these positions: asked again for
+        every layer when it reads ``q``/``k``, else once and kept."""
         q_pos, k_pos = self.positions, self.last_keys(k.shape[-2])
         reads: dict[str, Any] = {"q": q, "k": k} if self.pe.needs_qk else {}
         if getattr(self.pe, "needs_x", False):
             reads["x"] = self.x
         if getattr(self.pe, "needs_layer", False):
             reads["layer"] = self.layer
-        key = (hook, k.shape[-2])
-        return self.keep(key, lambda: getattr(self.pe, hook)(q_pos, k_pos, **reads))
+        return self.keep((name, k.shape[-2]), lambda: hook(q_pos, k_pos, **reads))
 
     def last_keys(self, nk: int) -> Tensor:
         """The positions of the last ``nk`` keys (a windowed layer of a cached forward holds

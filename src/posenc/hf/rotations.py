@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
-from ..encodings.rotary.kernels.rotate import rotate_pair as rotate_both
+from ..encodings.rotary.kernels.rotate import run_plan_pair as rotate_both
 from ..encodings.rotary.kernels.select import select
 from ..errors import PosencValueError
 

@@ -8,7 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from posenc import PosencTypeError, PosencValueError, apply_rotary
-from posenc.encodings.rotary.common import check_qk, check_rotary_dim, rotate_qk
+from posenc.encodings.rotary.common import apply_tables_qk, check_qk, check_rotary_dim
 from posenc.encodings.rotary.kernels import native
 from posenc.encodings.rotary.kernels.select import KERNELS, Mode, Plan
 
@@ -56,7 +56,7 @@ def test_rotate_qk_gives_the_formula_on_every_plan(plan: Plan | None, inplace: b
     """Whichever plan the caller selected (or none), q and k get apply_rotary's values."""
     q, k, tables = torch.randn(2, 3, 5, 8), torch.randn(2, 1, 5, 8), _tables()
     want = apply_rotary(q, *tables), apply_rotary(k, *tables)
-    got = rotate_qk(q.clone(), k.clone(), tables, tables, False, inplace, plan)
+    got = apply_tables_qk(q.clone(), k.clone(), tables, tables, False, inplace, plan)
     for g, w in zip(got, want, strict=True):
         assert_close(g, w, rtol=1e-6, atol=1e-6)
 
@@ -64,8 +64,8 @@ def test_rotate_qk_gives_the_formula_on_every_plan(plan: Plan | None, inplace: b
 def test_rotate_qk_refuses_one_memory_in_place() -> None:
     q, tables = torch.randn(1, 2, 5, 8), _tables()
     with pytest.raises(PosencValueError, match="q and k share memory"):
-        rotate_qk(q, q[:, :1], tables, tables, False, True)
+        apply_tables_qk(q, q[:, :1], tables, tables, False, True)
     with pytest.raises(PosencValueError, match="q and k share memory"):  # not at q's start
-        rotate_qk(q, q[:, 1:], tables, tables, False, True)
+        apply_tables_qk(q, q[:, 1:], tables, tables, False, True)
     with pytest.raises(PosencTypeError, match="inplace"):
-        rotate_qk(q, q.clone(), tables, tables, False, "yes")
+        apply_tables_qk(q, q.clone(), tables, tables, False, "yes")

@@ -14,7 +14,13 @@ from torch import Tensor, nn
 
 from ...errors import PosencValueError, check_bytes
 from ..base import AdditiveEncoding
-from ..checks import check_input, check_positive_int, check_probability, compute_dtype
+from ..checks import (
+    check_input,
+    check_positive_int,
+    check_probability,
+    compute_dtype,
+    take_position_ids,
+)
 from ..registry import register
 from ..tiles import add_encoding
 
@@ -79,8 +85,11 @@ class LearnedPositionalEncoding(AdditiveEncoding):
             )
         return self.weight[positions.long()].to(dtype)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         """Shapes: x ``(b, n, d)``, positions ``(n,)`` or ``(b, n)`` -> ``(b, n, d)``."""
+        positions = take_position_ids(positions, position_ids)
         check_input(x, self.dim)
         if x.shape[1] > self.max_len:
             raise PosencValueError(

@@ -33,6 +33,7 @@ from ..checks import (
     check_probability,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from ..registry import register
 from ..tiles import add_encoding
@@ -232,8 +233,11 @@ class SinusoidalPositionalEncoding(AdditiveEncoding, _TableCache):
             return sinusoidal_encode(positions, self.dim, base=self.base, dtype=dtype)
         return self.rows(positions, positions.shape[-1]).to(dtype)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         """Shapes: x ``(b, n, d)``, positions ``(n,)`` or ``(b, n)`` -> ``(b, n, d)``."""
+        positions = take_position_ids(positions, position_ids)
         check_input(x, self.dim)
         work = compute_dtype(x.dtype)
         if positions is None and work != torch.float64:
@@ -263,8 +267,11 @@ class ScaledSinusoidalPositionalEncoding(SinusoidalPositionalEncoding):
     def encode(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         return super().encode(positions, dtype) * self.scale.to(dtype)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         # the generic path: resolve positions, encode (table * gain), add in the work dtype
+        positions = take_position_ids(positions, position_ids)
         return AdditiveEncoding.forward(self, x, positions)
 
 
@@ -332,8 +339,11 @@ class SinusoidalNDPositionalEncoding(AdditiveEncoding):
         self.base = _check_table_args(0, dim, base)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         """Shapes: x ``(b, *spatial, d)`` or ``(b, n, d)``; positions ``(..., n, ndim)``."""
+        positions = take_position_ids(positions, position_ids)
         grid = x.dim() == self.ndim + 2 if isinstance(x, Tensor) else False
         check_input(x, self.dim, rank=self.ndim + 2 if grid else 3)
         work = compute_dtype(x.dtype)

@@ -15,21 +15,27 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import RotaryEncoding
-from ..checks import check_finite, check_positive_int, compute_dtype
+from ..checks import check_finite, check_positive_int, compute_dtype, take_position_ids
 from ..registry import register
 from ..rope_types.builtin import default_inv_freq
 from ..state import RotaryState
 from .common import (
+    TableRotation,
+    apply_tables,
+    apply_tables_qk,
     check_base,
     check_qk,
     check_rotary_dim,
-    rotary_state,
-    rotate_one,
-    rotate_qk,
     unsqueeze_heads,
 )
+from .layouts import Layout, stated_layout
 
 __all__ = ["AxialRotaryEmbedding", "Rotary2DEmbedding", "Rotary3DEmbedding"]
+#: Why ``layout="thd"`` is refused: packed sequences give 1-D positions, not coordinates.
+THD_REFUSED = (
+    "layout='thd' packs 1-D sequences: axial coordinates (n, a) cannot come from "
+    "cu_seqlens; give bhsd or bshd tensors with their coordinates"
+)
 
 
 class AxialRotaryEmbedding(RotaryEncoding):
@@ -151,30 +157,69 @@ class AxialRotaryEmbedding(RotaryEncoding):
         """cos and sin of the coordinates, computed once for every layer of a forward."""
         coords = self.coordinates(positions, x.shape[1], x.shape[0], x.device)
         cos_sin = self.cos_sin(coords, compute_dtype(x.dtype))
-        return rotary_state(self.interleaved, cos_sin, cos_sin)
+        return TableRotation(self.interleaved, cos_sin, cos_sin)
 
     def rotate(
-        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, a)`` / ``(b, n, a)``; with
-        ``inplace=True`` in its own storage."""
+        ``inplace=True`` in its own storage;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`). ``thd`` is refused."""
+        positions = take_position_ids(positions, position_ids)
+        if layout == "thd":
+            raise PosencValueError(THD_REFUSED)
+        stated = stated_layout(
+            x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
         x, _ = check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         tables = self.cos_sin(coords, compute_dtype(x.dtype))
-        return rotate_one(x, tables, self.interleaved, inplace)
+        return apply_tables(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n, a)`` or
         ``(b, n, a)``; ``inplace`` as for :meth:`RotaryEmbedding.forward` (not with learned
-        frequencies under autograd)."""
+        frequencies under autograd);
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`). ``thd`` is refused."""
+        positions = take_position_ids(positions, position_ids)
+        if layout == "thd":
+            raise PosencValueError(THD_REFUSED)
+        stated = stated_layout(
+            q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         coords = self.coordinates(positions, n, b, q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         tables = self.cos_sin(coords, work)
-        return rotate_qk(q, k, tables, tables, self.interleaved, inplace)
+        return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         return (

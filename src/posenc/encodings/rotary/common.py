@@ -1,6 +1,8 @@
 """What the rotary schemes (:mod:`~.rope`, :mod:`~.xpos`, :mod:`~.axial`) share: the
-checks of their arguments and of ``q``/``k``, and the rotation of ``q`` and ``k`` by tables a
-scheme made. Each scheme makes its own tables; this module only applies them.
+checks of their arguments and of ``q``/``k``, and the application of tables a scheme made to
+``q`` and ``k`` (:func:`apply_tables`, :func:`apply_tables_qk`, and :class:`TableRotation`,
+the per-forward state holding them). Each scheme makes its own tables; this module only
+applies them.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`` rotary dim.
 """
@@ -13,7 +15,7 @@ from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, check_positive_float, check_positive_int
 from ..state import RotaryState
 from .kernels.kernel import overlap
-from .kernels.rotate import check_inplace, rotate, rotate_pair, rotate_pair_function
+from .kernels.rotate import check_inplace, pair_node, run_plan, run_plan_pair
 from .kernels.select import Mode, Plan, select
 
 
@@ -60,15 +62,18 @@ def check_base(base: object) -> float:
     return base
 
 
-def rotary_state(
-    interleaved: bool, query: tuple[Tensor, Tensor], key: tuple[Tensor, Tensor]
-) -> RotaryState:
-    """A :class:`RotaryState` rotating queries by ``query`` = (cos, sin) and keys by ``key``."""
+class TableRotation(RotaryState):
+    """The per-forward state of a scheme with tables: queries turned by ``query`` = (cos, sin)
+    and keys by ``key`` (often the same pair), in every layer (:func:`apply_tables_qk`)."""
 
-    def rotate(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-        return rotate_qk(q, k, query, key, interleaved, inplace)
+    def __init__(
+        self, interleaved: bool, query: tuple[Tensor, Tensor], key: tuple[Tensor, Tensor]
+    ) -> None:
+        super().__init__()
+        self.interleaved, self.query, self.key = interleaved, query, key
 
-    return RotaryState(rotate)
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return apply_tables_qk(q, k, self.query, self.key, self.interleaved, inplace)
 
 
 def unsqueeze_heads(t: Tensor) -> Tensor:
@@ -76,7 +81,7 @@ def unsqueeze_heads(t: Tensor) -> Tensor:
     return t.unsqueeze(-3) if t.dim() == 3 else t
 
 
-def rotate_one(
+def apply_tables(
     x: Tensor,
     tables: tuple[Tensor, Tensor],
     interleaved: bool,
@@ -92,10 +97,10 @@ def rotate_one(
         plan = select(x, tables, inplace=inplace)
     if inplace:
         check_inplace(x, *tables, name=name, plan=plan)
-    return rotate(x, *tables, interleaved, inplace, plan)
+    return run_plan(x, *tables, interleaved, inplace, plan)
 
 
-def rotate_qk(
+def apply_tables_qk(
     q: Tensor,
     k: Tensor,
     q_tables: tuple[Tensor, Tensor],
@@ -104,16 +109,16 @@ def rotate_qk(
     inplace: object,
     plan: Plan | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """:func:`rotate_one` for ``q`` and ``k``, the way ``plan`` says (``None``: :func:`select`
-    it for the pair); in place, they must not share memory anywhere (:func:`overlap`: the
-    second rotation would turn the first's result). With one pair of tables and a kernel
-    running eagerly, :func:`rotate_pair` first (the eager call in one go)."""
+    """:func:`apply_tables` for ``q`` and ``k``, the way ``plan`` says (``None``:
+    :func:`select` it for the pair); in place, they must not share memory anywhere
+    (:func:`overlap`: the second rotation would turn the first's result). With one pair of
+    tables and a kernel running eagerly, :func:`run_plan_pair` first (the pair in one go)."""
     inplace = check_bool("inplace", inplace)
     if plan is None:
         plan = select(q, q_tables, inplace=inplace, pair=k)
     shared_tables = q_tables[0] is k_tables[0] and q_tables[1] is k_tables[1]
     if plan.mode is Mode.EAGER and shared_tables:
-        pair = rotate_pair(q, k, *q_tables, interleaved, inplace, plan)
+        pair = run_plan_pair(q, k, *q_tables, interleaved, inplace, plan)
         if pair is not None:
             return pair
     if inplace and (q is k or (plan.eager and not q.is_meta and not k.is_meta)):
@@ -136,10 +141,10 @@ def rotate_qk(
         if inplace:
             check_inplace(q, *q_tables, name="q", plan=plan)
             check_inplace(k, *k_tables, name="k", plan=plan)
-        pair = rotate_pair_function(q, k, *q_tables, interleaved, inplace, plan)
+        pair = pair_node(q, k, *q_tables, interleaved, inplace, plan)
         if pair is not None:
             return pair
     return (
-        rotate_one(q, q_tables, interleaved, inplace, "q", plan),
-        rotate_one(k, k_tables, interleaved, inplace, "k", plan),
+        apply_tables(q, q_tables, interleaved, inplace, "q", plan),
+        apply_tables(k, k_tables, interleaved, inplace, "k", plan),
     )

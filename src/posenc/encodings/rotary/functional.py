@@ -31,19 +31,14 @@ dim, ``N`` table rows, ``w`` table width (``D/2`` for a full rotation).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
-from .kernels.rotate import apply_rotary, apply_rotary_
+from .kernels.rotate import apply_rotary, apply_rotary_, half_width
+from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
 
-__all__ = ["LAYOUTS", "rotary_embedding", "rotary_embedding_qk"]
-
-Layout = Literal["bhsd", "bshd", "thd"]
-#: The layouts :func:`rotary_embedding` takes, with the rank of ``x`` each needs.
-LAYOUTS: dict[str, int] = {"bhsd": 4, "bshd": 4, "thd": 3}
+__all__ = ["rotary_embedding", "rotary_embedding_qk"]
 
 
 def rotary_embedding(
@@ -170,55 +165,31 @@ def _gathered(
         raise PosencValueError(f"cu_seqlens is for layout='thd'; got layout={layout!r}")
     if max_seqlen is not None and layout != "thd":
         raise PosencValueError(f"max_seqlen is for layout='thd'; got layout={layout!r}")
-    cos, sin = _half_width(cos, sin, x.shape[-1], interleaved)
+    cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
     if layout == "thd":
         if position_ids is not None:
             raise PosencValueError(
                 "position_ids cannot be given with layout='thd': the positions come from "
                 "cu_seqlens and seqlen_offsets"
             )
-        rows = _packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
+        rows = packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
         cos, sin = _gather(cos, sin, rows, "the packed positions")  # (T, w)
         return cos[:, None], sin[:, None]  # (T, 1, w)
     batch, seq = (x.shape[0], x.shape[2]) if layout == "bhsd" else (x.shape[0], x.shape[1])
     if position_ids is None:
         if layout == "bhsd":
-            if not _is_zero(seqlen_offsets):
+            if not is_zero(seqlen_offsets):
                 raise PosencValueError(
                     "seqlen_offsets is for layout='bshd' or 'thd' (flash-attention's); with "
                     "'bhsd' pass position_ids or tables already at the positions"
                 )
             return cos, sin  # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
-        rows, what = _offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
+        rows, what = offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
     else:
         rows, what = _check_ids(position_ids, batch, seq), "position_ids"
     cos, sin = _gather(cos, sin, rows, what)  # (B, S, w)
     heads = 1 if layout == "bhsd" else 2
     return cos.unsqueeze(heads), sin.unsqueeze(heads)  # (B, 1, S, w) | (B, S, 1, w)
-
-
-def _half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
-    """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
-    its two copies of each angle agree; narrower tables are returned as they are."""
-    width = cos.shape[-1] if cos.dim() else 0
-    if width <= d // 2:
-        return cos, sin
-    if width != d:
-        raise PosencValueError(
-            f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
-            f"nor a full-width one (D = {d}) for x with D = {d}"
-        )
-    halves = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
-        if not torch.equal(first, second):
-            form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
-            raise PosencValueError(
-                f"{name} is full width ({d}) but not in transformers' form ({form}) for "
-                f"interleaved={interleaved}: its two copies differ; pass the half-width table"
-            )
-        halves.append(first)
-    return halves[0], halves[1]
 
 
 def _gather(cos: Tensor, sin: Tensor, rows: Tensor, what: str) -> tuple[Tensor, Tensor]:
@@ -255,72 +226,3 @@ def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:
             f"position_ids must be (B, S) = ({batch}, {seq}) for x, got {tuple(position_ids.shape)}"
         )
     return position_ids.expand(batch, seq)
-
-
-def _is_zero(offsets: int | Tensor) -> bool:
-    return isinstance(offsets, int) and not isinstance(offsets, bool) and offsets == 0
-
-
-def _offsets(offsets: int | Tensor, batch: int, device: torch.device) -> Tensor:
-    """``seqlen_offsets`` as a ``(B, 1)`` integer tensor."""
-    if isinstance(offsets, bool) or not isinstance(offsets, (int, Tensor)):
-        raise PosencTypeError(
-            f"seqlen_offsets must be an int or a (B,) integer tensor, got {offsets!r:.60}"
-        )
-    if isinstance(offsets, int):
-        return torch.full((batch, 1), offsets, dtype=torch.long, device=device)
-    if offsets.is_floating_point() or offsets.dtype is torch.bool or offsets.shape != (batch,):
-        raise PosencValueError(
-            f"seqlen_offsets must be an int or a ({batch},) integer tensor, got dtype "
-            f"{offsets.dtype}, shape {tuple(offsets.shape)}"
-        )
-    return offsets.to(device=device, dtype=torch.long)[:, None]
-
-
-def _offset_rows(batch: int, seq: int, offsets: int | Tensor, device: torch.device) -> Tensor:
-    """Rows ``offset_b + 0 … S-1`` per batch row: ``(B, S)``."""
-    return _offsets(offsets, batch, device) + torch.arange(seq, device=device)
-
-
-def _packed_rows(
-    total: int,
-    cu_seqlens: Tensor | None,
-    offsets: int | Tensor,
-    max_seqlen: int | None,
-    device: torch.device,
-) -> Tensor:
-    """Each packed token's row: ``t - cu_seqlens[b] + offsets[b]`` for token ``t`` of sequence
-    ``b``, ``(T,)``."""
-    if cu_seqlens is None:
-        raise PosencValueError("layout='thd' needs cu_seqlens (B + 1,), the sequences' bounds")
-    if (
-        not isinstance(cu_seqlens, Tensor)
-        or cu_seqlens.dim() != 1
-        or cu_seqlens.shape[0] < 2
-        or cu_seqlens.is_floating_point()
-        or cu_seqlens.dtype is torch.bool
-    ):
-        raise PosencValueError(
-            f"cu_seqlens must be a (B + 1,) integer tensor, got {cu_seqlens!r:.60}"
-        )
-    bounds = cu_seqlens.to(device=device, dtype=torch.long)
-    lengths = bounds[1:] - bounds[:-1]  # (B,)
-    first, last = int(bounds[0]), int(bounds[-1])
-    if first != 0 or last != total or bool((lengths < 0).any()):
-        raise PosencValueError(
-            f"cu_seqlens must rise from 0 to the {total} packed tokens of x, got "
-            f"{bounds.tolist() if bounds.numel() <= 16 else tuple(bounds.shape)}"
-        )
-    if max_seqlen is not None:
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-            raise PosencTypeError(f"max_seqlen must be an int, got {max_seqlen!r}")
-        longest = int(lengths.max())
-        if longest > max_seqlen:
-            raise PosencValueError(
-                f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens"
-            )
-    batch = lengths.shape[0]
-    starts = (bounds[:-1] - _offsets(offsets, batch, device)[:, 0]).repeat_interleave(
-        lengths, output_size=total
-    )  # (T,): each token's sequence start, less its offset
-    return torch.arange(total, device=device) - starts

@@ -30,13 +30,14 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencValueError
-from ..checks import check_bool, compute_dtype
+from ..checks import check_bool, compute_dtype, take_position_ids
 from ..state import RotaryState
-from .common import check_qk, rotary_state, rotate_one, rotate_qk
+from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
 from .kernels.select import Plan, select
+from .layouts import Layout, stated_layout
 from .mrope_layouts import check_mrope, pair_rows
 from .rope import HF_CLASSES, RotaryEmbedding
-from .tables import FEW_POSITIONS, read_positions
+from .tables import FEW_POSITIONS, read_positions, reads_values
 
 __all__ = ["MultimodalRotaryEmbedding"]
 
@@ -145,6 +146,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             or type(positions) is not Tensor
             or positions.is_meta
             or positions.numel() > FEW_POSITIONS * self.rows
+            or not reads_values(positions)  # (a GPU's positions are not read)
         ):
             return None
         rows = positions.tolist()
@@ -186,7 +188,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         r = self.rotary_dim
         return x[..., 1:r:2] if self.interleaved else x[..., r // 2 : r]
 
-    def _rotate_split(
+    def _apply_split_tables(
         self,
         q: Tensor,
         k: Tensor,
@@ -198,23 +200,38 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         (``blocked-channels``): each by both, keeping the channels each was made for."""
         first, second = tables
         if not self.split_pairs:
-            return rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
-        other_q, other_k = rotate_qk(q, k, second, second, self.interleaved, False)
-        q, k = rotate_qk(q, k, first, first, self.interleaved, inplace, plan)
+            return apply_tables_qk(q, k, first, first, self.interleaved, inplace, plan)
+        other_q, other_k = apply_tables_qk(q, k, second, second, self.interleaved, False)
+        q, k = apply_tables_qk(q, k, first, first, self.interleaved, inplace, plan)
         self._second_channels(q).copy_(self._second_channels(other_q))
         self._second_channels(k).copy_(self._second_channels(other_k))
         return q, k
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys by their positions.
 
         Shapes:
             q: ``(b, hq, n, d)``; k: ``(b, hk, n, d)``; positions: ``(rows, b, n)``,
             ``(rows, 1, n)``, or, for text, ``(n,)`` / ``(b, n)``. Returns ``(q, k)`` rotated
-            as :meth:`RotaryEmbedding.forward` does (with ``inplace=True``, in their storage).
+            as :meth:`RotaryEmbedding.forward` does (with ``inplace=True``, in their storage),
+            ``position_ids``, ``layout`` and the packing arguments included.
         """
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
             self._check_text(positions, q.shape[0])
             return super().forward(q, k, positions, inplace=inplace)
@@ -229,13 +246,28 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
         tables = self._row_tables(positions, b, n, work, q.device, plan)
-        return self._rotate_split(q, k, tables, inplace, plan)
+        return self._apply_split_tables(q, k, tables, inplace, plan)
 
     def rotate(
-        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` (queries, or keys for a KV cache) by positions
-        of any shape :meth:`forward` takes; with ``inplace=True`` in its own storage."""
+        of any shape :meth:`forward` takes; with ``inplace=True`` in its own storage;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
         if not (isinstance(positions, Tensor) and positions.dim() == 3):
             self._check_text(positions, x.shape[0])
             return super().rotate(x, positions, inplace=inplace)
@@ -248,9 +280,9 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         work = compute_dtype(x.dtype)
         first, second = self._row_tables(positions, x.shape[0], x.shape[2], work, x.device, plan)
         if not self.split_pairs:
-            return rotate_one(x, first, self.interleaved, inplace, "x", plan)
-        other = rotate_one(x, second, self.interleaved, False, "x")
-        x = rotate_one(x, first, self.interleaved, inplace, "x", plan)
+            return apply_tables(x, first, self.interleaved, inplace, "x", plan)
+        other = apply_tables(x, second, self.interleaved, False, "x")
+        x = apply_tables(x, first, self.interleaved, inplace, "x", plan)
         self._second_channels(x).copy_(self._second_channels(other))
         return x
 
@@ -290,12 +322,8 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         work = compute_dtype(x.dtype)
         tables = self._row_tables(positions, x.shape[0], x.shape[1], work, x.device, plan)
         if not self.split_pairs:
-            return rotary_state(self.interleaved, tables[0], tables[0])
-
-        def rotate(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._rotate_split(q, k, tables, inplace, None)
-
-        return RotaryState(rotate)
+            return TableRotation(self.interleaved, tables[0], tables[0])
+        return SplitPairRotation(self, tables)
 
     def read_state(
         self,
@@ -319,6 +347,19 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             f"{super().extra_repr()}, mrope_section={list(self.mrope_section)}, "
             f"mrope_layout={self.mrope_layout!r}"
         )
+
+
+class SplitPairRotation(RotaryState):
+    """The per-forward state of the ``blocked-channels`` layout: each layer's ``q`` and ``k``
+    turned by the first and the second channels' tables (:meth:`~MultimodalRotaryEmbedding.
+    _apply_split_tables`)."""
+
+    def __init__(self, module: MultimodalRotaryEmbedding, tables: tuple[Tables, Tables]) -> None:
+        super().__init__()
+        self.module, self.tables = module, tables
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        return self.module._apply_split_tables(q, k, self.tables, inplace, None)
 
 
 HF_CLASSES["mrope"] = MultimodalRotaryEmbedding

@@ -42,10 +42,13 @@ from ..checks import (
     check_positive_int,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
+from .layouts import Layout, stated_layout
+from .tables import checks_values
 
 __all__ = ["PoPE"]
 
@@ -153,13 +156,14 @@ class PoPE(RotaryEncoding):
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The tables of one forward, computed once for every layer."""
-        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
-        tables = self.tables(pos, compute_dtype(x.dtype))
-
-        def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._transform(*check_qk(q, k, self.head_dim), tables)
-
-        return RotaryState(transform)
+        pos = resolve_positions(
+            positions,
+            x.shape[1],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
+        return PopeTransform(self, self.tables(pos, compute_dtype(x.dtype)), check=True)
 
     def read_state(
         self,
@@ -178,24 +182,54 @@ class PoPE(RotaryEncoding):
         work = compute_dtype(x.dtype)
         query_tables = self.tables(pos[..., keys - queries :], work)[0]
         key_tables = self.tables(pos, work)[1]
-
-        def transform(q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
-            return self._transform(q, k, (query_tables, key_tables))
-
-        return RotaryState(transform)
+        return PopeTransform(self, (query_tables, key_tables), check=False)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, h, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
-        returns q' ``(b, h, n, 2d)`` and k' ``(b, hk, n, 2d)``. ``inplace`` is accepted for
-        the rotary protocol and ignored: the outputs are new tensors of twice the width."""
+        returns q' ``(b, h, n, 2d)`` and k' ``(b, hk, n, 2d)`` (in ``layout``). ``inplace`` is
+        accepted for the rotary protocol and ignored: the outputs are new tensors of twice the
+        width;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
-        pos = resolve_positions(positions, n, batch=b, device=q.device)
+        pos = resolve_positions(
+            positions, n, batch=b, device=q.device, values=checks_values(positions)
+        )
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         return self._transform(q, k, self.tables(pos, work))
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, num_heads={self.num_heads}"
         return text if self.base == 10000.0 else text + f", base={self.base:g}"
+
+
+class PopeTransform(RotaryState):
+    """PoPE's per-forward state: each layer's ``q`` and ``k`` transformed with the tables
+    computed once; ``check``: whether ``q`` and ``k`` are checked as a pair of one length
+    (not where queries and keys read from a cache differ in length)."""
+
+    def __init__(self, pope: PoPE, tables: Any, *, check: bool) -> None:
+        super().__init__()
+        self.pope, self.tables, self.check = pope, tables, check
+
+    def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        if self.check:
+            q, k = check_qk(q, k, self.pope.head_dim)
+        return self.pope._transform(q, k, self.tables)

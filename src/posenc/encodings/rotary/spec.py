@@ -161,6 +161,17 @@ class RotarySpec:
             max_position_embeddings=self.max_position_embeddings,
         )
 
+    def summary(self) -> str:
+        """The settings as a module's ``extra_repr`` shows them."""
+        text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"
+        if self.interleaved:
+            text += ", interleaved=True"
+        if self.clockwise:
+            text += ", clockwise=True"
+        if self.rope_type != "default":
+            text += f", scaling={dict(self.scaling)}"
+        return text
+
     def arguments(self) -> dict[str, Any]:
         """The :class:`~posenc.RotaryEmbedding` arguments that build this spec again."""
         return {

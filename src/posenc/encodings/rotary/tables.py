@@ -1,17 +1,28 @@
 """The cos/sin tables of a :class:`~posenc.RotaryEmbedding` and the positions that read them.
 
 * :func:`read_positions` validates the positions of one call once and, for integer positions
-  in eager mode, reads their extent (smallest, largest, one run ``p, p+1, ...`` or not); a
-  decode step (up to :data:`FEW_POSITIONS` integer positions) costs one ``tolist``.
+  on the CPU in eager mode, reads their extent (smallest, largest, one run ``p, p+1, ...`` or
+  not); a decode step (up to :data:`FEW_POSITIONS` integer positions) costs one ``tolist``.
 * :func:`bounded_positions` stands in for it in a cached or packed forward, whose positions
-  the host knows a bound of (:mod:`posenc.sequence.context`): the tables are sized from the bound
-  and
-  nothing is read, so that on CUDA a decode step does not synchronise.
+  the host knows a bound of (:mod:`posenc.sequence.context`): the tables are sized from the
+  bound and nothing is read.
 * :class:`RotaryTables` owns the float32 ``cos_cached``/``sin_cached`` tables (registered as
   non-persistent buffers of the module, so ``.to()``, ``to_empty``, the meta device and
-  ``state_dict`` treat them as buffers), their growth, and the rows for given positions; it
-  falls back to the float64 formula where no table applies (float positions, float64 work,
-  rope types whose frequencies move with the length, learned frequencies, far positions).
+  ``state_dict`` treat them as buffers), their growth, the rows for given positions, and the
+  decode lane (:meth:`RotaryTables.turn_at_rows`: q and k turned by rows of the tables where
+  they lie); it falls back to the float64 formula where no table applies (float positions,
+  float64 work, rope types whose frequencies move with the length, learned frequencies, far
+  positions).
+
+Positions on a GPU are not read on the host (a read would synchronise with the device in
+every eager call). Their tables are sized ahead, to the module's maximum
+(``max_position_embeddings``, at least :attr:`~posenc.RotaryEmbedding.initial_table_size`
+rows), and a position outside them (negative, or past the last row) turns its row of ``q``
+and ``k`` by NaN, never by another row. The value checks (negative, past the table, past the
+whole numbers float64 holds) run where positions are on the CPU, and on a GPU only under
+``POSENC_CHECK_POSITIONS=1`` (read per call), which reads them as on the CPU: the tables then
+grow to the largest position and bad values raise. Rope types whose frequencies follow the
+longest position (dynamic NTK, LongRoPE) read it wherever it lies, as Hugging Face does.
 
 Neither asks torch whether a graph is being captured: both take ``eager`` (a field of the
 :class:`~posenc.encodings.rotary.kernels.select.Plan`) from the caller's
@@ -22,6 +33,7 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``r`` rotary dim.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,8 +42,18 @@ from torch import Tensor, nn
 from ...errors import MemoryBudgetError, check_bytes
 from ..checks import MAX_POSITION, PositionBound, check_position_range, resolve_positions
 from .common import unsqueeze_heads
+from .kernels.rotate import pair_node
+from .kernels.select import Mode, Plan
 
-__all__ = ["FEW_POSITIONS", "RotaryTables", "bounded_positions", "read_positions"]
+__all__ = [
+    "CHECK_VARIABLE",
+    "FEW_POSITIONS",
+    "RotaryTables",
+    "bounded_positions",
+    "checks_values",
+    "read_positions",
+    "reads_values",
+]
 
 #: Integer dtypes whose positions :func:`read_positions` validates in one read.
 INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -42,6 +64,17 @@ FEW_POSITIONS = 16
 #: ``(smallest, largest, one run)`` of integer positions; from a bound
 #: (:func:`bounded_positions`), ``(0, the bound, False)``: every position lies in between.
 Extent = tuple[int, int, bool]
+#: The variable that has positions on a GPU read and checked as on the CPU (``1``).
+CHECK_VARIABLE = "POSENC_CHECK_POSITIONS"
+#: Whether positions on the CPU are read on the host (their values cost no synchronisation);
+#: the tests clear it to send CPU positions down the path a GPU's take.
+CPU_IS_HOST = True
+
+
+def reads_values(positions: Tensor) -> bool:
+    """Whether the values of ``positions`` are read on the host: on the CPU, or anywhere
+    under ``POSENC_CHECK_POSITIONS=1``."""
+    return (CPU_IS_HOST and positions.is_cpu) or os.environ.get(CHECK_VARIABLE) == "1"
 
 
 def _extent(positions: Tensor) -> Extent:
@@ -58,6 +91,13 @@ def _extent(positions: Tensor) -> Extent:
     return int(lo), int(hi), False
 
 
+def checks_values(positions: object) -> bool:
+    """Whether the values of ``positions`` (a tensor, or anything a check will refuse) are
+    checked on the host (:func:`reads_values`); the ``values`` of
+    :func:`~posenc.encodings.checks.resolve_positions`."""
+    return not isinstance(positions, Tensor) or reads_values(positions)
+
+
 def read_positions(
     positions: Tensor | None, n: int, batch: int, device: Any, eager: bool
 ) -> tuple[Tensor | None, Extent | None]:
@@ -69,6 +109,12 @@ def read_positions(
     names what is wrong."""
     if positions is None:
         return None, None
+    if (  # a GPU's positions, unread: the tables are sized ahead
+        type(positions) is Tensor
+        and not (CPU_IS_HOST and positions.is_cpu)
+        and not reads_values(positions)
+    ):
+        return resolve_positions(positions, n, batch=batch, device=device, values=False), None
     if (  # a decode step: a few 1-D positions, read in one transfer
         eager
         and type(positions) is Tensor
@@ -130,6 +176,8 @@ class RotaryTables:
             the formula.
         initial_size: rows built when the tables are first made; they grow by doubling.
         max_positions: the model's context length, up to which tables may grow.
+        decode_lane: whether :meth:`turn_at_rows` may turn q and k by rows of the tables
+            where they lie (fixed frequencies: not where they move with the length).
     """
 
     def __init__(
@@ -140,6 +188,7 @@ class RotaryTables:
         caches: bool,
         initial_size: int,
         max_positions: int | None,
+        decode_lane: bool = False,
         device: Any = None,
     ) -> None:
         empty = torch.empty(0, rotary_dim // 2, dtype=torch.float32, device=device)
@@ -150,6 +199,7 @@ class RotaryTables:
         self.caches = caches
         self.initial_size = initial_size
         self.max_positions = max_positions
+        self.decode_lane = decode_lane and caches
         #: What cos and sin are multiplied by (the attention factor; sin negated clockwise).
         self.cos_factor = self.sin_factor = 1.0
 
@@ -202,6 +252,87 @@ class RotaryTables:
         except MemoryBudgetError:
             return None
         return rows
+
+    def read(
+        self, positions: Tensor | None, n: int, batch: int, device: Any, eager: bool
+    ) -> tuple[Tensor | None, Extent | None]:
+        """:func:`read_positions`, with the default ``arange(n)`` as one run from row 0."""
+        if positions is None:
+            return None, ((0, n - 1, True) if n else None)
+        return read_positions(positions, n, batch, device, eager)
+
+    def turn_at_rows(
+        self,
+        q: Tensor,
+        k: Tensor,
+        read: tuple[Tensor | None, Extent | None],
+        interleaved: bool,
+        inplace: bool,
+        plan: Plan,
+    ) -> tuple[Tensor, Tensor] | None:
+        """The decode lane: ``q`` and ``k`` ``(b, h, n, d)`` turned as a pair by the kernel of
+        ``plan`` reading rows of the whole tables where they lie, nothing gathered: one run
+        ``p, p+1, ...`` in the table (a decode step) by its first row, other integer positions
+        by the positions themselves for a kernel that indexes rows on the device (the Triton
+        kernel, which turns a row outside the table by NaN). ``None`` where the lane does not
+        apply (frequencies that move, another mode, float positions, a kernel refusing the
+        data): the caller gathers the rows (:meth:`rows`) and turns q and k by them."""
+        mode = plan.mode
+        if not self.decode_lane or not (
+            mode is Mode.EAGER or (mode is Mode.FUNCTION and not inplace)
+        ):
+            return None
+        positions, extent = read
+        device = q.device
+        rows: int | Tensor | None = self.first_row(extent, q.shape[2], device)
+        if (
+            rows is None
+            and positions is not None
+            and positions.dtype in (torch.int64, torch.int32)
+            and positions.device == device
+        ):
+            if extent is None and plan.kernel is not None and plan.kernel.reads_positions:
+                if self.size_ahead(device):  # (positions left unread: the kernel masks the rest)
+                    rows = positions
+            elif self.in_table(extent, device):
+                rows = positions
+        if rows is None:
+            return None
+        cos, sin = self._buffers["cos_cached"], self._buffers["sin_cached"]
+        if mode is Mode.EAGER:
+            assert plan.kernel is not None
+            return plan.kernel.turn_pair(q, k, cos, sin, interleaved, inplace, rows)
+        return pair_node(q, k, cos, sin, interleaved, inplace, plan, rows)
+
+    def size_ahead(self, device: Any) -> bool:
+        """Grow the tables to the module's maximum (``max_positions``, at least
+        ``initial_size`` rows) for positions left unread; ``False`` where the memory budget
+        does not allow that many rows (the caller then uses the formula)."""
+        table = self._buffers["cos_cached"]
+        want = max(self.initial_size, self.max_positions or 0)
+        if table.shape[0] >= want:
+            return True
+        rows = self._rows_for(want, want, device)
+        if rows is None:
+            return False
+        self.build(rows)
+        return True
+
+    def _unread_rows(
+        self, positions: Tensor, dtype: torch.dtype, freq: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Rows of the tables sized ahead for integer ``positions`` left unread: a position
+        outside them takes a NaN row (found on the device: no read)."""
+        device = positions.device
+        if not self.size_ahead(device):
+            return self.formula(positions, freq, dtype)
+        table_cos, table_sin = self._buffers["cos_cached"], self._buffers["sin_cached"]
+        size = table_cos.shape[0]
+        outside = ((positions < 0) | (positions >= size))[..., None]  # (..., n, 1)
+        index = positions.clamp(0, size - 1)
+        cos = table_cos[index].masked_fill(outside, float("nan")).to(dtype)
+        sin = table_sin[index].masked_fill(outside, float("nan")).to(dtype)
+        return unsqueeze_heads(cos), unsqueeze_heads(sin)
 
     def first_row(self, extent: Extent | None, n: int, device: torch.device) -> int | None:
         """Where the float32 table rows (on ``device``) of positions with this extent start,
@@ -268,8 +399,12 @@ class RotaryTables:
             return self.formula(pos, freq, dtype)
         if positions is None or not positions.numel():
             needed = n
+        elif extent is not None:
+            needed = extent[1] + 1
+        elif reads_values(positions):
+            needed = int(positions.max()) + 1
         else:
-            needed = (int(positions.max()) if extent is None else extent[1]) + 1
+            return self._unread_rows(positions, dtype, freq)
         if needed > table_cos.shape[0]:
             rows = self._rows_for(needed, n, device)
             if rows is None:

@@ -27,19 +27,22 @@ from ..checks import (
     check_positive_int,
     compute_dtype,
     resolve_positions,
+    take_position_ids,
 )
 from ..registry import register
 from ..rope_types.builtin import default_inv_freq
 from ..state import RotaryState
 from .common import (
+    TableRotation,
+    apply_tables,
+    apply_tables_qk,
     check_base,
     check_qk,
     check_rotary_dim,
-    rotary_state,
-    rotate_one,
-    rotate_qk,
     unsqueeze_heads,
 )
+from .layouts import Layout, stated_layout
+from .tables import checks_values
 
 __all__ = ["XPos"]
 
@@ -153,15 +156,23 @@ class XPos(RotaryEncoding):
         :meth:`scaled_cos_sin`; ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         device = self.inv_freq.device if device is None else device
-        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
+        pos = resolve_positions(
+            positions, seq_len, batch=batch, device=device, values=checks_values(positions)
+        )
         return self.scaled_cos_sin(pos, dtype, key=check_bool("key", key))
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
         """The scaled cos and sin of queries and of keys, computed once for every layer."""
-        pos = resolve_positions(positions, x.shape[1], batch=x.shape[0], device=x.device)
+        pos = resolve_positions(
+            positions,
+            x.shape[1],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
-        return rotary_state(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
+        return TableRotation(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
 
     def context_state(
         self,
@@ -184,7 +195,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos, work, key=False, center=center)
         keys = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return rotary_state(self.interleaved, query, keys)
+        return TableRotation(self.interleaved, query, keys)
 
     def read_state(
         self,
@@ -207,7 +218,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos[..., keys - queries :], work, key=False, center=center)
         rows = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return rotary_state(self.interleaved, query, rows)
+        return TableRotation(self.interleaved, query, rows)
 
     def rotate(
         self,
@@ -215,28 +226,63 @@ class XPos(RotaryEncoding):
         positions: Tensor | None = None,
         *,
         key: bool = False,
+        position_ids: Tensor | None = None,
         inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``;
         with ``inplace=True`` in its own storage. Pass a fixed ``center`` at construction when
-        queries and keys come in separate calls."""
+        queries and keys come in separate calls;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, key=key, inplace=inplace))
         x, _ = check_qk(x, x, self.head_dim)
-        pos = resolve_positions(positions, x.shape[2], batch=x.shape[0], device=x.device)
+        pos = resolve_positions(
+            positions,
+            x.shape[2],
+            batch=x.shape[0],
+            device=x.device,
+            values=checks_values(positions),
+        )
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
-        return rotate_one(x, tables, self.interleaved, inplace)
+        return apply_tables(x, tables, self.interleaved, inplace)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
-        ``inplace`` as for :meth:`RotaryEmbedding.forward`."""
+        ``inplace`` as for :meth:`RotaryEmbedding.forward`;
+        ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
-        pos = resolve_positions(positions, n, batch=b, device=q.device)
+        pos = resolve_positions(
+            positions, n, batch=b, device=q.device, values=checks_values(positions)
+        )
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         q_tables = self.scaled_cos_sin(pos, work, key=False)
         k_tables = self.scaled_cos_sin(pos, work, key=True)
-        return rotate_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
+        return apply_tables_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 import posenc
-from posenc.encodings.rotary.kernels import triton_kernel
+from posenc.encodings.rotary.kernels import triton_launch
 from posenc.encodings.rotary.kernels.rotate import rotate_reference
 
 from . import interpreted_triton as kernel_cases
@@ -59,13 +59,13 @@ DESIGN = _design()
 def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """``POSENC_ROTARY_KERNEL=triton``, and the number of Triton launches so far."""
     seen: list[int] = []
-    launch = triton_kernel._launch
+    launch = triton_launch.launch
 
     def counted(*args: object, **kwargs: object) -> None:
         seen.append(1)
         launch(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(triton_kernel, "_launch", counted)
+    monkeypatch.setattr(triton_launch, "launch", counted)
     monkeypatch.setenv("POSENC_ROTARY_KERNEL", "triton")
     yield seen
 
@@ -272,13 +272,13 @@ def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch
     """Positions that are not one run (packing, left padding) reach the kernel as positions
     over the module's whole cached table, in one launch for q and k: no gathered table."""
     seen: list[tuple] = []
-    launch = triton_kernel._launch
+    launch = triton_launch.launch
 
     def spy(q, out_q, k, out_k, cos, sin, positions, *rest):  # type: ignore[no-untyped-def]
         seen.append((k is not None, tuple(cos.shape), positions))
         launch(q, out_q, k, out_k, cos, sin, positions, *rest)
 
-    monkeypatch.setattr(triton_kernel, "_launch", spy)
+    monkeypatch.setattr(triton_launch, "launch", spy)
     monkeypatch.setenv("POSENC_ROTARY_KERNEL", "triton")
     rope = posenc.RotaryEmbedding(D).to(DEVICE)
     q = torch.randn(B, HQ, N, D, device=DEVICE, dtype=torch.bfloat16)
@@ -292,3 +292,37 @@ def test_per_row_positions_index_the_whole_table(monkeypatch: pytest.MonkeyPatch
         m.delenv("POSENC_ROTARY_KERNEL")
         for g, x, key in ((got[0], q, False), (got[1], k, True)):
             assert_close_to(g, _reference(rope, x, positions, key))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_unread_positions_are_indexed_by_the_kernel(
+    launches: list[int], monkeypatch: pytest.MonkeyPatch, grad: bool
+) -> None:
+    """Positions a GPU keeps (not read on the host: ``CPU_IS_HOST`` cleared, as on CUDA)
+    are indexed by the kernel in the whole table, one launch for q and k; a row outside the
+    table turns by NaN, the others by the formula."""
+    from posenc.encodings.rotary import tables
+
+    monkeypatch.setattr(tables, "CPU_IS_HOST", False)
+    monkeypatch.delenv(tables.CHECK_VARIABLE, raising=False)
+    torch.manual_seed(7)
+    rope = posenc.RotaryEmbedding(D).to(DEVICE)
+    size = rope.initial_table_size
+    positions = torch.tensor([[0, 5, size, 3, 2, 1], [7, 8, 9, -1, 11, 12]], device=DEVICE)
+    q = torch.randn(B, HQ, N, D, device=DEVICE, requires_grad=grad)
+    k = torch.randn(B, HK, N, D, device=DEVICE, requires_grad=grad)
+    got_q, got_k = rope(q, k, positions)
+    assert len(launches) == 1
+    outside = (positions < 0) | (positions >= size)  # (b, n)
+    inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angle = positions.double().cpu()[:, None, :, None] * inv  # (b, 1, n, d/2)
+    for got, x in ((got_q, q), (got_k, k)):
+        want = rotate_reference(x.detach().double().cpu(), angle.cos(), angle.sin())
+        assert got[outside[:, None].expand(got.shape[:-1])].isnan().all()
+        inside = ~outside[:, None, :, None].expand(got.shape).cpu()
+        torch.testing.assert_close(
+            got.detach().double().cpu()[inside], want[inside], atol=1e-5, rtol=0
+        )
+    if grad:  # the backward: the same kernel clockwise, one launch
+        (got_q[~outside[:, None].expand(got_q.shape[:-1])].sum()).backward()
+        assert len(launches) == 2 and q.grad is not None

@@ -31,9 +31,9 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("needs TRITON_INTERPRET=1 (CPU) or a CUDA device", allow_module_level=True)
 
 from posenc.encodings.rotary.kernels.rotate import rotate_reference  # noqa: E402
-from posenc.encodings.rotary.kernels.triton_kernel import (  # noqa: E402 (after the env check)
-    rotate_pair_triton,
-    rotate_triton,
+from posenc.encodings.rotary.kernels.triton_launch import (  # noqa: E402 (after the env check)
+    launch_one,
+    launch_pair,
 )
 from posenc.errors import PosencTypeError, PosencValueError  # noqa: E402
 
@@ -161,10 +161,10 @@ def test_the_kernel_is_the_formula(levels: tuple) -> None:
         "clockwise": case["clockwise"],
     }
     if k is None:
-        got = [rotate_triton(q, cos, sin, out=q if case["inplace"] else None, **options)]
+        got = [launch_one(q, cos, sin, out=q if case["inplace"] else None, **options)]
     else:
         outs = {"out_q": q, "out_k": k} if case["inplace"] else {}
-        got = list(rotate_pair_triton(q, k, cos, sin, **outs, **options))
+        got = list(launch_pair(q, k, cos, sin, **outs, **options))
     for out, ref, x, original in zip(got, refs, [q, k], originals, strict=False):
         assert_close_to(out, ref)
         assert torch.equal(out[..., r:], original[..., r:])  # channels past r pass through
@@ -186,8 +186,8 @@ def test_clockwise_undoes_the_turn() -> None:
     angles = torch.rand(6, 4, device=DEVICE) * 6
     cos, sin = angles.cos(), angles.sin()
     for interleaved in (False, True):
-        there = rotate_triton(x, cos, sin, interleaved=interleaved)
-        back = rotate_triton(there, cos, sin, interleaved=interleaved, clockwise=True)
+        there = launch_one(x, cos, sin, interleaved=interleaved)
+        back = launch_one(there, cos, sin, interleaved=interleaved, clockwise=True)
         assert_close_to(back, x.double())
 
 
@@ -196,9 +196,9 @@ def test_positions_outside_the_table_are_an_error_never_a_wrong_row() -> None:
     cos = torch.ones(8, 2, device=DEVICE)
     for bad in (torch.tensor([0, 8, 1]), torch.tensor([0, -1, 1])):
         with pytest.raises(PosencValueError, match=r"positions must lie in \[0, 8\)"):
-            rotate_triton(x, cos, cos, positions=bad.to(DEVICE))
+            launch_one(x, cos, cos, positions=bad.to(DEVICE))
     # the caller vouched for the bounds and was wrong: that row is NaN, the others right
-    got = rotate_triton(x, cos, cos, positions=torch.tensor([0, 8, 1], device=DEVICE), checked=True)
+    got = launch_one(x, cos, cos, positions=torch.tensor([0, 8, 1], device=DEVICE), checked=True)
     assert got[0, 0, 1].isnan().all() and not got[0, 0, [0, 2]].isnan().any()
 
 
@@ -206,17 +206,17 @@ def test_bad_arguments_are_named() -> None:
     q = torch.randn(1, 2, 3, 4, device=DEVICE)
     cos = torch.ones(3, 2, device=DEVICE)
     with pytest.raises(PosencValueError, match="q and k must share"):
-        rotate_pair_triton(q, q[:, :, :2].to(torch.bfloat16), cos, cos)
+        launch_pair(q, q[:, :, :2].to(torch.bfloat16), cos, cos)
     with pytest.raises(PosencValueError, match="does not broadcast"):
-        rotate_triton(q, torch.ones(4, 2, device=DEVICE), torch.ones(4, 2, device=DEVICE))
+        launch_one(q, torch.ones(4, 2, device=DEVICE), torch.ones(4, 2, device=DEVICE))
     with pytest.raises(PosencValueError, match="pairs and one shape"):
-        rotate_triton(q, cos, torch.ones(3, 1, device=DEVICE))
+        launch_one(q, cos, torch.ones(3, 1, device=DEVICE))
     with pytest.raises(PosencTypeError, match="int64 or int32"):
-        rotate_triton(q, cos, cos, positions=torch.zeros(3, device=DEVICE))
+        launch_one(q, cos, cos, positions=torch.zeros(3, device=DEVICE))
     with pytest.raises(PosencValueError, match="1 to 4 dims"):
-        rotate_triton(q[None], cos, cos)
+        launch_one(q[None], cos, cos)
     with pytest.raises(PosencValueError, match="out must match"):
-        rotate_triton(q, cos, cos, out=q[0])
+        launch_one(q, cos, cos, out=q[0])
 
 
 def test_in_place_pair_refuses_q_and_k_that_share_memory() -> None:
@@ -226,10 +226,10 @@ def test_in_place_pair_refuses_q_and_k_that_share_memory() -> None:
     before, cos = buf.clone(), torch.full((5, 4), 0.6, device=DEVICE)
     q, k = buf[..., :8], buf[..., 4:12]
     with pytest.raises(PosencValueError, match="q and k's outputs share memory"):
-        rotate_pair_triton(q, k, cos, cos + 0.2, out_q=q, out_k=k)
+        launch_pair(q, k, cos, cos + 0.2, out_q=q, out_k=k)
     assert torch.equal(buf, before)
-    want = rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2)
-    rotate_pair_triton(buf[..., :8], buf[..., 8:], cos, cos + 0.2, out_q=buf[..., :8],
+    want = launch_pair(buf[..., :8], buf[..., 8:], cos, cos + 0.2)
+    launch_pair(buf[..., :8], buf[..., 8:], cos, cos + 0.2, out_q=buf[..., :8],
                        out_k=buf[..., 8:])  # fmt: skip
     assert torch.equal(buf, torch.cat(want, -1))
 
@@ -257,11 +257,11 @@ def test_many_programs_and_unpadded_widths(interleaved: bool, positioned: bool) 
     cos, sin = angles.cos().float(), angles.sin().float()
     refs = [rotate_reference(t.double(), cos64, sin64, interleaved=interleaved) for t in (q, k)]
     options = {"positions": positions, "interleaved": interleaved}
-    got = rotate_pair_triton(q, k, cos, sin, **options)
+    got = launch_pair(q, k, cos, sin, **options)
     for out, ref, x in zip(got, refs, (q, k), strict=True):
         assert_close_to(out, ref)
         assert torch.equal(out[..., r:], x[..., r:])
-    rotate_pair_triton(q, k, cos, sin, out_q=q, out_k=k, **options)
+    launch_pair(q, k, cos, sin, out_q=q, out_k=k, **options)
     for x, out in zip((q, k), got, strict=True):
         assert torch.equal(x, out)  # in place: the same numbers
 
@@ -277,7 +277,7 @@ def test_head_sizes_80_and_112(d: int, interleaved: bool) -> None:
     for r in (d, d - 16):
         angles = torch.rand(2, r // 2, dtype=torch.float64, device=DEVICE) * 40
         cos64, sin64 = angles.cos(), angles.sin()
-        got = rotate_pair_triton(q, k, cos64.float(), sin64.float(), interleaved=interleaved)
+        got = launch_pair(q, k, cos64.float(), sin64.float(), interleaved=interleaved)
         for out, x in zip(got, (q, k), strict=True):
             assert_close_to(
                 out, rotate_reference(x.double(), cos64, sin64, interleaved=interleaved)
@@ -288,7 +288,7 @@ def test_head_sizes_80_and_112(d: int, interleaved: bool) -> None:
 def test_the_compile_operator_runs_eagerly_with_its_gradient() -> None:
     """``posenc::rotary_pair_triton`` called eagerly launches the kernel (its values the
     formula's) and its autograd is the same operator turning the gradients back."""
-    from posenc.encodings.rotary.kernels.triton_kernel import rotary_pair_op
+    from posenc.encodings.rotary.kernels.triton_op import rotary_pair_op
 
     q = torch.randn(2, 4, 3, 8, device=DEVICE, requires_grad=True)
     k = torch.randn(2, 2, 3, 8, device=DEVICE, requires_grad=True)

@@ -115,10 +115,10 @@ def test_tensors_the_kernel_refuses_take_the_torch_path() -> None:
     x = misaligned(values)
     assert native._native_buffer(x, 4) is None
     cos, sin = tables(N)
-    assert not native._rotate_native(x, torch.empty_like(x), cos, sin, False)
+    assert not native._turn_c(x, torch.empty_like(x), cos, sin, False)
     want, want_inplace = torch.empty_like(values), values.clone()
-    pytorch._rotate_torch(values, want, cos, sin, False)
-    pytorch._rotate_torch(want_inplace, want_inplace, cos, sin, False)
+    pytorch.turn_tiled(values, want, cos, sin, False)
+    pytorch.turn_tiled(want_inplace, want_inplace, cos, sin, False)
     assert torch.equal(apply_rotary(x, cos, sin), want)
     assert torch.equal(apply_rotary_(x, cos, sin), want_inplace)
     rope = RotaryEmbedding(D)

@@ -1,13 +1,9 @@
 """The rotary arithmetic (``posenc.encodings.rotary.kernels.rotate``): the fast path against eq. 34
 written as a float64 matrix product, in place against out of place on every layout, dtype, partial
 rotation, table shape and strided view, gradients through the in-place path, the cases where
-rotating in place must refuse, and that no compiler is ever invoked."""
+rotating in place must refuse (that no compiler is ever invoked: test_rotate_no_compiler.py)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-import warnings
 
 import pytest
 import torch
@@ -111,9 +107,9 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         cos, sin = angles.cos().float(), angles.sin().float()
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        native._rotate_native(x, out, cos, sin, interleaved)
+        native._turn_c(x, out, cos, sin, interleaved)
         assert torch.equal(out, want)
-        native._rotate_native(x, x, cos, sin, interleaved)
+        native._turn_c(x, x, cos, sin, interleaved)
         assert torch.equal(x, want)
     # three threads: shares that start and end inside a run of rows
     for layout in ("contiguous", "fused"):
@@ -152,7 +148,7 @@ def test_the_native_kernel_rounds_special_values_as_torch_does(
     want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
     for inplace in (False, True):
         out = x.clone() if inplace else torch.empty_like(x)
-        native._rotate_native(out if inplace else x, out, cos, sin, interleaved)
+        native._turn_c(out if inplace else x, out, cos, sin, interleaved)
         nan = want.isnan()  # (torch itself writes bfloat16 NaN as 0x7fc0 or 0xffff)
         assert torch.equal(out.isnan(), nan)
         assert torch.equal(_bits(out[~nan]), _bits(want[~nan]))
@@ -378,109 +374,13 @@ def test_bad_arguments(args: tuple, error: type, match: str) -> None:
             fn(*args)
 
 
-# --------------------------------------------------------------------------- no compiler
-
-
-def _every_path() -> None:
-    """Every route through the rotary code: both functions, every dtype and layout, partial,
-    many blocks, autograd in and out of place, learned tables, and every module with and
-    without ``inplace``, positions given or not, prefill and decode."""
-    for dtype in DTYPES:
-        for interleaved in (False, True):
-            x = make_x("fused", 2, 3, 40, 10, dtype)
-            angles = torch.rand(40, 3)
-            with torch.no_grad():
-                apply_rotary(x, angles.cos(), angles.sin(), interleaved=interleaved)
-                apply_rotary_(x, angles.cos(), angles.sin(), interleaved=interleaved)
-            y = x.detach().float().requires_grad_()
-            (apply_rotary_(y * 1, angles.cos(), angles.sin()).sum()).backward()
-            apply_rotary(y, angles.cos().requires_grad_(), angles.sin()).sum().backward()
-    modules = [
-        posenc.RotaryEmbedding(8),
-        posenc.RotaryEmbedding(8, interleaved=True, rotary_dim=4),
-        posenc.RotaryEmbedding(8, scaling={"rope_type": "dynamic", "factor": 2.0},
-                               max_position_embeddings=16),
-        posenc.RotaryEmbedding(8, learned_freq=True),
-        posenc.XPos(8),
-        posenc.Rotary2DEmbedding(8),
-        posenc.Rotary3DEmbedding(12),
-    ]  # fmt: skip
-    for module in modules:
-        axes = getattr(module, "ndim", 0)
-        for positions in (None, torch.arange(5, 10), torch.tensor([[40], [41]])):
-            n = 5 if positions is None else positions.shape[-1]
-            if axes:  # N-D schemes take coordinates, never the 1-D default
-                positions = torch.randint(0, 9, (n, axes))
-            q, k = torch.randn(2, 4, n, module.head_dim), torch.randn(2, 2, n, module.head_dim)
-            module(q, k, positions)
-            with torch.no_grad():
-                module(q, k, positions, inplace=True)
-                module.rotate(q, positions, inplace=True)
-
-
-def test_no_compiler_is_invoked_on_any_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the rotary code invoked a compiler or a process")
-
-    monkeypatch.setattr(torch, "compile", forbidden)
-    monkeypatch.setattr(subprocess, "Popen", forbidden)
-    monkeypatch.setattr(subprocess, "run", forbidden)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # nor any warning about a missing compiler
-        _every_path()
-
-
-@pytest.mark.slow
-def test_no_compiler_is_invoked_at_import_or_on_any_path() -> None:
-    """A fresh interpreter where torch.compile, subprocess and ctypes' loader raise: importing
-    posenc and running every rotary path works."""
-    script = f"""
-import ctypes, subprocess, sys, torch
-def forbidden(*args, **kwargs):
-    raise AssertionError("compiler or process")
-torch.compile = subprocess.Popen = subprocess.run = ctypes.CDLL = forbidden
-sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-import posenc
-from test_rotate import _every_path
-_every_path()
-print("ok")
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
-
-
-def test_transforms_and_modes_see_every_operation() -> None:
-    """torch.func (vmap, grad), a dispatch mode (FlopCounterMode) and jit.trace run the
-    rotation, in place and not, with the values of the eager call."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    x = torch.randn(3, 2, 5, 8)
-    cos, sin = (t.float() for t in _tables(5, 4))
-    want = apply_rotary(x, cos, sin)
-    with torch.no_grad():
-        assert_close(torch.vmap(lambda t: apply_rotary(t, cos, sin))(x), want)
-        assert_close(torch.vmap(lambda t: apply_rotary_(t.clone(), cos, sin))(x), want)
-        with FlopCounterMode(display=False):
-            assert_close(apply_rotary_(x.clone(), cos, sin), want)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TracerWarning; jit.trace is deprecated in torch 2.13
-            traced = torch.jit.trace(lambda t: apply_rotary(t, cos, sin), (x,))
-        assert_close(traced(x), want)
-    grad = torch.func.grad(lambda t: apply_rotary(t, cos, sin).square().sum())(x)
-    y = x.clone().requires_grad_()
-    apply_rotary(y, cos, sin).square().sum().backward()
-    assert_close(grad, y.grad)
-
-
 # ------------------------------------------------------------------ the pair's autograd node
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("rows", ["none", "run", "positions", "per_row"])
 def test_the_pair_node_has_the_formulas_gradient(interleaved: bool, rows: str) -> None:
-    """``_PairRotation`` (q and k as one autograd node, the backward the kernel turning
+    """``_PairNode`` (q and k as one autograd node, the backward the kernel turning
     clockwise) in float64 on the pure-torch kernel: gradcheck against finite differences,
     with broadcast tables and with whole tables read at a run of rows, at positions ``(n,)``
     and at per-row positions ``(b, n)``."""
@@ -501,7 +401,7 @@ def test_the_pair_node_has_the_formulas_gradient(interleaved: bool, rows: str) -
         cos, sin = cos[:n], sin[:n]
 
     def pair(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotate._PairRotation.apply(q, k, cos, sin, interleaved, False, TORCH, at)
+        return rotate._PairNode.apply(q, k, cos, sin, interleaved, False, TORCH, at)
 
     assert torch.autograd.gradcheck(pair, (q, k))
     # and the forward is eq. 34 at the rows named
@@ -520,7 +420,7 @@ def test_training_turns_q_and_k_in_one_node_on_the_c_kernel() -> None:
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     k = torch.randn(1, 1, 5, 8, requires_grad=True)
     got_q, got_k = rope(q, k, torch.arange(3, 8))
-    assert type(got_q.grad_fn).__name__ == "_PairRotationBackward"
+    assert type(got_q.grad_fn).__name__ == "_PairNodeBackward"
     assert got_q.grad_fn is got_k.grad_fn
     g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
     ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()

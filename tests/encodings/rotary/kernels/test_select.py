@@ -263,7 +263,7 @@ def test_the_public_modules_obey_it(monkeypatch: pytest.MonkeyPatch) -> None:
     want = rope(q, k)
     ran: list[str] = []
     for name, module, entry in (
-        ("torch", pytorch, "_rotate_torch"),
+        ("torch", pytorch, "turn_tiled"),
         ("native", native, "_run_kernel"),
     ):
         original = getattr(module, entry)

@@ -77,7 +77,7 @@ def _compile_for_sm90(dtype: str, unit: tuple[str, ...], **flags: object) -> tup
 
     from posenc.encodings.rotary.kernels import triton_kernel as tk
 
-    kernel = tk._rotary_kernel
+    kernel = tk.rotary_kernel
     names = kernel.arg_names
     signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(names):

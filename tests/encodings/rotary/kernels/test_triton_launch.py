@@ -14,7 +14,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton ships Linux x86-64 wheels only")
 
-from posenc.encodings.rotary.kernels import triton_kernel as tk
+from posenc.encodings.rotary.kernels import triton_launch as tk
+from posenc.encodings.rotary.kernels import triton_op  # noqa: F401  (registers the operator)
 from posenc.errors import PosencValueError
 
 CUDA_YZ_MAX = 65_535
@@ -41,7 +42,7 @@ def test_a_long_heads_last_pair_keeps_y_and_z_within_cudas_limit() -> None:
     q = torch.empty(b, n, hq, d, device="meta", dtype=torch.bfloat16)
     k = torch.empty(b, n, hk, d, device="meta", dtype=torch.bfloat16)
     cos = torch.empty(n, 1, d // 2, device="meta")
-    plan = tk._plan(q, q, k, k, cos, cos, None, False, False)
+    plan = tk.plan_launch(q, q, k, k, cos, cos, None, False, False)
     assert plan.grid is not None
     x, y, z = plan.grid
     assert y <= CUDA_YZ_MAX and z <= CUDA_YZ_MAX and x <= tk.MAX_GRID_X
@@ -61,12 +62,12 @@ def test_a_grid_past_cudas_x_limit_is_an_error() -> None:
 def test_the_rotated_width_is_a_constant_of_the_kernel(d: int, half: int) -> None:
     """``HALF`` and ``REST`` are constexprs (their masks then keep wide accesses: see
     ``test_triton_kernel.py``'s compilation for sm_90), so a plan passes them as values."""
-    names = tk._rotary_kernel.arg_names
-    constexprs = {names[i] for i in tk._rotary_kernel.constexprs}
+    names = tk.rotary_kernel.arg_names
+    constexprs = {names[i] for i in tk.rotary_kernel.constexprs}
     assert {"HALF", "REST"} <= constexprs
     q = torch.empty(1, 2, 3, d, device="meta", dtype=torch.bfloat16)
     cos = torch.empty(3, half, device="meta")
-    plan = tk._plan(q, q, None, None, cos, cos, None, False, False)
+    plan = tk.plan_launch(q, q, None, None, cos, cos, None, False, False)
     tail = dict(zip(names[7:], plan.tail, strict=True))
     assert tail["HALF"] == half and tail["REST"] == 0 and tail["BLOCK_HALF"] == 64
 
@@ -85,7 +86,7 @@ def test_a_second_call_with_the_same_key_reuses_the_plan(planned: list) -> None:
     table = torch.rand(10, 8)
     for start in (0, 4):  # other rows of the same table: other addresses, the same key
         cos, sin = table[start : start + 3], table[start : start + 3]
-        tk._launch(
+        tk.launch(
             q, torch.empty_like(q), k, torch.empty_like(k), cos, sin, None, False, False, True
         )
     assert len(planned) == 2 and planned[0] is planned[1] and len(tk._PLANS) == 1
@@ -104,7 +105,7 @@ def test_a_changed_stride_alignment_or_switch_makes_a_new_plan(planned: list) ->
     ]
     for x, y, c, interleaved in calls:
         out_x, out_y = torch.empty_like(x), torch.empty_like(y)
-        tk._launch(x, out_x, y, out_y, c, c, None, interleaved, False, True)
+        tk.launch(x, out_x, y, out_y, c, c, None, interleaved, False, True)
     assert planned[1].tail != planned[0].tail and planned[2].tail != planned[1].tail
     assert planned[3] is planned[1]  # another aligned table of the same shape: the same plan
     assert len({id(p) for p in planned}) == len(tk._PLANS) == 4
@@ -114,10 +115,10 @@ def test_a_plan_checks_once_and_positions_every_call(planned: list) -> None:
     q = torch.randn(1, 2, 3, 8)
     cos = torch.rand(5, 4)
     with pytest.raises(PosencValueError, match="q and k must share"):
-        tk._launch(q, q, q[:, :, :2], q[:, :, :2], cos[:3], cos[:3], None, False, False, True)
-    tk._launch(q, q, None, None, cos, cos, torch.tensor([0, 1, 4]), False, False, False)
+        tk.launch(q, q, q[:, :, :2], q[:, :, :2], cos[:3], cos[:3], None, False, False, True)
+    tk.launch(q, q, None, None, cos, cos, torch.tensor([0, 1, 4]), False, False, False)
     with pytest.raises(PosencValueError, match=r"positions must lie in \[0, 5\)"):
-        tk._launch(q, q, None, None, cos, cos, torch.tensor([0, 1, 5]), False, False, False)
+        tk.launch(q, q, None, None, cos, cos, torch.tensor([0, 1, 5]), False, False, False)
     assert len(planned) == 1
 
 
@@ -156,20 +157,20 @@ def test_later_launches_call_the_launcher_as_jit_function_run_does() -> None:
     cos, sin = torch.rand(64, 64), torch.rand(64, 64)
     with faked_launches() as fake:
         runs: list[int] = []
-        jit_run = tk._rotary_kernel.run
-        tk._rotary_kernel.run = lambda *a, **kw: runs.append(1) or jit_run(*a, **kw)
+        jit_run = tk.rotary_kernel.run
+        tk.rotary_kernel.run = lambda *a, **kw: runs.append(1) or jit_run(*a, **kw)
         try:
-            triton_entry.rotate_pair(q, k, cos, sin, False, True, 7)
+            triton_entry.turn_pair(q, k, cos, sin, False, True, 7)
             first = fake.last
-            triton_entry.rotate_pair(q, k, cos, sin, False, True, 7)
+            triton_entry.turn_pair(q, k, cos, sin, False, True, 7)
             second = fake.last
-            triton_entry.rotate_pair(q, k, cos, sin, False, True, 9)  # other rows: same plan
+            triton_entry.turn_pair(q, k, cos, sin, False, True, 9)  # other rows: same plan
             q2 = torch.randn(2, 4, 2, 128, dtype=torch.bfloat16)
-            triton_entry.rotate_pair(q2, q2[:, :2], cos, sin, False, False, 0)  # a new plan
+            triton_entry.turn_pair(q2, q2[:, :2], cos, sin, False, False, 0)  # a new plan
         finally:
-            del tk._rotary_kernel.run
+            del tk.rotary_kernel.run
         assert fake.launches == 4 and len(runs) == 2
-    assert len(first) == len(second) == 9 + len(tk._rotary_kernel.arg_names)
+    assert len(first) == len(second) == 9 + len(tk.rotary_kernel.arg_names)
     for a, b in zip(first, second, strict=True):
         if isinstance(a, torch.Tensor):
             assert a.data_ptr() == b.data_ptr()
@@ -225,10 +226,10 @@ def test_a_tensor_on_another_device_launches_under_its_device(
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", Guard)
     q, cos = torch.randn(1, 2, 3, 8), torch.rand(3, 4)
-    tk._launch(q, q, None, None, cos, cos, None, False, False, True)
+    tk.launch(q, q, None, None, cos, cos, None, False, False, True)
     assert entered == [] and len(planned) == 1  # (CPU: no device)
     for device, guarded in ((1, [1, -1]), (0, [])):
         planned[0].device = device
         entered.clear()
-        tk._launch(q, q, None, None, cos, cos, None, False, False, True)
+        tk.launch(q, q, None, None, cos, cos, None, False, False, True)
         assert entered == guarded

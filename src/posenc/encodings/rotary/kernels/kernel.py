@@ -3,13 +3,13 @@ can hand any of them to the code that rotates:
 
 * ``takes(x, pair, tables)``: whether it can rotate ``x`` (and ``pair``) with these tables
   (dtype, device, layout; ``tables`` ``None`` for a rotary module's own float32 tables);
-* ``rotate(x, out, cos, sin, interleaved, clockwise=False)``: one tensor, into ``out`` (``x``
+* ``turn(x, out, cos, sin, interleaved, clockwise=False)``: one tensor, into ``out`` (``x``
   itself for in place, or a fresh contiguous tensor of its shape), ``cos``/``sin``
   broadcasting against ``x.shape[:-1]``; channels past ``r = 2 * cos.shape[-1]`` pass
   through; ``clockwise``: by ``-θ`` (the inverse, and the backward);
-* ``rotate_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise=False)``: ``q`` and
+* ``turn_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise=False)``: ``q`` and
   ``k`` by the same table rows in one go, or ``None`` where the data rule it out (the caller
-  then rotates each with ``rotate``, whose checks explain what is wrong). With ``rows``,
+  then turns each with ``turn``, whose checks explain what is wrong). With ``rows``,
   ``cos`` and ``sin`` are whole ``(positions, r/2)`` tables: an ``int`` ``p`` turns ``q``'s
   and ``k``'s rows ``0, 1, ...`` by table rows ``p, p + 1, ...``; an integer tensor of
   positions ``(n,)`` or ``(b, n)``, already checked against the tables, by the rows it
@@ -42,11 +42,11 @@ class Kernel:
 
     name: str
     takes: Callable[[Tensor, Tensor | None, Tables | None], bool]
-    rotate: Callable[..., None]  # (x, out, cos, sin, interleaved, clockwise=False)
+    turn: Callable[..., None]  # (x, out, cos, sin, interleaved, clockwise=False)
     # (q, k, cos, sin, interleaved, inplace, rows, clockwise=False)
-    rotate_pair: Callable[..., tuple[Tensor, Tensor] | None]
-    pairs: bool = True  # whether rotate_pair ever turns a pair (else it always returns None)
-    reads_positions: bool = False  # whether rotate_pair takes rows as a tensor of positions
+    turn_pair: Callable[..., tuple[Tensor, Tensor] | None]
+    pairs: bool = True  # whether turn_pair ever turns a pair (else it always returns None)
+    reads_positions: bool = False  # whether turn_pair takes rows as a tensor of positions
     # (q, k, cos, sin, interleaved) -> (q, k) turned as one operator that torch.compile traces
     # into (its launch visible to inductor), or None where this call cannot
     compiled_pair: Callable[..., tuple[Tensor, Tensor] | None] | None = None
@@ -56,9 +56,9 @@ class Kernel:
 
 
 def pair_refused(q: Tensor, k: Tensor, cos: Tensor, inplace: bool) -> bool:
-    """Whether a kernel's ``rotate_pair`` must leave ``q`` and ``k`` to one rotation each: a
+    """Whether a kernel's ``turn_pair`` must leave ``q`` and ``k`` to one rotation each: a
     different dtype, an empty tensor, a partial rotation, or an in-place rotation that
-    :func:`~.rotate.check_inplace` or :func:`~posenc.encodings.rotary.common.rotate_qk` must
+    :func:`~.rotate.check_inplace` or :func:`~posenc.encodings.rotary.common.apply_tables_qk` must
     explain (an inference tensor outside inference mode, ``q`` and ``k`` sharing memory
     (:func:`overlap`), elements sharing memory)."""
     if k.dtype is not q.dtype or not q.numel() or not k.numel():

@@ -4,14 +4,14 @@ arithmetic) beside this file: each row read once and written once, in place or i
 tensor, float32 arithmetic and one rounding for bfloat16, results identical to
 :func:`~.rotate.rotate_reference`'s. setup.py builds it for the baseline instruction set with
 run-time dispatch to AVX2/AVX-512; it takes float32 and bfloat16 CPU tensors with contiguous
-channels (any strides elsewhere). :func:`rotate_pair_native` turns a query and a key by the same
+channels (any strides elsewhere). :func:`turn_pair` turns a query and a key by the same
 tables in one go (a decode step).
 
-It stands behind the kernel interface (:mod:`.kernel`: :func:`rotate_native`,
-:func:`rotate_pair_native`). Whether it runs is decided by :func:`~.select.select`; what is
-here only checks what the data allow (dtype, layout, address). ``_native`` is ``None`` where
-no C compiler was found at install time (``tests/encodings/rotary/kernels/test_native.py`` fails if
-a compiler exists but the kernel was not built).
+It stands behind the kernel interface (:mod:`.kernel`: :func:`turn`, :func:`turn_pair`).
+Whether it runs is decided by :func:`~.select.select`; what is here only checks what the
+data allow (dtype, layout, address). ``_native`` is ``None`` where no C compiler was found at
+install time (``tests/encodings/rotary/kernels/test_native.py`` fails if a compiler exists but
+the kernel was not built).
 
 Dimension legend: ``n`` sequence, ``d`` channels of ``x``, ``r`` rotary channels (``r <= d``).
 """
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .kernel import pair_refused
-from .pytorch import _rotate_torch
+from .pytorch import turn_tiled
 
 #: Leading dims (all but the channels) the native kernel takes; more go to the torch path.
 NATIVE_MAX_LEAD = 4
@@ -98,7 +98,7 @@ def _run_kernel(x: Tensor, x_at: tuple, out_at: tuple, tables: tuple) -> None:
     _native(x_at, out_at, *tables, threads)  # type: ignore[misc]
 
 
-def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> bool:
+def _turn_c(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> bool:
     """The native kernel (``_rotary_native.c``): every element read once and written once,
     ``out`` being ``x`` (in place) or a fresh contiguous tensor; channels past ``r`` are
     copied by torch. ``False``, with nothing written, where the kernel refuses an address
@@ -117,10 +117,10 @@ def _rotate_native(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved
     return True
 
 
-def rotate_native(
+def turn(
     x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
 ) -> None:
-    """The native kernel's ``rotate`` (:mod:`.kernel`): write the rotation of ``x`` into
+    """The native kernel's ``turn`` (:mod:`.kernel`): write the rotation of ``x`` into
     ``out`` (``x`` itself, or a fresh tensor of its shape), on the pure-torch path only where
     the kernel refuses an address (:func:`_native_buffer`); clockwise by ``-sin``."""
     if x.numel() == 0:
@@ -128,11 +128,11 @@ def rotate_native(
     if clockwise:
         sin = -sin
     # ``out`` is x or contiguous: every caller makes it so
-    if not _rotate_native(x, out, cos, sin, interleaved):
-        _rotate_torch(x, out, cos, sin, interleaved)
+    if not _turn_c(x, out, cos, sin, interleaved):
+        turn_tiled(x, out, cos, sin, interleaved)
 
 
-def rotate_pair_native(
+def turn_pair(
     q: Tensor,
     k: Tensor,
     cos: Tensor,
@@ -142,10 +142,10 @@ def rotate_pair_native(
     rows: int | Tensor | None = None,
     clockwise: bool = False,
 ) -> tuple[Tensor, Tensor] | None:
-    """The native kernel's ``rotate_pair`` (:mod:`.kernel`): ``q`` and ``k`` turned by the
+    """The native kernel's ``turn_pair`` (:mod:`.kernel`): ``q`` and ``k`` turned by the
     same tables, what they share checked once. ``None``, with nothing written, where the data
     rule it out: :func:`~.kernel.pair_refused` (a partial rotation's copy of the channels past
-    ``r`` is :func:`_rotate_native`'s), tables that are not float32 with contiguous channels,
+    ``r`` is :func:`_turn_c`'s), tables that are not float32 with contiguous channels,
     or an address the kernel refuses (:func:`_native_buffer`); and ``rows`` given as a
     tensor (the kernel reads one run of rows, an ``int``)."""
     if pair_refused(q, k, cos, inplace) or not _native_tables(cos, sin):

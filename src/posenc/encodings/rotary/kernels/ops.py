@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .select import KERNELS, rotate_with
+from .select import KERNELS, turn_or_fallback
 
 
 @torch.library.custom_op("posenc::rotary_", mutates_args=("x",))
@@ -23,18 +23,18 @@ def _rotate_in_place_op(
 ) -> None:
     """The kernel in place as one operator, for ``torch.compile``: inductor calls it on
     the tensor's own storage, where the traced formula plus a copy back would write a fresh
-    tensor and then copy it (measured 1.2-1.4x a clone, against 0.3x for this)."""
-    rotate_with(KERNELS[kernel], x, x, cos, sin, interleaved)
+    tensor and then copy it (two passes over memory instead of one)."""
+    turn_or_fallback(KERNELS[kernel], x, x, cos, sin, interleaved)
 
 
 @torch.library.custom_op("posenc::rotary", mutates_args=())
 def _rotate_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, kernel: str) -> Tensor:
     """The kernel out of place as one operator, for ``torch.compile`` and ``torch.export``
     where a kernel other than the pure-torch path takes the tensors: one pass over memory,
-    where inductor's fusion of the formula takes up to 3x a clone (CPU, bfloat16,
-    interleaved)."""
+    where inductor's fusion of the formula may read a pair's channels more than once
+    (``benchmarks/rope.md`` compares them)."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    rotate_with(KERNELS[kernel], x, out, cos, sin, interleaved)
+    turn_or_fallback(KERNELS[kernel], x, out, cos, sin, interleaved)
     return out
 
 

@@ -17,12 +17,11 @@ import math
 import torch
 from torch import Tensor
 
-#: Elements (of the work dtype) per tile of :func:`_rotate_torch`: 2**19 float32 values are
-#: 2 MiB, so a tile, its tables and its temporary stay in the last-level cache while the
-#: operations of a tile run over it (measured on a 2-core AMD EPYC: 2**18 and 2**20 are
-#: 5-25% slower for (4, 16, 2048, 128)). Smaller tensors are one tile. (The additive
-#: encodings tile by :data:`posenc.encodings.tiles.TILE_ELEMENTS`, measured for their own
-#: operations.)
+#: Elements (of the work dtype) per tile of :func:`turn_tiled`: 2**19 float32 values are
+#: 2 MiB, so that a tile, its tables and its temporary stay in a last-level cache while the
+#: operations of a tile run over it (``benchmarks/rope.md`` times the neighbouring sizes).
+#: Smaller tensors are one tile. (The additive encodings tile by
+#: :data:`posenc.encodings.tiles.TILE_ELEMENTS`, sized for their own operations.)
 TILE_ELEMENTS = 1 << 19
 
 
@@ -88,7 +87,16 @@ def _turn(
     torch.mul(x2, cos, out=out2).addcmul_(x1, sin)
 
 
-def _rotate_torch(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
+def turn(
+    x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
+) -> None:
+    """The pure-torch kernel's ``turn`` (:mod:`.kernel`): :func:`turn_tiled`, clockwise by
+    ``-sin``."""
+    if x.numel():
+        turn_tiled(x, out, cos, -sin if clockwise else sin, interleaved)
+
+
+def turn_tiled(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> None:
     """The pure-torch fast path (where the native kernel is not built or cannot take the
     tensors). Write the rotation of ``x`` into ``out``: ``x`` itself (in place) or a tensor of its
     shape and dtype. ``cos``/``sin`` are in the work dtype and broadcast to
@@ -108,7 +116,7 @@ def _rotate_torch(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved:
         if direct and r == d:  # the common case, straight to the arithmetic
             _turn(x, out, cos, sin, table)
         else:
-            _rotate_tile(x, out, cos, sin, table, r, direct, inplace, None, None)
+            _turn_tile(x, out, cos, sin, table, r, direct, inplace, None, None)
         return
     lead = x.shape[:-1]
     rows = max(1, TILE_ELEMENTS // d)
@@ -123,10 +131,10 @@ def _rotate_torch(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved:
     for index in _tiles(tuple(lead), rows):
         t = None if table is None else table[index]
         dst = x[index] if inplace else out[index]
-        _rotate_tile(x[index], dst, cos[index], sin[index], t, r, direct, inplace, spare, buffer)
+        _turn_tile(x[index], dst, cos[index], sin[index], t, r, direct, inplace, spare, buffer)
 
 
-def _rotate_tile(
+def _turn_tile(
     src: Tensor,
     dst: Tensor,
     cos: Tensor,
@@ -138,7 +146,7 @@ def _rotate_tile(
     spare: Tensor | None,
     buffer: Tensor | None,
 ) -> None:
-    """One tile of :func:`_rotate_torch`; ``spare`` (half the tile's rotary channels) and
+    """One tile of :func:`turn_tiled`; ``spare`` (half the tile's rotary channels) and
     ``buffer`` (all of them) are flat reused work-dtype storage, or ``None`` for new."""
     d = src.shape[-1]
     if r < d:
@@ -148,8 +156,8 @@ def _rotate_tile(
     if spare is not None:
         spare = _scratch(spare, (*src.shape[:-1], r // 2), cos)
     if direct and not inplace and spare is not None:
-        # a large tensor: copy the tile into the fresh output, then rotate it there in place
-        # (measured faster than four operations writing into fresh memory)
+        # a large tensor: copy the tile into the fresh output, then rotate it there in place,
+        # so that the four operations of the halves read and write memory the cache holds
         src, inplace = dst.copy_(src), True
     if direct:
         _turn(src, src if inplace else dst, cos, sin, table, spare)

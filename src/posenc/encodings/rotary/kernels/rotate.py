@@ -15,12 +15,14 @@ where a scheme scales them (an attention factor, xPos's decay).
   operations), under ``torch.jit.trace`` and ``torch.func`` transforms, and when
   ``cos``/``sin`` require grad (learned frequencies).
 * :func:`apply_rotary` (a new tensor) and :func:`apply_rotary_` (in place) check their
-  arguments and call :func:`rotate`, which runs the plan :func:`~.select.select` made: a
+  arguments and call :func:`run_plan`, which runs the plan :func:`~.select.select` made: a
   kernel (the C kernel, Triton or the tiled torch path; :mod:`.kernel`) eagerly, under
   autograd as one :class:`torch.autograd.Function` whose backward turns the incoming
-  gradient back with the same kernel (``q`` and ``k`` by the same tables: one node, one
-  ``rotate_pair`` each way), inside ``torch.compile`` and ``torch.export`` as one custom
-  operator (:mod:`~.ops`; Triton's pair as one ``triton_op``), or the formula.
+  gradient back with the same kernel, inside ``torch.compile`` and ``torch.export`` as one
+  custom operator (:mod:`~.ops`), or the formula.
+* :func:`run_plan_pair` runs a plan for ``q`` and ``k`` turned by the same tables in one go
+  (a kernel's ``turn_pair`` eagerly; under autograd :func:`pair_node`, one node whose
+  backward is one ``turn_pair`` clockwise).
 
 Nothing here compiles anything at import or on a call, or keeps global state: no
 ``torch.compile``, no C compiler, no switch. See ``benchmarks/rope.md`` for the speed of each
@@ -38,9 +40,9 @@ from ....errors import PosencTypeError, PosencValueError
 from ...checks import compute_dtype
 from .kernel import Kernel, Tables, pair_refused
 from .ops import _rotate_in_place_op, _rotate_op
-from .select import Mode, Plan, rotate_with, select
+from .select import Mode, Plan, select, turn_or_fallback
 
-__all__ = ["apply_rotary", "apply_rotary_", "rotate_reference"]
+__all__ = ["apply_rotary", "apply_rotary_", "half_width", "rotate_reference"]
 
 # --------------------------------------------------------------------------- the formula
 
@@ -58,8 +60,9 @@ def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     half = cos.shape[-1]
     r = 2 * half
     work = x.to(cos.dtype)
-    # two spellings of eq. 34, each the one inductor compiles to its fastest loop (measured
-    # in benchmarks/rope.md): a pair's channels side by side, or the halves stacked
+    # eq. 34 written so that each layout's pair is one contiguous read for inductor's loops:
+    # interleaved pairs side by side (stacked on a new last dim), the half layout's halves
+    # stacked on a new dim before the pairs (x1 above x2), turned by one broadcast multiply
     if interleaved:
         x1, x2 = work[..., 0:r:2], work[..., 1:r:2]  # (..., n, r/2) each
         turned = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -72,7 +75,7 @@ def rotate_reference(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool =
     return rotated.to(x.dtype)
 
 
-class _Rotation(torch.autograd.Function):
+class _KernelNode(torch.autograd.Function):
     """A kernel's rotation as one autograd node. Eq. 34 is linear in ``x`` with the matrix
     ``[[cos, -sin], [sin, cos]]`` per pair, so the gradient is the incoming one turned by the
     transpose, which is eq. 34 with ``-sin``: the same kernel turning the other way.
@@ -91,7 +94,7 @@ class _Rotation(torch.autograd.Function):
     ) -> Tensor:
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         assert plan.kernel is not None
-        plan.kernel.rotate(x, out, cos, sin, interleaved)
+        plan.kernel.turn(x, out, cos, sin, interleaved)
         if inplace:
             ctx.mark_dirty(x)
         ctx.save_for_backward(cos, sin)
@@ -108,7 +111,7 @@ class _Rotation(torch.autograd.Function):
             return apply_rotary(grad, cos, -sin, interleaved=interleaved), *(None,) * 5
         back = torch.empty_like(grad, memory_format=torch.contiguous_format)
         if grad.numel():
-            rotate_with(ctx.kernel, grad, back, cos, sin, interleaved, True)  # type: ignore[attr-defined]
+            turn_or_fallback(ctx.kernel, grad, back, cos, sin, interleaved, True)  # type: ignore[attr-defined]
         return back, None, None, None, None, None
 
 
@@ -124,7 +127,7 @@ def _rows_tables(cos: Tensor, sin: Tensor, rows: int | Tensor | None, n: int) ->
     return cos[rows], sin[rows]
 
 
-def _pair_with(
+def _turn_pair_or_each(
     kernel: Kernel,
     q: Tensor,
     k: Tensor,
@@ -135,26 +138,26 @@ def _pair_with(
     rows: int | Tensor | None,
     clockwise: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``kernel.rotate_pair``, or (where it refuses the data, e.g. an address the C kernel
-    does not take, or gradients laid out otherwise) one rotation each."""
+    """``kernel.turn_pair``, or (where it refuses the data, e.g. an address the C kernel
+    does not take, or gradients laid out otherwise) one turn each."""
     if kernel.takes(q, k, (cos, sin)):
-        pair = kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise)
+        pair = kernel.turn_pair(q, k, cos, sin, interleaved, inplace, rows, clockwise)
         if pair is not None:
             return pair
     tables = _rows_tables(cos, sin, rows, q.shape[-2])
     outs = []
     for x in (q, k):
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-        rotate_with(kernel, x, out, *tables, interleaved, clockwise)
+        turn_or_fallback(kernel, x, out, *tables, interleaved, clockwise)
         outs.append(out)
     return outs[0], outs[1]
 
 
-class _PairRotation(torch.autograd.Function):
-    """:class:`_Rotation` for ``q`` and ``k`` turned by the same tables: one node, whose
-    forward is the kernel's ``rotate_pair`` (one Triton launch for both) and whose backward is
+class _PairNode(torch.autograd.Function):
+    """:class:`_KernelNode` for ``q`` and ``k`` turned by the same tables: one node, whose
+    forward is the kernel's ``turn_pair`` (one Triton launch for both) and whose backward is
     the same call turning the incoming gradients clockwise (the kernel's switch: no ``-sin``
-    table is made on the Triton path). ``rows``: as ``rotate_pair``'s (:mod:`.kernel`)."""
+    table is made on the Triton path). ``rows``: as ``turn_pair``'s (:mod:`.kernel`)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -168,7 +171,7 @@ class _PairRotation(torch.autograd.Function):
         kernel: Kernel,
         rows: int | Tensor | None,
     ) -> tuple[Tensor, Tensor]:
-        out_q, out_k = _pair_with(kernel, q, k, cos, sin, interleaved, inplace, rows, False)
+        out_q, out_k = _turn_pair_or_each(kernel, q, k, cos, sin, interleaved, inplace, rows, False)
         if inplace:
             ctx.mark_dirty(q, k)
         ctx.save_for_backward(cos, sin)
@@ -187,13 +190,13 @@ class _PairRotation(torch.autograd.Function):
             back_k = apply_rotary(grad_k, cos, -sin, interleaved=interleaved)
             return back_q, back_k, *(None,) * 6
         kernel = ctx.kernel  # type: ignore[attr-defined]
-        back_q, back_k = _pair_with(
+        back_q, back_k = _turn_pair_or_each(
             kernel, grad_q, grad_k, cos, sin, interleaved, False, rows, True
         )
         return back_q, back_k, *(None,) * 6
 
 
-def rotate_pair_function(
+def pair_node(
     q: Tensor,
     k: Tensor,
     cos: Tensor,
@@ -203,7 +206,7 @@ def rotate_pair_function(
     plan: Plan,
     rows: int | Tensor | None = None,
 ) -> tuple[Tensor, Tensor] | None:
-    """``q`` and ``k`` as one autograd node (:class:`_PairRotation`) where ``plan`` runs a
+    """``q`` and ``k`` as one autograd node (:class:`_PairNode`) where ``plan`` runs a
     kernel under autograd (:attr:`Mode.FUNCTION`) and the kernel can turn them as a pair;
     ``None`` otherwise (the caller turns each), in place on views too (autograd lets a
     Function that changes a view in place return one tensor only). In place, the caller has
@@ -217,14 +220,41 @@ def rotate_pair_function(
         return None
     if inplace and (q._is_view() or k._is_view()):
         return None  # autograd: a Function changing a view in place returns one tensor only
-    return _PairRotation.apply(q, k, cos, sin, interleaved, inplace, kernel, rows)
+    return _PairNode.apply(q, k, cos, sin, interleaved, inplace, kernel, rows)
 
 
 # --------------------------------------------------------------------------- entry points
 
 
-def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
-    """Check the arguments of :func:`apply_rotary`; return ``cos, sin`` in the work dtype."""
+def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
+    its two copies of each angle agree; narrower tables are returned as they are."""
+    width = cos.shape[-1] if cos.dim() else 0
+    if width <= d // 2:
+        return cos, sin
+    if width != d:
+        raise PosencValueError(
+            f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
+            f"nor a full-width one (D = {d}) for x with D = {d}"
+        )
+    halves = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
+        if not torch.equal(first, second):
+            form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
+            raise PosencValueError(
+                f"{name} is full width ({d}) but not in transformers' form ({form}) for "
+                f"interleaved={interleaved}: its two copies differ; pass the half-width table"
+            )
+        halves.append(first.contiguous())  # (a kernel reads contiguous channels)
+    return halves[0], halves[1]
+
+
+def _checked_tables(
+    x: object, cos: object, sin: object, interleaved: bool
+) -> tuple[Tensor, Tensor]:
+    """Check the arguments of :func:`apply_rotary`; return ``cos, sin`` in the work dtype, cut
+    to half width where they are full-width in transformers' form (:func:`half_width`)."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise PosencTypeError(
             f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
@@ -237,6 +267,9 @@ def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
     shape = cos.shape
     if shape != sin.shape:
         raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
+    if shape and x.dim() and shape[-1] == x.shape[-1] > 1:  # transformers' full-width form
+        cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+        shape = cos.shape
     lead, table_lead = x.shape[:-1], shape[:-1]
     half = shape[-1] if shape else 0
     if x.dim() < 1 or half < 1 or 2 * half > x.shape[-1]:
@@ -259,7 +292,7 @@ def _tables(x: object, cos: object, sin: object) -> tuple[Tensor, Tensor]:
     return cos, sin
 
 
-def rotate_pair(
+def run_plan_pair(
     q: Tensor,
     k: Tensor,
     cos: Tensor,
@@ -277,16 +310,16 @@ def rotate_pair(
     :mod:`~.kernel`), read from the tables where they lie. ``None`` where
     this does not apply (another mode, or data the kernel rules out: see
     :func:`~.kernel.pair_refused`): the caller then rotates each through
-    :func:`rotate`."""
+    :func:`run_plan`."""
     if plan.mode is Mode.FUNCTION and not inplace:
-        return rotate_pair_function(q, k, cos, sin, interleaved, inplace, plan, rows)
+        return pair_node(q, k, cos, sin, interleaved, inplace, plan, rows)
     if plan.mode is not Mode.EAGER:
         return None
     assert plan.kernel is not None
-    return plan.kernel.rotate_pair(q, k, cos, sin, interleaved, inplace, rows)
+    return plan.kernel.turn_pair(q, k, cos, sin, interleaved, inplace, rows)
 
 
-def rotate(
+def run_plan(
     x: Tensor,
     cos: Tensor,
     sin: Tensor,
@@ -305,10 +338,10 @@ def rotate(
     if mode is Mode.EAGER:
         assert kernel is not None
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
-        kernel.rotate(x, out, cos, sin, interleaved)
+        kernel.turn(x, out, cos, sin, interleaved)
         return out
     if mode is Mode.FUNCTION:
-        return _Rotation.apply(x, cos, sin, interleaved, inplace, plan)
+        return _KernelNode.apply(x, cos, sin, interleaved, inplace, plan)
     if mode is Mode.OPERATOR_INPLACE:
         assert kernel is not None
         _rotate_in_place_op(x, cos, sin, interleaved, kernel.name)
@@ -329,6 +362,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
         cos, sin: ``(..., n, r/2)`` cos and sin of the angles (one per pair), broadcastable
             against ``x.shape[:-1]``; e.g. ``(n, r/2)`` or ``(b, 1, n, r/2)`` for ``x`` of
             shape ``(b, h, n, d)``, and ``(n, 1, r/2)`` for a heads-last ``(b, n, h, d)``.
+            Full-width ``(..., n, d)`` tables in transformers' form (``cat(a, a)``; each
+            angle twice for ``interleaved``) are taken where their two copies are equal
+            (checked; one comparison of the tables) and refused by name otherwise.
             They set the work dtype: half-precision ``x`` is rotated in the tables' dtype
             (float32) and cast back once.
         interleaved: pairs ``(x[2i], x[2i+1])`` (GPT-J) instead of ``(x[i], x[i+r/2])``
@@ -341,8 +377,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     >>> apply_rotary(x, torch.tensor([[0.0]]), torch.tensor([[1.0]]))  # rotate by 90 degrees
     tensor([[0., 1., 2., 5.]])
     """
-    cos, sin = _tables(x, cos, sin)
-    return rotate(x, cos, sin, interleaved, False, select(x, (cos, sin), inplace=False))
+    cos, sin = _checked_tables(x, cos, sin, interleaved)
+    return run_plan(x, cos, sin, interleaved, False, select(x, (cos, sin), inplace=False))
 
 
 def check_inplace(
@@ -406,7 +442,7 @@ def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fa
     >>> apply_rotary_(x, torch.tensor([[0.0]]), torch.tensor([[1.0]])) is x, x
     (True, tensor([[0., 1., 2., 5.]]))
     """
-    cos, sin = _tables(x, cos, sin)
+    cos, sin = _checked_tables(x, cos, sin, interleaved)
     plan = select(x, (cos, sin), inplace=True)
     check_inplace(x, cos, sin, plan=plan)
-    return rotate(x, cos, sin, interleaved, True, plan)
+    return run_plan(x, cos, sin, interleaved, True, plan)

@@ -28,7 +28,7 @@ kernel      what it takes
 ==========  ==========================================================================
 ``native``  the C kernel (:mod:`.native`): float32/bfloat16 CPU tensors with contiguous
             channels (where it was built)
-``triton``  the Triton kernel (:mod:`.triton_entry`, :mod:`.triton_kernel`):
+``triton``  the Triton kernel (:mod:`.triton_entry`, :mod:`.triton_launch`):
             bfloat16/float16/float32 CUDA tensors, at most four dims (where triton is
             installed)
 ``torch``   the tiled pure-torch path (:mod:`.pytorch`): anything else
@@ -47,7 +47,7 @@ whether a trace or a functorch transform is running, autograd, the tensors' type
 devices and layout, and the variable; autocast changes nothing (every mode computes in the
 tables' dtype and returns ``x``'s). It is the only function of the rotary modules that asks
 torch which of these modes is on, and the only place that names a kernel:
-:func:`~.rotate.rotate`, :func:`~.rotate.rotate_pair` and the modules' forwards act on its
+:func:`~.rotate.run_plan`, :func:`~.rotate.run_plan_pair` and the modules act on its
 :class:`Plan`, and the modules' position reader and tables take :attr:`Plan.eager` (whether
 values may be read and tables grown) from it.
 """
@@ -66,7 +66,7 @@ from . import native, pytorch
 from .kernel import Kernel, Tables
 from .triton_entry import TRITON
 
-__all__ = ["KERNELS", "Mode", "Plan", "rotate_with", "select"]
+__all__ = ["KERNELS", "Mode", "Plan", "select", "turn_or_fallback"]
 
 #: The variable that forces a kernel.
 KERNEL_VARIABLE = "POSENC_ROTARY_KERNEL"
@@ -131,15 +131,16 @@ def _native_takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool
     )
 
 
-def _torch_rotate(
-    x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
-) -> None:
-    if x.numel():
-        pytorch._rotate_torch(x, out, cos, -sin if clockwise else sin, interleaved)
+def _torch_takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool:
+    return True
 
 
-NATIVE = Kernel("native", _native_takes, native.rotate_native, native.rotate_pair_native)
-TORCH = Kernel("torch", lambda x, pair, tables: True, _torch_rotate, lambda *a: None, pairs=False)
+def _no_pair(*args: object) -> None:
+    return None
+
+
+NATIVE = Kernel("native", _native_takes, native.turn, native.turn_pair)
+TORCH = Kernel("torch", _torch_takes, pytorch.turn, _no_pair, pairs=False)
 #: Every kernel by the name ``POSENC_ROTARY_KERNEL`` gives it.
 KERNELS = {kernel.name: kernel for kernel in (NATIVE, TORCH, TRITON)}
 #: One plan per mode and kernel, made once (a decode step allocates none): by kernel
@@ -154,7 +155,7 @@ _ENVIRON = getattr(os.environ, "_data", None)
 _KEY = os.environ.encodekey(KERNEL_VARIABLE) if hasattr(os.environ, "encodekey") else None  # type: ignore[attr-defined]
 
 
-def rotate_with(
+def turn_or_fallback(
     kernel: Kernel,
     x: Tensor,
     out: Tensor,
@@ -163,11 +164,11 @@ def rotate_with(
     interleaved: bool,
     clockwise: bool = False,
 ) -> None:
-    """``kernel.rotate`` where it takes ``x`` and the tables, else the pure-torch path: for
+    """``kernel.turn`` where it takes ``x`` and the tables, else the pure-torch path: for
     tensors torch laid out after the plan was made (a gradient in a backward, an operator's
     input at run time), which the caller cannot choose."""
     chosen = kernel if kernel.takes(x, None, (cos, sin)) else TORCH
-    chosen.rotate(x, out, cos, sin, interleaved, clockwise)
+    chosen.turn(x, out, cos, sin, interleaved, clockwise)
 
 
 def forced_kernel(compiling: bool = False) -> Kernel | None:

@@ -1,6 +1,6 @@
-"""The Triton kernel (:mod:`.triton_kernel`) behind the kernel interface (:mod:`.kernel`):
-``takes`` answers without importing triton; ``rotate`` and ``rotate_pair`` import it on
-their first call, so ``import posenc`` and the CLI never do.
+"""The Triton kernel (:mod:`.triton_kernel`, launched by :mod:`.triton_launch`) behind the
+kernel interface (:mod:`.kernel`): ``takes`` answers without importing triton; ``turn`` and
+``turn_pair`` import it on their first call, so ``import posenc`` and the CLI never do.
 
 It takes bfloat16, float16 and float32 tensors with at most three leading dims on CUDA (on
 the CPU too while Triton's interpreter runs, ``TRITON_INTERPRET=1``), with float32 tables on
@@ -23,7 +23,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_DIMS = 4
 
 
-#: Whether triton can be imported (looked up once at import, without importing it: 0.07 ms).
+#: Whether triton can be imported: its module spec is looked up once, at import, which finds
+#: the package without importing it (importing triton would load its compiler and drivers).
 INSTALLED = importlib.util.find_spec("triton") is not None
 
 
@@ -52,17 +53,17 @@ def takes(x: Tensor, pair: Tensor | None, tables: Tables | None) -> bool:
     )
 
 
-def rotate(
+def turn(
     x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, clockwise: bool = False
 ) -> None:
     """One launch: ``x`` into ``out`` (``x`` itself, or a fresh tensor)."""
-    from .triton_kernel import _launch
+    from .triton_launch import launch
 
     if x.numel():
-        _launch(x, out, None, None, cos, sin, None, interleaved, clockwise, True)
+        launch(x, out, None, None, cos, sin, None, interleaved, clockwise, True)
 
 
-def rotate_pair(
+def turn_pair(
     q: Tensor,
     k: Tensor,
     cos: Tensor,
@@ -76,7 +77,7 @@ def rotate_pair(
     as positions are read by the kernel on the device, never gathered into a table."""
     if pair_refused(q, k, cos, inplace):
         return None
-    from .triton_kernel import _launch
+    from .triton_launch import launch
 
     positions = None
     if isinstance(rows, int):  # one run of rows of the whole tables, as views
@@ -89,7 +90,7 @@ def rotate_pair(
     else:
         out_q = torch.empty_like(q, memory_format=torch.contiguous_format)
         out_k = torch.empty_like(k, memory_format=torch.contiguous_format)
-    _launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, True)
+    launch(q, out_q, k, out_k, cos, sin, positions, interleaved, clockwise, True)
     return out_q, out_k
 
 
@@ -97,17 +98,15 @@ def compiled_pair(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
 ) -> tuple[Tensor, Tensor] | None:
     """``q`` and ``k`` out of place as the operator ``posenc::rotary_pair_triton``
-    (:func:`~.triton_kernel.rotary_pair_op`), for ``torch.compile``: inductor sees the Triton
+    (:func:`~.triton_op.rotary_pair_op`), for ``torch.compile``: inductor sees the Triton
     kernel and launches it from its own code; autograd runs the same operator clockwise.
     ``None`` under Triton's interpreter (tracing runs the operator on fake tensors, which the
     interpreter would read) and where :func:`~.kernel.pair_refused`."""
     if interpreting() or pair_refused(q, k, cos, False):
         return None
-    from .triton_kernel import rotary_pair_op
+    from .triton_op import rotary_pair_op
 
     return rotary_pair_op(q, k, cos, sin, interleaved, False)
 
 
-TRITON = Kernel(
-    "triton", takes, rotate, rotate_pair, reads_positions=True, compiled_pair=compiled_pair
-)
+TRITON = Kernel("triton", takes, turn, turn_pair, reads_positions=True, compiled_pair=compiled_pair)
