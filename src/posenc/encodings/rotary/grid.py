@@ -21,7 +21,7 @@ from ..base import RotaryEncoding
 from ..checks import check_bool, check_positive_int, compute_dtype
 from ..state import RotaryState
 from .axial import AxialRotaryEmbedding
-from .common import check_qk, check_rotary_dim, rotate_one, rotate_qk, unsqueeze_heads
+from .common import apply_tables, apply_tables_qk, check_qk, check_rotary_dim, unsqueeze_heads
 
 __all__ = ["GridRotaryEmbedding", "axial_frequencies"]
 
@@ -161,8 +161,8 @@ class GridRotaryEmbedding(RotaryEncoding):
         self, q: Tensor, k: Tensor, tables: tuple[Tensor, Tensor], inplace: bool
     ) -> tuple[Tensor, Tensor]:
         if self.blocks == 1:
-            return rotate_qk(q, k, tables, tables, self.interleaved, inplace)
-        q, k = rotate_qk(self._to_half(q), self._to_half(k), tables, tables, False, False)
+            return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace)
+        q, k = apply_tables_qk(self._to_half(q), self._to_half(k), tables, tables, False, False)
         return self._from_half(q), self._from_half(k)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
@@ -180,8 +180,8 @@ class GridRotaryEmbedding(RotaryEncoding):
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         tables = self.cos_sin(coords, compute_dtype(x.dtype))
         if self.blocks == 1:
-            return rotate_one(x, tables, self.interleaved, inplace)
-        return self._from_half(rotate_one(self._to_half(x), tables, False, False))
+            return apply_tables(x, tables, self.interleaved, inplace)
+        return self._from_half(apply_tables(self._to_half(x), tables, False, False))
 
     def forward(
         self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
