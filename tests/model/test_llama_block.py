@@ -139,3 +139,23 @@ def test_bad_block_arguments_are_named() -> None:
     layer = posenc.EncoderLayer(16, 2, norm="rms", ffn="swiglu", bias=False)
     assert layer.attn.qkv.bias is None and isinstance(layer.norm1, RMSNorm)
     assert make_norm("layer", 4, bias=False).bias is None
+
+
+def test_the_record_builds_the_same_block() -> None:
+    config = posenc.EncoderConfig(
+        posenc.AttentionConfig(32, 4, causal=True, bias=False),
+        depth=2,
+        pe="rope",
+        norm="rms",
+        ffn="swiglu",
+    )
+    assert config.bias is False  # None: the attention record's
+    torch.manual_seed(4)
+    built = posenc.Encoder.from_config(config)
+    torch.manual_seed(4)
+    keywords = posenc.Encoder(
+        32, 2, 4, pe="rope", causal=True, norm="rms", ffn="swiglu", bias=False
+    )
+    assert built.config == keywords.config
+    theirs = keywords.state_dict()
+    assert all(torch.equal(p, theirs[name]) for name, p in built.state_dict().items())

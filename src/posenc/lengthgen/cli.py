@@ -4,6 +4,7 @@ length.
     posenc lengthgen --task copy-v1 --pe none,alibi,rope,rope+random --seeds 3
     posenc lengthgen --preset kazemnejad --task copy-v1 --jobs 2
     posenc lengthgen --config sweep.toml --resume
+    posenc lengthgen --task add --pe abacus,fire+abacus,rope    # --preset abacus: McLeish 2024
     posenc lengthgen --device cuda --precision bf16
 
 Settings are layered: built-in defaults, then ``--preset``, then ``--config FILE.toml``, then
