@@ -88,6 +88,7 @@ FACTS: dict[str, Facts] = {
     "sinusoidal-2d": Facts(_width),
     "sinusoidal-3d": Facts(_width),
     "learned": Facts(_width, integer_positions=True),
+    "abacus": Facts(_width, integer_positions=True),
     "rope": Facts(_head_dim, relative=True),
     "rope-interleaved": Facts(_head_dim, relative=True),
     "xpos": Facts(_head_dim),  # its decay is centred on the sequence: relative only if fixed

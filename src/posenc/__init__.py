@@ -12,6 +12,7 @@ from .attention.config import AttentionConfig
 from .attention.module import MultiHeadAttention
 from .attention.query_scale import QueryScale
 from .attention.sdpa import scaled_dot_product_attention
+from .encodings.absolute.abacus import Abacus, abacus_positions
 from .encodings.absolute.learned import LearnedPositionalEncoding
 from .encodings.absolute.learned_2d import LearnedPositionalEncoding2D
 from .encodings.absolute.sinusoidal import (
@@ -93,6 +94,7 @@ __all__ = [
     "KERPLE",
     "ROPE_TYPES",
     "ALiBi",
+    "Abacus",
     "AdditiveEncoding",
     "AttentionConfig",
     "AxialRotaryEmbedding",
@@ -149,6 +151,7 @@ __all__ = [
     "TransformerModel",
     "TransformerXLRelativeBias",
     "XPos",
+    "abacus_positions",
     "alibi_slopes",
     "apply_rotary",
     "apply_rotary_",

@@ -44,7 +44,7 @@ from .backends import (
 from .checks import check_attention_pe
 from .config import AttentionConfig
 from .names import padding_from_attention_mask, positions_or_ids
-from .query_scale import QueryScale
+from .query_scale import QueryScale, visible_keys
 
 __all__ = ["MultiHeadAttention"]
 
@@ -75,7 +75,8 @@ class MultiHeadAttention(nn.Module):
             ``position // chunk`` is its own. ``None``: every key.
         query_scale: a :class:`~posenc.QueryScale`: queries multiplied by a factor growing
             with the log of their position, after the rotation (Llama 4's NoPE-layer
-            temperature, Ministral 3's ``llama_4_scaling_beta``).
+            temperature, Ministral 3's ``llama_4_scaling_beta``, Qwen's logn), or of the
+            number of keys each query sees (SSMax, with a learned ``ssmax_scale`` per head).
         causal: mask future keys.
         dropout: dropout on the attention weights (training only).
         backend: where the softmax runs (a :class:`Backend` or its string):
@@ -213,6 +214,11 @@ class MultiHeadAttention(nn.Module):
             self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32))
         else:
             self.register_parameter("sinks", None)
+        #: SSMax's learned ``s`` per query head ``(h,)``, fp32, with an ``ssmax`` query scale.
+        self.ssmax_scale: nn.Parameter | None = None
+        if config.query_scale is not None and config.query_scale.counts_keys:
+            init = torch.full((num_heads,), config.query_scale.scale, dtype=torch.float32)
+            self.ssmax_scale = nn.Parameter(init)
         #: The backend the last forward actually used (for inspection and benchmarks).
         self.last_backend: str | None = None
 
@@ -371,7 +377,12 @@ class MultiHeadAttention(nn.Module):
             bias_state = bias_state.reading(x, self, streaming=at_read)
         if self.query_scale is not None:
             assert context is not None  # forward made one: reads_positions
-            q = self.query_scale.apply(q, context.positions)
+            keys = None
+            if self.query_scale.counts_keys:  # SSMax: the keys each query sees, (b, n)
+                nk = k.shape[2]
+                mask = context.mask(self.causal, n, nk, q.device, self.window, self.chunk)
+                keys = visible_keys(mask, b, n, nk, q.device)
+            q = self.query_scale.apply(q, context.positions, keys=keys, weight=self.ssmax_scale)
         # k, v keep their g heads (b, g, nk, d): each backend serves a key/value head to its
         # h / g query heads without copying it (SDPA's and flex's enable_gqa, or the query
         # groups folded into the query axis)

@@ -10,6 +10,7 @@ re-exported by :mod:`posenc` alone.
 
 from . import base  # noqa: F401
 from .absolute import (
+    abacus,  # noqa: F401
     learned,  # noqa: F401
     sinusoidal,  # noqa: F401
 )

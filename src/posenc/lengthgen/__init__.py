@@ -1,8 +1,10 @@
 """Length generalization: train tiny models per positional encoding on synthetic tasks and
 measure accuracy on inputs longer than any seen in training (``posenc lengthgen``).
 
-- :mod:`~posenc.lengthgen.tasks`: the :class:`Task` protocol, the registry, the eight
-  shipped tasks and loading a user's task from ``path/to/file.py:ClassName``;
+- :mod:`~posenc.lengthgen.tasks`: the :class:`Task` protocol, the registry, the nine
+  shipped tasks (``add``: McLeish et al.'s reversed-digit addition) and loading a user's task
+  from ``path/to/file.py:ClassName``;
+- :mod:`~posenc.lengthgen.abacus`: Abacus digit positions beside any scheme (``NAME+abacus``);
 - :mod:`~posenc.lengthgen.data`: special tokens, batching, randomized positions;
 - :mod:`~posenc.lengthgen.train`: training one run and a sweep of runs, on any device, in
   fp32 or bf16; its settings are :class:`TrainConfig` (:mod:`~posenc.lengthgen.config`).

@@ -4,6 +4,7 @@ length.
     posenc lengthgen --task copy-v1 --pe none,alibi,rope,rope+random --seeds 3
     posenc lengthgen --preset kazemnejad --task copy-v1 --jobs 2
     posenc lengthgen --config sweep.toml --resume
+    posenc lengthgen --task add --pe abacus,fire+abacus,rope    # --preset abacus: McLeish 2024
     posenc lengthgen --device cuda --precision bf16
 
 Settings are layered: built-in defaults, then ``--preset``, then ``--config FILE.toml``, then
@@ -64,7 +65,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train_max_length": 20,
         "test_min_length": 21,
         "test_max_length": 40,
-    }
+    },
+    # McLeish et al. 2024 at CPU scale: reversed-digit addition trained on operands of
+    # 1-20 digits, tested on 21-100 (2x at 40, 5x at 100), Abacus positions alone (NoPE in
+    # attention) and beside FIRE, against NoPE, RoPE and FIRE; one seed, one process.
+    "abacus": {
+        "task": ["add"],
+        "pe": ["abacus", "fire+abacus", "none", "rope", "fire"],
+        "seeds": [0],
+        "jobs": 1,
+        "dim": 64,
+        "depth": 4,
+        "heads": 4,
+        "steps": 4000,
+        "batch_size": 64,
+        "lr": 1e-3,
+        "warmup": 0.05,
+        "train_min_length": 1,
+        "train_max_length": 20,
+        "test_min_length": 21,
+        "test_max_length": 100,
+        "eval_every": 0,
+        "test_samples": 20,
+    },
 }
 
 # lengthgen's own TrainConfig flags
@@ -95,14 +118,17 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> None:
         help="encodings, comma-separated; each a registry name or a per-layer schedule "
         "(rope/rope/rope/none, repeated to the depth; none:temp a NoPE layer with Llama 4's "
         "query temperature); NAME+random adds randomized positions, "
-        "NAME+coupled coupled ones (tasks with answer_sources), NAME+random+coupled both "
+        "NAME+coupled coupled ones (tasks with answer_sources), NAME+random+coupled both, "
+        "NAME+abacus Abacus digit positions on the embeddings (abacus alone: with NoPE; "
+        "tasks with digit_tokens) "
         "(default: none,t5,alibi,rope,sinusoidal,learned where registered)",
     )
     p.add_argument("--seeds", help="number of seeds (3 = 0,1,2) or a list (0,5,7)")
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="named settings (kazemnejad: the Kazemnejad et al. 2023 reproduction, four tasks)",
+        help="named settings (kazemnejad: the Kazemnejad et al. 2023 reproduction, four tasks; "
+        "abacus: McLeish et al. 2024's addition, 20 digits to 100)",
     )
     p.add_argument("--config", metavar="FILE.toml", help="settings file (see module docs)")
     p.add_argument("--resume", action="store_true", help="continue runs from their checkpoints")
@@ -155,6 +181,34 @@ def parse_range(name: str, text: str) -> tuple[int, int]:
     if not dash or lo < 1 or hi < lo:
         raise PosencValueError(f"{name} must be A-B with 1 <= A <= B, got {text!r}")
     return lo, hi
+
+
+def parse_pes(text: str | list[str]) -> list[tuple[str, str, bool]]:
+    """``"rope,fire+abacus,abacus+random"`` -> ``[("rope", "", False), ("fire", "", True),
+    ("none", "random", True)]``: each entry as :func:`posenc.runs.cli.parse_pe_list` reads
+    it, with ``+abacus`` (Abacus positions on the embeddings) taken out first; ``abacus``
+    as the encoding is NoPE with Abacus positions.
+
+    >>> parse_pes("rope,fire+abacus,abacus+random")
+    [('rope', '', False), ('fire', '', True), ('none', 'random', True)]
+    """
+    items = text if isinstance(text, list) else str(text).split(",")
+    out = []
+    for raw in items:
+        if not isinstance(raw, str):
+            raise PosencTypeError(f"pe entries must be strings, got {raw!r}")
+        if not raw.strip():
+            raise PosencValueError(f"pe list {text!r} has an empty entry")
+        parts = raw.strip().split("+")
+        abacus = "abacus" in parts
+        if parts[0] == "abacus":
+            parts[0] = "none"
+        parts = parts[:1] + [part for part in parts[1:] if part != "abacus"]
+        ((name, suffix),) = shared.parse_pe_list(["+".join(parts)])
+        out.append((name, suffix, abacus))
+    if len(set(out)) != len(out):
+        raise PosencValueError(f"pe list {text!r} names an encoding twice")
+    return out
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -232,7 +286,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.preset:
         # a preset's options fit the preset's encodings: drop those for encodings the pe list
         # no longer names (options the user gave are kept, and checked in build_configs)
-        named = shared.pe_names(shared.parse_pe_list(settings["pe"]))
+        named = shared.pe_names([(name, suffix) for name, suffix, _ in parse_pes(settings["pe"])])
         given = {name for layer in layers[1:] for name in layer.get("pe_options", {})}
         settings["pe_options"] = {
             name: kw
@@ -248,11 +302,11 @@ def build_configs(settings: dict[str, Any]) -> list:
 
     sweep = {k: settings[k] for k in SWEEP_KEYS}
     fields = {k: v for k, v in settings.items() if k not in SWEEP_KEYS}
-    for key in ("random_positions", "coupled_positions", "seed"):
+    for key in ("random_positions", "coupled_positions", "abacus", "seed"):
         if key in fields:
             raise PosencValueError(
-                f"{key!r} is set per run (got {key} = {fields[key]!r}): use pe = 'NAME+random' "
-                "or 'NAME+coupled' and seeds instead"
+                f"{key!r} is set per run (got {key} = {fields[key]!r}): use pe = 'NAME+random', "
+                "'NAME+coupled' or 'NAME+abacus' and seeds instead"
             )
     tasks = sweep["task"]
     if isinstance(tasks, str):
@@ -261,17 +315,17 @@ def build_configs(settings: dict[str, Any]) -> list:
         raise PosencValueError(
             f"task must be a name, a comma list or a list of names, got {tasks!r}"
         )
-    pes = shared.parse_pe_list(sweep["pe"])
+    pes = parse_pes(sweep["pe"])
     if not pes:
         raise PosencValueError("no encodings to train: give --pe")
     seeds = shared.parse_seeds(sweep["seeds"])
-    unknown = sorted(set(sweep["pe_options"]) - shared.pe_names(pes))
+    unknown = sorted(set(sweep["pe_options"]) - shared.pe_names([(n, s) for n, s, _ in pes]))
     if unknown:
         raise PosencValueError(f"pe_options for {', '.join(unknown)}, which is not in the pe list")
     base = TrainConfig.from_dict(fields)
     configs = []
     for task in tasks:
-        for name, suffix in pes:
+        for name, suffix, abacus in pes:
             for seed in seeds:
                 values = {
                     **base.to_dict(),
@@ -279,6 +333,7 @@ def build_configs(settings: dict[str, Any]) -> list:
                     "pe": name,
                     "random_positions": "random" in suffix.split("+"),
                     "coupled_positions": "coupled" in suffix.split("+"),
+                    "abacus": abacus,
                     "seed": seed,
                     "pe_options": shared.options_for(name, sweep["pe_options"]),
                 }

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import PosencValueError, check_bytes
 from ..runs import config as shared
+from .abacus import check_digit_tokens
 from .data import check_coupling, longest_model_length
 from .evaluate import VALID_THRESHOLD
 from .tasks import Task, get_task
@@ -52,6 +53,8 @@ class TrainConfig:
     random_positions: bool = False  # randomized positions (Ruoss et al. 2023)
     random_max: int = 256  # L: randomized positions are drawn from [0, L)
     coupled_positions: bool = False  # position coupling (Cho et al. 2024; task-aware)
+    abacus: bool = False  # Abacus digit positions added to the embeddings (McLeish 2024)
+    abacus_offset: int = 100  # the largest training offset of the Abacus indices
     pe_options: dict[str, Any] = field(default_factory=dict)  # kwargs (a schedule's: by name)
     seed: int = 0  # model init, data and evaluation all derive from it
     dim: int = 64  # model width
@@ -81,9 +84,13 @@ class TrainConfig:
     @property
     def label(self) -> str:
         """How the encoding is named in tables: ``rope``, ``rope+random``, ``rope+coupled``
-        or ``rope+random+coupled``."""
+        or ``rope+random+coupled``; with Abacus positions ``rope+abacus`` (``abacus`` alone
+        for NoPE)."""
+        name = self.pe
+        if self.abacus:
+            name = "abacus" if self.pe == "none" else f"{self.pe}+abacus"
         return (
-            self.pe
+            name
             + ("+random" if self.random_positions else "")
             + ("+coupled" if self.coupled_positions else "")
         )
@@ -113,7 +120,8 @@ class TrainConfig:
         allowed, with an :class:`InDistributionWarning`."""
         positive = ("random_max", "dim", "depth", "heads", "steps", "batch_size")
         positive += ("train_min_length", "test_min_length", "eval_samples", "test_samples")
-        shared.check_fields(self, positive, ("ffn_dim", "eval_every", "checkpoint_every", "seed"))
+        nonnegative = ("ffn_dim", "eval_every", "checkpoint_every", "seed", "abacus_offset")
+        shared.check_fields(self, positive, nonnegative)
         if not 0.0 < self.valid_threshold <= 1.0:
             raise PosencValueError(f"valid_threshold must be in (0, 1], got {self.valid_threshold}")
         for low, high in (("train_min_length", "train_max_length"),):
@@ -168,4 +176,13 @@ class TrainConfig:
             )
         if self.coupled_positions:
             check_coupling(task)
+        if self.abacus:
+            check_digit_tokens(task)
         return task
+
+    def abacus_rows(self, task: Task) -> int:
+        """Rows of the Abacus table a run needs: a digit index for the longest sequence it
+        sees (no run of digits is longer), plus the largest training offset, plus row 0."""
+        probe = np.random.default_rng([self.seed, 99])
+        longest = longest_model_length(task, [self.train_max_length, self.test_max_length], probe)
+        return longest + self.abacus_offset + 1

@@ -79,14 +79,24 @@ class Vocab:
 Example = tuple[list[int], list[int]]
 
 
+def input_length(task: Task, length: int) -> int:
+    """The input tokens of ``task``'s examples at ``length``: ``length``, or what the task's
+    ``input_length(length)`` says (``add`` counts digits per operand)."""
+    own = getattr(task, "input_length", None)
+    return length if own is None else int(own(length))
+
+
 def checked_sample(task: Task, length: int, rng: np.random.Generator) -> Example:
-    """``task.sample(length, rng)``, checked: input of ``length`` tokens, a non-empty answer,
+    """``task.sample(length, rng)``, checked: input of :func:`input_length` tokens, a non-empty
+    answer,
     every token an int in ``[0, vocab_size)``."""
     inp, ans = task.sample(length, rng)
     inp, ans = list(inp), list(ans)
-    if len(inp) != length:
+    expected = input_length(task, length)
+    if len(inp) != expected:
         raise PosencValueError(
-            f"task {task.name!r}: sample({length}) returned an input of {len(inp)} tokens"
+            f"task {task.name!r}: sample({length}) returned an input of {len(inp)} tokens, "
+            f"not {expected}"
         )
     if not ans:
         raise PosencValueError(f"task {task.name!r}: sample({length}) returned an empty answer")

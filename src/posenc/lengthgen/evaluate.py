@@ -222,6 +222,7 @@ def run_record(
         "pe": config["pe"],
         "random_positions": config["random_positions"],
         "coupled_positions": config.get("coupled_positions", False),
+        "abacus": config.get("abacus", False),
         "label": label,
         "seed": config["seed"],
         "in_distribution": {

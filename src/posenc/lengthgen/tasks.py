@@ -22,6 +22,7 @@ bucket-sort        encoder  the tokens sorted (Delétang 2023 / Ruoss 2023, Buck
 reverse-string     encoder  a binary string reversed (Reverse String)
 missing-duplicate  encoder  the bit hidden in ``w w`` (Missing Duplicate)
 even-pairs         encoder  parity of the number of ``01``/``10`` pairs (Even Pairs)
+add                decoder  the sum of two reversed n-digit numbers (McLeish 2024)
 =================  =======  ============================================================
 
 A user task lives in any Python file and is named ``path/to/file.py:ClassName``; the class
@@ -31,6 +32,10 @@ A decoder task whose answer tokens each come from one input token may also defin
 ``answer_sources(length) -> list[int]`` (the input index behind each answer token) to allow
 coupled positions (``NAME+coupled``; see :func:`posenc.lengthgen.data.coupled_positions`).
 The copy tasks and Reverse V1 define it.
+
+A task whose ``length`` counts something other than input tokens (``add``: digits per
+operand) defines ``input_length(length) -> int``, the input tokens of such an example; a task
+with digits defines ``digit_tokens`` (which Abacus positions index; ``NAME+abacus``).
 """
 
 from __future__ import annotations
@@ -365,3 +370,50 @@ class EvenPairs:
         tokens = _random_tokens(rng, length, 2)
         changes = sum(a != b for a, b in itertools.pairwise(tokens))
         return tokens, [changes % 2]
+
+
+# --------------------------------------------------------------------------- McLeish 2024
+
+
+@register_task("add", "add two n-digit numbers, digits reversed (McLeish 2024, Abacus)")
+class AddReversed:
+    """Addition in the format of McLeish et al. 2024: two ``length``-digit numbers ``a`` and
+    ``b`` written least-significant digit first and joined by ``+``; the answer is ``a + b``,
+    least-significant digit first (``length`` or ``length + 1`` digits). A number of more than
+    one digit has a non-zero leading (last written) digit. The input has ``2 * length + 1``
+    tokens (:meth:`input_length`); the harness's ``SEP`` plays ``=``.
+
+    Tokens: ``0``-``9`` the digits (:attr:`digit_tokens`), ``10`` the ``+``.
+
+    >>> AddReversed().sample(2, np.random.default_rng(0))
+    ([8, 5, 10, 2, 1], [0, 7])
+    """
+
+    name = "add"
+    kind: TaskKind = "decoder"
+    vocab_size = 11
+    PLUS = 10
+    #: The tokens that are digits (what Abacus embeddings index).
+    digit_tokens: tuple[int, ...] = tuple(range(10))
+
+    def input_length(self, length: int) -> int:
+        """Input tokens of an example of ``length``-digit operands."""
+        return 2 * length + 1
+
+    def _number(self, length: int, rng: np.random.Generator) -> list[int]:
+        """``length`` digits, least significant first, the last non-zero unless alone."""
+        digits = [int(d) for d in rng.integers(0, 10, size=length)]
+        if length > 1:
+            digits[-1] = int(rng.integers(1, 10))
+        return digits
+
+    def sample(self, length: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+        _check_length(length)
+        a, b = self._number(length, rng), self._number(length, rng)
+        answer, carry = [], 0
+        for x, y in zip(a, b, strict=True):  # schoolbook addition, least significant first
+            carry, digit = divmod(x + y + carry, 10)
+            answer.append(digit)
+        if carry:
+            answer.append(carry)
+        return [*a, self.PLUS, *b], answer

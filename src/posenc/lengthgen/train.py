@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..encodings.absolute.abacus import Abacus
 from ..runs import checkpoint, pool
 from ..runs import config as run_config
 from ..runs.device import model_device, placement
@@ -47,6 +48,7 @@ from ..runs.progress import Bar
 from ..runs.step import scored_step
 from ..runs.sweep import run_each
 from ..runs.trainer import Trainer, lr_multiplier, optimizer_for, seed_everything
+from .abacus import AbacusModel, check_digit_tokens
 from .config import InDistributionWarning, TrainConfig
 from .data import Vocab, collate, longest_model_length, model_length, sample_batch
 from .evaluate import FINAL_SALT, PERIODIC_SALT, evaluate_lengths, mean_of, run_record
@@ -67,8 +69,10 @@ _RESUME_FREE = frozenset({"eval_every", "eval_samples", "checkpoint_every"})
 
 def build_model(config: TrainConfig, task: Task) -> nn.Module:
     """The model for a run: ``posenc.TransformerModel`` over the task's tokens plus the
-    harness's special tokens, causal for decoder tasks. A tempered NoPE entry's floor is
-    the longest training sequence (``random_max`` with randomized positions)."""
+    harness's special tokens, causal for decoder tasks, inside an
+    :class:`~posenc.lengthgen.abacus.AbacusModel` with Abacus positions. A tempered NoPE
+    entry's floor is the longest training sequence (``random_max`` with randomized
+    positions)."""
     vocab = Vocab(task.vocab_size).size
     trained = (
         config.random_max
@@ -77,9 +81,13 @@ def build_model(config: TrainConfig, task: Task) -> nn.Module:
             task, [config.train_max_length], np.random.default_rng([config.seed, 99])
         )
     )
-    return run_config.transformer_for(
+    model = run_config.transformer_for(
         config, vocab, causal=task.kind == "decoder", trained_length=trained
     )
+    if not config.abacus:
+        return model
+    abacus = Abacus(config.dim, max_len=config.abacus_rows(task), max_offset=config.abacus_offset)
+    return AbacusModel(model, abacus, check_digit_tokens(task))
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:

@@ -21,11 +21,17 @@ from ..encodings.checks import check_bool, check_positive_float, check_positive_
 from ..encodings.schedule import per_layer, per_layer_items
 from ..errors import PosencTypeError, PosencValueError, check_bytes
 
-__all__ = ["ACTIVATIONS", "Activation", "EncoderConfig"]
+__all__ = ["ACTIVATIONS", "FFNS", "NORMS", "Activation", "EncoderConfig", "FeedForwardKind", "Norm"]
 
 Activation = Literal["relu", "gelu"]
 #: The feed-forward activations.
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu")
+Norm = Literal["layer", "rms"]
+#: The norms: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019).
+NORMS: tuple[str, ...] = ("layer", "rms")
+FeedForwardKind = Literal["mlp", "swiglu"]
+#: The feed-forward networks: ``W2 act(W1 x)`` or SwiGLU ``W2 (silu(W1 x) ⊙ W3 x)``.
+FFNS: tuple[str, ...] = ("mlp", "swiglu")
 
 #: The attention fields a layer may set for itself.
 PER_LAYER = ("window", "chunk", "query_scale", "sinks", "softcap")
@@ -56,6 +62,19 @@ class EncoderConfig:
     query_scale: QueryScale | Sequence[QueryScale | None] | None = None  #: per layer
     sinks: bool | Sequence[bool] | None = None  #: per layer (``None``: the record's)
     softcap: float | Sequence[float | None] | None = None  #: per layer (``None``: the record's)
+    norm: Norm = "layer"  #: the layers' norms: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm)
+    ffn: FeedForwardKind = "mlp"  #: the feed-forward: ``"mlp"`` or ``"swiglu"`` (Llama's)
+    bias: bool | None = None  #: biases in feed-forward and norms (``None``: attention.bias)
+    norm_eps: float = 1e-5  #: the norms' epsilon
+
+    @property
+    def hidden(self) -> int:
+        """The feed-forward width: ``ffn_dim``, else ``4 * dim`` (MLP) or ``8 * dim // 3``
+        (SwiGLU: about the parameters of a ``4 * dim`` MLP, as Shazeer 2020 and Llama size it)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        dim = self.attention.dim
+        return 8 * dim // 3 if self.ffn == "swiglu" else 4 * dim
 
     def __post_init__(self) -> None:
         if not isinstance(self.attention, AttentionConfig):
@@ -68,6 +87,13 @@ class EncoderConfig:
         check_bool("norm_first", self.norm_first)
         if self.activation not in ACTIVATIONS:
             raise PosencValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.norm not in NORMS:
+            raise PosencValueError(f"norm must be 'layer' or 'rms', got {self.norm!r}")
+        if self.ffn not in FFNS:
+            raise PosencValueError(f"ffn must be 'mlp' or 'swiglu', got {self.ffn!r}")
+        bias = self.attention.bias if self.bias is None else check_bool("bias", self.bias)
+        object.__setattr__(self, "bias", bias)
+        check_positive_float("norm_eps", self.norm_eps)
         if self.pe_kwargs is not None and not isinstance(self.pe_kwargs, Mapping):
             raise PosencTypeError(
                 f"pe_kwargs must be a dict or None, got {type(self.pe_kwargs).__name__}"
@@ -97,10 +123,12 @@ class EncoderConfig:
         att = self.attention
         dim, heads, kv_heads, head_dim = att.dim, att.num_heads, att.num_kv_heads, att.head_dim
         assert kv_heads is not None and head_dim is not None
-        hidden = 4 * dim if self.ffn_dim is None else self.ffn_dim
-        # per layer: q, k, v and output projections, the feed-forward pair, biases and norms
+        hidden = self.hidden
+        # per layer: q, k, v and output projections, the feed-forward's two (SwiGLU: three)
+        # matrices, biases and norms
         inner = (2 * heads + 2 * kv_heads) * head_dim * dim
-        layer_params = inner + 2 * dim * hidden + hidden + 9 * dim
+        matrices = 3 if self.ffn == "swiglu" else 2
+        layer_params = inner + matrices * dim * hidden + hidden + 9 * dim
         check_bytes(
             "dim x depth x ffn_dim",
             f"{dim} x {self.depth} x {hidden}",

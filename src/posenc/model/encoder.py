@@ -37,8 +37,8 @@ from ..sequence.masks import check_key_padding_mask
 from ..sequence.memo import sharing_within_forward
 from ..sequence.positions import randomize_positions
 from ..sequence.streaming import StreamingCache
-from .config import Activation, EncoderConfig
-from .layers import EncoderLayer
+from .config import Activation, EncoderConfig, FeedForwardKind, Norm
+from .layers import EncoderLayer, make_norm
 
 __all__ = ["Encoder", "sharing_copy"]
 
@@ -67,7 +67,13 @@ class Encoder(nn.Module):
         softcap: logit soft-capping ``c`` for every layer (a float), or per layer (a list,
             ``None`` there: none).
         softmax_scale: the logits' scale for every layer (``None``: ``1 / sqrt(head_dim)``).
-        ffn_dim: feed-forward width (default ``4 * dim``).
+        ffn_dim: feed-forward width (default ``4 * dim``; ``8 * dim // 3`` for SwiGLU).
+        norm: ``"layer"`` (LayerNorm, default) or ``"rms"`` (RMSNorm), in every layer and
+            at the end of a pre-norm stack.
+        ffn: ``"mlp"`` (default) or ``"swiglu"`` (Llama's gated feed-forward).
+        bias: biases in the projections, the feed-forward and the norms (default True);
+            ``norm="rms", ffn="swiglu", bias=False`` is the Llama block.
+        norm_eps: the norms' epsilon.
         dropout: dropout in attention, feed-forward and residuals.
         causal: mask future positions (decoder-only models).
         norm_first: pre-norm (default) or the paper's post-norm.
@@ -106,6 +112,10 @@ class Encoder(nn.Module):
         sinks: bool | list[bool] = False,
         softcap: float | list[float | None] | None = None,
         softmax_scale: float | None = None,
+        norm: Norm = "layer",
+        ffn: FeedForwardKind = "mlp",
+        bias: bool = True,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         attention = AttentionConfig(
@@ -115,6 +125,7 @@ class Encoder(nn.Module):
             head_dim=head_dim,
             causal=causal,
             dropout=dropout,
+            bias=bias,
             backend=backend,
             softmax_scale=softmax_scale,
         )
@@ -132,6 +143,10 @@ class Encoder(nn.Module):
             query_scale=query_scale,
             sinks=sinks,
             softcap=softcap,
+            norm=norm,
+            ffn=ffn,
+            bias=bias,
+            norm_eps=norm_eps,
         )
         self._build(config)
 
@@ -185,7 +200,11 @@ class Encoder(nn.Module):
             EncoderLayer.from_config(config, attention) for attention in config.layer_attention()
         )
         # A pre-norm stack leaves its residual stream unnormalised: normalise once at the end.
-        self.norm = nn.LayerNorm(dim) if config.norm_first else nn.Identity()
+        self.norm = (
+            make_norm(config.norm, dim, eps=config.norm_eps, bias=bool(config.bias))
+            if config.norm_first
+            else nn.Identity()
+        )
         # Validate the pairing now rather than at the first forward.
         for encoding in distinct:
             if encoding.family != "additive":

@@ -43,11 +43,11 @@ def residual_steps(
         return residual_linear(attn.out, heads, residual).view(residual.shape)
 
     def feed_forward(h: Tensor, residual: Tensor) -> Tensor:  # residual + ffn(h)
-        if ffn.activation == "relu" and _FUSED_RELU:
+        if ffn.activation == "relu" and _FUSED_RELU and ffn.up.bias is not None:
             flat = h.reshape(-1, h.shape[-1])  # (b·n, D)
             hidden = torch._addmm_activation(ffn.up.bias, flat, ffn.up.weight.t())  # (b·n, F)
         else:
-            hidden = ffn.act(ffn.up(h))
+            hidden = ffn.hidden(h)
         return residual_linear(ffn.down, hidden, residual).view(residual.shape)
 
     return attention, feed_forward

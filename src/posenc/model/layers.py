@@ -1,6 +1,8 @@
 """The layers of :class:`~posenc.Encoder`: the position-wise feed-forward network and the
 encoder layer (self-attention and feed-forward, each in a residual block with layer norm;
-Vaswani et al. 2017, §3.1–3.3).
+Vaswani et al. 2017, §3.1–3.3), and the parts of today's block: RMSNorm (Zhang & Sennrich
+2019) and the SwiGLU feed-forward (Shazeer 2020). ``norm="rms", ffn="swiglu", bias=False``
+with pre-norm is the Llama decoder layer (transformers' ``LlamaDecoderLayer``).
 
 Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width.
 """
@@ -24,9 +26,9 @@ from ..errors import PosencTypeError, PosencValueError
 from ..sequence.context import SequenceContext
 from ..sequence.masks import check_key_padding_mask
 from . import fused
-from .config import ACTIVATIONS, Activation, EncoderConfig
+from .config import ACTIVATIONS, Activation, EncoderConfig, FeedForwardKind, Norm
 
-__all__ = ["EncoderLayer", "FeedForward", "ResidualStep"]
+__all__ = ["EncoderLayer", "FeedForward", "RMSNorm", "ResidualStep", "SwiGLU", "make_norm"]
 
 #: A residual step of an encoder layer: ``(h, residual) -> residual + sublayer(h)``.
 ResidualStep = Callable[[Tensor, Tensor], Tensor]
@@ -40,7 +42,13 @@ class FeedForward(nn.Module):
     """
 
     def __init__(
-        self, dim: int, hidden: int, *, dropout: float = 0.0, activation: Activation = "relu"
+        self,
+        dim: int,
+        hidden: int,
+        *,
+        dropout: float = 0.0,
+        activation: Activation = "relu",
+        bias: bool = True,
     ) -> None:
         super().__init__()
         check_positive_int("dim", dim)
@@ -48,8 +56,8 @@ class FeedForward(nn.Module):
         if activation not in ACTIVATIONS:
             raise PosencValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
         self.activation = activation
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def act(self, hidden: Tensor) -> Tensor:
@@ -57,9 +65,83 @@ class FeedForward(nn.Module):
         not its output)."""
         return F.relu(hidden, inplace=True) if self.activation == "relu" else F.gelu(hidden)
 
+    def hidden(self, x: Tensor) -> Tensor:
+        """``act(W1 x + b1)`` ``(..., F)``: what the down-projection reads (before dropout)."""
+        return self.act(self.up(x))
+
     def forward(self, x: Tensor) -> Tensor:
         """Shapes: x ``(..., D)`` -> ``(..., D)``."""
-        return self.down(self.dropout(self.act(self.up(x))))
+        return self.down(self.dropout(self.hidden(x)))
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward of Shazeer 2020 (``FFN_SwiGLU``), Llama's MLP:
+    ``W2 (silu(W1 x) ⊙ W3 x)`` (``down(silu(gate(x)) * up(x))``), biases optional.
+
+    >>> SwiGLU(8, 16, bias=False)(torch.zeros(2, 3, 8)).shape
+    torch.Size([2, 3, 8])
+    """
+
+    activation = "swiglu"
+
+    def __init__(self, dim: int, hidden: int, *, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("hidden", hidden)
+        self.gate = nn.Linear(dim, hidden, bias=bias)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """``silu(W1 x) ⊙ W3 x`` ``(..., F)``: what the down-projection reads."""
+        return F.silu(self.gate(x)) * self.up(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Shapes: x ``(..., D)`` -> ``(..., D)``."""
+        return self.down(self.dropout(self.hidden(x)))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019): ``w ⊙ x / sqrt(mean(x²) + eps)`` over the
+    last dimension, the statistics and the product in float32, rounded once to ``x``'s dtype.
+
+    >>> RMSNorm(4)(torch.tensor([[3.0, -3.0, 3.0, -3.0]]))
+    tensor([[ 1.0000, -1.0000,  1.0000, -1.0000]])
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim = check_positive_int("dim", dim)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Shapes: x ``(..., D)`` -> ``(..., D)``."""
+        work = x.float()
+        scale = torch.rsqrt(work.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return (work * scale * self.weight.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+def make_norm(kind: Norm, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """A norm over ``dim`` features: ``"layer"`` (``nn.LayerNorm``, its bias if ``bias``) or
+    ``"rms"`` (:class:`RMSNorm`, which has none)."""
+    if kind == "rms":
+        return RMSNorm(dim, eps=eps)
+    if kind != "layer":
+        raise PosencValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    return nn.LayerNorm(dim, eps=eps, bias=bias)
+
+
+def make_feed_forward(config: EncoderConfig, dim: int, dropout: float) -> nn.Module:
+    """The feed-forward network ``config`` describes (its kind, width, activation, biases)."""
+    bias = bool(config.bias)
+    if config.ffn == "swiglu":
+        return SwiGLU(dim, config.hidden, dropout=dropout, bias=bias)
+    return FeedForward(dim, config.hidden, dropout=dropout, activation=config.activation, bias=bias)
 
 
 class EncoderLayer(nn.Module):
@@ -67,7 +149,9 @@ class EncoderLayer(nn.Module):
 
     ``norm_first=False`` is the paper's post-norm ``x = norm(x + sublayer(x))``;
     ``norm_first=True`` (default) is the pre-norm ``x = x + sublayer(norm(x))`` that trains
-    stably without warm-up tricks.
+    stably without warm-up tricks. ``norm="rms"`` uses RMSNorm, ``ffn="swiglu"`` the SwiGLU
+    feed-forward, ``bias=False`` drops every bias (projections, feed-forward, norms):
+    all three with pre-norm and a rotary ``pe`` make the Llama decoder layer.
     """
 
     def __init__(
@@ -90,6 +174,10 @@ class EncoderLayer(nn.Module):
         sinks: bool = False,
         softcap: float | None = None,
         softmax_scale: float | None = None,
+        norm: Norm = "layer",
+        ffn: FeedForwardKind = "mlp",
+        bias: bool = True,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         attention = AttentionConfig(
@@ -99,6 +187,7 @@ class EncoderLayer(nn.Module):
             head_dim=head_dim,
             causal=causal,
             dropout=dropout,
+            bias=bias,
             backend=backend,
             window=window,
             chunk=chunk,
@@ -108,7 +197,15 @@ class EncoderLayer(nn.Module):
             softmax_scale=softmax_scale,
         )
         config = EncoderConfig(
-            attention, depth=1, ffn_dim=ffn_dim, norm_first=norm_first, activation=activation
+            attention,
+            depth=1,
+            ffn_dim=ffn_dim,
+            norm_first=norm_first,
+            activation=activation,
+            norm=norm,
+            ffn=ffn,
+            bias=bias,
+            norm_eps=norm_eps,
         )
         self._build(config, config.layer_attention()[0], pe)
 
@@ -137,9 +234,11 @@ class EncoderLayer(nn.Module):
         dim, dropout = attention.dim, attention.dropout
         self.norm_first = config.norm_first
         self.attn = MultiHeadAttention.from_config(attention, pe=pe)
-        hidden = config.ffn_dim or 4 * dim
-        self.ffn = FeedForward(dim, hidden, dropout=dropout, activation=config.activation)
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ffn = make_feed_forward(config, dim, dropout)
+        norm = (config.norm, dim)
+        bias = bool(config.bias)
+        self.norm1 = make_norm(*norm, eps=config.norm_eps, bias=bias)
+        self.norm2 = make_norm(*norm, eps=config.norm_eps, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(
