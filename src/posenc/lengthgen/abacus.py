@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..encodings.absolute.abacus import Abacus, abacus_positions
 from ..errors import PosencValueError
-from ..model.encoder import TransformerModel
+from ..model.transformer import TransformerModel
 
 __all__ = ["AbacusModel", "check_digit_tokens"]
 
