@@ -245,6 +245,9 @@ ON_CUDA = {
     "swinv2-cpb": (FLEX, SDPA),
     "xl": (SDPA, SDPA),
     "cope": (SDPA, SDPA),
+    "fox": (FLEX, SDPA),  # its per-token sums carry the gates' gradient
+    "inkling": (FLEX, SDPA),
+    "deberta": (FLEX, SDPA),  # its tiles carry q's and k's gradient
 }
 
 

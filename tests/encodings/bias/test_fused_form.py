@@ -18,7 +18,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.attention.backends import Request
-from tests.schemes import FACTS, of_family, qk
+from tests.schemes import FACTS, of_family, qk, reads
 
 ALL_BIAS = of_family("bias")
 B, H, N, D = 2, 4, 6, 4
@@ -60,11 +60,12 @@ def test_score_mod_exists_exactly_where_declared_and_equals_the_bias(name: str) 
     pe = _scheme(name)
     q, k = qk(B, H, N, D)
     positions = _positions(name)
-    mod = pe.score_mod(positions, positions, q=q, k=k)
+    kwargs = reads(pe, q, k)  # one x for both, where the scheme reads the layer's input
+    mod = pe.score_mod(positions, positions, **kwargs)
     assert pe.fused_at(positions, positions) is pe.has_score_mod
     assert (mod is not None) is pe.has_score_mod, name
     if mod is not None:
-        want = pe.bias(positions, positions, q=q, k=k).expand(B, H, N, N)
+        want = pe.bias(positions, positions, **kwargs).expand(B, H, N, N)
         assert_close(_on_grid(mod), want, rtol=1e-12, atol=1e-12)
     empty = positions[:0]
     assert not pe.fused_at(empty, positions) and not pe.fused_at(positions, empty)
@@ -80,11 +81,11 @@ def test_at_fractional_positions_only_a_table_by_distance_has_none(name: str) ->
     if FACTS[name].integer_positions:  # refused by bias and score_mod alike
         assert pe.fused_at(positions, positions)
         with pytest.raises(posenc.PosencValueError, match="whole numbers"):
-            pe.score_mod(positions, positions, q=q, k=k)
+            pe.score_mod(positions, positions, **reads(pe, q, k))
         return
     fused = pe.fused_at(positions, positions)
     assert fused is (name not in ("kerple", "dpb", "sandwich"))  # a table by distance
-    assert (pe.score_mod(positions, positions, q=q, k=k) is not None) is fused
+    assert (pe.score_mod(positions, positions, **reads(pe, q, k)) is not None) is fused
     # whole numbers in a float tensor index the table
     assert pe.fused_at(positions.floor(), positions.floor())
 

@@ -80,7 +80,7 @@ def _rotary_clock(model: nn.Module, patched: bool, cuda: bool) -> Iterator[_Cloc
     rotary_forward = rotary.forward
     rotary.forward = clock.wrap(rotary_forward)
     if patched:  # posenc's rotation: the functions the patched attentions call
-        owner = importlib.import_module("posenc.hf.patch")
+        owner = importlib.import_module("posenc.hf.rotations")
         names = ["_turn_pair", "_turn"]
     else:
         owner = importlib.import_module("transformers.models.llama.modeling_llama")

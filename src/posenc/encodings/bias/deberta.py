@@ -102,6 +102,7 @@ class DeBERTa(BiasEncoding):
 
     paper: ClassVar[str] = "He et al. 2021, DeBERTa: disentangled attention, ICLR"
     needs_qk: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = True
 
     def __init__(
         self,

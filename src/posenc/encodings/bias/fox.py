@@ -19,6 +19,7 @@ query/key length, ``D`` model width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -64,6 +65,7 @@ class FoX(BiasEncoding):
 
     paper: ClassVar[str] = PAPER
     needs_x: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = True
     causal_defaults: ClassVar[dict[str, Any]] = {"causal": True}
 
     def __init__(
@@ -101,8 +103,9 @@ class FoX(BiasEncoding):
             raise PosencValueError(
                 f"FoX expects x of shape (b, n, D={self.dim}), got {tuple(x.shape)}"
             )
-        logits = self.gate(x.to(self.gate.weight.dtype))  # (b, n, c), in the weights' dtype
-        gates = F.logsigmoid(logits.to(compute_dtype(logits.dtype))) * self.post_log_scale
+        # (b, n, c): the projection in the weights' dtype, the gates in the input's work dtype
+        logits = self.gate(x.to(self.gate.weight.dtype))
+        gates = F.logsigmoid(logits.to(compute_dtype(x.dtype))) * self.post_log_scale
         return gates.transpose(1, 2)  # (b, c, n)
 
     def _sums(
@@ -229,8 +232,8 @@ class _CachedGates(BiasState):
         state.gates = every
         return state
 
-    def _ask(self, hook: str, q: Tensor, k: Tensor) -> Any:
+    def _ask(self, name: str, hook: Callable[..., Any], q: Tensor, k: Tensor) -> Any:
         q_pos, k_pos = self.positions, self.last_keys(k.shape[-2])
         assert self.gates is not None
         gates = self.gates[..., self.gates.shape[-1] - k.shape[-2] :]
-        return getattr(self.pe, hook)(q_pos, k_pos, gates=gates)
+        return hook(q_pos, k_pos, gates=gates)

@@ -70,6 +70,7 @@ class Inkling(BiasEncoding):
 
     paper: ClassVar[str] = "Thinking Machines 2026, Inkling (transformers inkling2)"
     needs_x: ClassVar[bool] = True
+    has_score_mod: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -147,8 +148,9 @@ class Inkling(BiasEncoding):
         if x is None:
             raise PosencValueError("Inkling.bias needs x= (the (b, n, D) input of attention)")
         states = self.relative_states(x, q_pos)
-        m = self.extent
-        if q_pos.numel() and k_pos.numel() and not torch.compiler.is_compiling():
+        m = self.extent  # every distance the window holds; on the CPU only those that occur
+        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling()
+        if cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync the device)
             m = max(1, min(m, distance_range(q_pos, k_pos)[1] + 1))
         tile = states @ self.proj[:, :m].to(states.dtype)  # (b, h, nq, m)
         return q_pos, k_pos, tile, m
