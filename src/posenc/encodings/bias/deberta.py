@@ -226,8 +226,9 @@ class DeBERTa(BiasEncoding):
         q, k = _need("q", q, "DeBERTa"), _need("k", k, "DeBERTa")
         _check_qk(q, self.num_heads, self.head_dim, "DeBERTa", seq=q_pos.shape[-1])
         _check_qk(k, self.num_heads, self.head_dim, "DeBERTa", "k", seq=k_pos.shape[-1])
-        lo, hi = 0, 2 * self.span - 1
-        if q_pos.numel() and k_pos.numel() and not torch.compiler.is_compiling():
+        lo, hi = 0, 2 * self.span - 1  # every row of P; on the CPU only the rows read
+        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling()
+        if cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync the device)
             q_long, k_long = q_pos.long(), k_pos.long()
             ends = torch.stack(  # the smallest and largest i - j, then their indices
                 [
