@@ -135,6 +135,9 @@ def bias_rows(
     pe = _scheme(name, device)
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device=device, dtype=dtype) for _ in range(3))
     pos = torch.arange(n, device=device)
+    # a scheme that reads the layer's input (FoX, Inkling) gets one
+    x = torch.randn(1, n, HEADS * HEAD_DIM, device=device) if pe.needs_x else None
+    reads = {} if x is None else {"x": x}
     causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     block_mask = flex_block_mask(1, n, n, causal=True, key_padding_mask=None, device=device)
     grad_out = torch.randn_like(q)
@@ -152,7 +155,7 @@ def bias_rows(
         return run
 
     def flex_backward() -> object:
-        mod = pe.score_mod(pos, pos, q=q, k=k)
+        mod = pe.score_mod(pos, pos, q=q, k=k, **reads)
         out = flex_attention_forward(q, k, v, score_mod=mod, block_mask=block_mask)
         assert out is not None, "flex did not compile"
         out.backward(grad_out)
@@ -161,7 +164,7 @@ def bias_rows(
     def sdpa(backward: bool) -> Callable[[], object]:
         def run() -> object:
             with torch.set_grad_enabled(backward):
-                out = fused_attention(q, k, v, causal, pe.bias(pos, pos, q=q, k=k), 0.0)
+                out = fused_attention(q, k, v, causal, pe.bias(pos, pos, q=q, k=k, **reads), 0.0)
                 if backward:
                     out.backward(grad_out)
             return None
@@ -169,7 +172,7 @@ def bias_rows(
         return run
 
     with torch.no_grad():
-        mod = pe.score_mod(pos, pos, q=q.detach(), k=k.detach())
+        mod = pe.score_mod(pos, pos, q=q.detach(), k=k.detach(), **reads)
     flex_backward_ok = device.type != "cpu"  # flex has no CPU backward
     cases = [
         ("posenc flex", "forward", flex_forward(mod)),
