@@ -323,7 +323,7 @@ RANGE_READ = "the table by distance is sized from the positions, read once per f
     [
         None,
         "alibi",
-        pytest.param("t5", marks=pytest.mark.xfail(strict=True, reason=RANGE_READ)),
+        "t5",
         pytest.param("fire", marks=pytest.mark.xfail(strict=True, reason=RANGE_READ)),
     ],
 )

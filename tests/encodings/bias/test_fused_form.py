@@ -106,3 +106,23 @@ def test_attention_reads_the_declaration_not_the_method(name: str) -> None:
         pe.__class__ = undeclared
         state = pe.position_state(_positions(name) if pe.axes == 2 else None, x)
         assert Request.kind_of(state) == ("value" if pe.has_value_term else "materialised")
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5s_fixed_table_covers_distances_past_max_distance(bidirectional: bool) -> None:
+    """T5's fused form holds ``2 max_distance + 1`` distances, clamped, and reads no position:
+    at distances up to twice ``max_distance`` (and batched, shifted rows) it equals the bias."""
+    torch.manual_seed(0)
+    pe = posenc.T5RelativeBias(H, num_buckets=8, max_distance=8, bidirectional=bidirectional)
+    pe = pe.double()
+    n = 20
+    positions = torch.stack([torch.arange(n), torch.arange(n) + 37])  # (2, n)
+    mod = pe.score_mod(positions, positions)
+    grid = (
+        torch.arange(2).view(2, 1, 1, 1),
+        torch.arange(H).view(1, H, 1, 1),
+        torch.arange(n).view(1, 1, n, 1),
+        torch.arange(n).view(1, 1, 1, n),
+    )
+    got = mod(torch.zeros(2, H, n, n, dtype=torch.float64), *grid)
+    assert_close(got, pe.bias(positions, positions), rtol=0, atol=0)

@@ -163,10 +163,16 @@ def distance_range(q_positions: Tensor, k_positions: Tensor) -> tuple[int, int]:
 
 
 def distance_table_score_mod(
-    table_fn: Callable[[Tensor], Tensor], q_positions: Tensor, k_positions: Tensor
+    table_fn: Callable[[Tensor], Tensor],
+    q_positions: Tensor,
+    k_positions: Tensor,
+    *,
+    span: int | None = None,
 ) -> ScoreMod | None:
     """A score_mod adding ``table_fn(d)[h]`` at ``d = q_pos[i] - k_pos[j]``, built from one
     table over every distance that occurs: ``table_fn(arange(lo, hi + 1))`` is ``(h, R)``.
+    ``span``: the bias is constant past ``±span`` (T5's last buckets), so the table covers
+    ``-span .. span`` and the distances are clamped to it: nothing is read from the positions.
 
     Returns ``None`` for fractional positions (no finite table covers them) or empty inputs.
     The table is computed here, eagerly; the kernel only indexes it.
@@ -176,6 +182,17 @@ def distance_table_score_mod(
     if not (is_integral(q_positions) and is_integral(k_positions)):
         return None
     q_pos, k_pos = q_positions.long(), k_positions.long()
+    if span is not None:
+        table = table_fn(torch.arange(-span, span + 1, device=q_pos.device))  # (h, 2 span + 1)
+        at_q, at_k = gather_fn(q_pos), gather_fn(k_pos)
+
+        def clamped_table(
+            score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor
+        ) -> Tensor:
+            d = (at_q(b, q_idx) - at_k(b, kv_idx)).clamp(-span, span)
+            return score + table[h, d + span].to(score.dtype)
+
+        return clamped_table
     lo, hi = distance_range(q_pos, k_pos)
     distances = torch.arange(lo, hi + 1, device=q_pos.device)
     table = table_fn(distances)  # (h, R)
@@ -198,6 +215,9 @@ class DistanceBias(BiasEncoding):
 
     #: Whether positions must be whole numbers (a bucket or table lookup needs them).
     integer_positions: bool = False
+    #: A distance past which the bias no longer changes (T5's last buckets): the fused form's
+    #: table then has a fixed size and reads nothing from the positions. ``None``: unbounded.
+    saturates_at: int | None = None
     has_score_mod: ClassVar[bool] = True
     #: Whether the fused form reads one table by distance (then it exists only at whole-number
     #: positions); False for a scheme that computes its bias inside the kernel (ALiBi).
@@ -254,4 +274,4 @@ class DistanceBias(BiasEncoding):
         def table_fn(distances: Tensor) -> Tensor:
             return self.distance_bias(distances.to(dtype))
 
-        return distance_table_score_mod(table_fn, q_pos, k_pos)
+        return distance_table_score_mod(table_fn, q_pos, k_pos, span=self.saturates_at)

@@ -136,6 +136,7 @@ class T5RelativeBias(DistanceBias):
         self.num_heads = check_positive_int("num_heads", num_heads)
         check_bucket_args(num_buckets, max_distance, bidirectional)
         self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.saturates_at = max_distance  # every distance from here on shares the last bucket
         self.bidirectional = bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
