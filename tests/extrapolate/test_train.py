@@ -123,3 +123,28 @@ def test_bf16_trains_close_to_fp32_and_a_resume_keeps_the_precision(
     assert full["trained_on"] == half["trained_on"] == ["cpu"]
     with pytest.raises(PosencValueError, match=r"precision: 'fp32' -> 'bf16'"):
         train.train_model(bf16, corpus, tmp_path / "run", resume=True)
+
+
+@pytest.mark.slow
+def test_every_registered_sequence_scheme_trains_here(corpus: Corpus) -> None:
+    """``posenc extrapolate`` builds its models through the registry: every sequence scheme
+    (the 2024-26 ones included) takes a step whose reported loss is the cross-entropy of the
+    model before the step, computed here."""
+    from tests.schemes import SEQUENCE
+
+    windows = torch.from_numpy(corpus.batch(5, 4, 8, 1))
+    for name in SEQUENCE:
+        config = ExtrapolateConfig(pe=name, **TINY)
+        torch.manual_seed(0)
+        model = train.build_model(config, corpus.vocab_size)
+        before = copy.deepcopy(model)
+        optimizer, scheduler = optimizer_for(model, config)
+        loss, _ = train.lm_step(
+            model, optimizer, scheduler, corpus, 5, batch_size=4, length=8, seed=1, grad_clip=1.0
+        )
+        before.train(model.training)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            logits = before(windows[:, :-1])
+        want = F.cross_entropy(logits.reshape(32, -1), windows[:, 1:].reshape(-1))
+        assert loss == pytest.approx(float(want), rel=1e-5), name
