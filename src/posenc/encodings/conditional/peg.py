@@ -147,9 +147,9 @@ class PositionEncodingGenerator(ConditionalEncoding):
             side = math.isqrt(m)
             if side * side != m:
                 raise PosencValueError(
-                    f"peg needs positions ((n, 2) grid coordinates) or grid=(h, w): without "
-                    f"them the {m} patch tokens must form a square grid, and {m} is not a "
-                    "square number"
+                    "peg needs positions: grid coordinates of shape (seq, 2) or (batch, seq, "
+                    f"2), or grid=(h, w); without them the {m} patch tokens must form a square "
+                    f"grid, and {m} is not a square number"
                 )
             grid = (side, side)
         if grid[0] * grid[1] != m:
