@@ -79,6 +79,10 @@ class Facts:
     per_head: bool = False
     #: A StreamingCache takes it (exact at in-cache positions); else it refuses by name.
     streams: bool = True
+    #: Its positions must be one full ``h x w`` grid in row-major order (a conditional
+    #: scheme convolving over the grid): other coordinates, a cache, packed documents and
+    #: padding of its grid's tokens are refused by name; :func:`coordinates` gives it a grid.
+    full_grid: bool = False
 
 
 FACTS: dict[str, Facts] = {
@@ -113,7 +117,24 @@ FACTS: dict[str, Facts] = {
     "inkling": Facts(_width_and_heads, integer_positions=True, relative=True, score_mod=True),
     "swin-bias": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
     "swinv2-cpb": Facts(_heads, integer_positions=True, relative=True, score_mod=True),
+    "peg": Facts(_width, integer_positions=True, relative=True, streams=False, full_grid=True),
 }
+
+
+def coordinates(name: str, n: int, coords: torch.Tensor) -> torch.Tensor:
+    """The coordinates a test gives scheme ``name`` for ``n`` tokens: ``coords`` ``(n, axes)``
+    as the test made them, or, for a scheme that takes only a full grid (:attr:`Facts.full_grid`),
+    the row-major ``h x w`` grid of ``n`` tokens with ``h`` the largest divisor of ``n`` not
+    above its square root."""
+    if not FACTS[name].full_grid:
+        return coords
+    h = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(n // h), indexing="ij")
+    return torch.stack([rows, cols], dim=-1).reshape(n, 2).to(coords.device, coords.dtype)
+
+
+#: The schemes that take only a full grid (see :attr:`Facts.full_grid`).
+FULL_GRID: list[str] = [name for name in NAMES if FACTS.get(name, Facts(_width)).full_grid]
 
 
 def qk(

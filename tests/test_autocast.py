@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import posenc
-from tests.schemes import NAMES
+from tests.schemes import FACTS, NAMES, coordinates
 
 MODES: dict[str, Callable[[], AbstractContextManager]] = {
     "no_grad": torch.no_grad,
@@ -39,9 +39,11 @@ def _encoder_and_inputs(name: str):
     axes = posenc.entry(name).cls.axes
     if axes > 1:  # N-D schemes need coordinates
         positions = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+        positions = coordinates(name, 8, positions)
     x = torch.randn(2, 8, 24)
     padding = torch.zeros(2, 8, dtype=torch.bool)
-    padding[1, 6:] = True
+    if not FACTS[name].full_grid:  # (a grid's tokens cannot be padding: test_padding)
+        padding[1, 6:] = True
     return encoder, x, {"positions": positions, "key_padding_mask": padding}
 
 
@@ -124,7 +126,8 @@ def _grid_inputs(name: str, mask: str) -> tuple[torch.Tensor, dict[str, torch.Te
     axes = posenc.entry(name).cls.axes
     kwargs: dict[str, torch.Tensor | None] = {}
     if axes > 1:  # N-D schemes need coordinates
-        kwargs["positions"] = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+        coords = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+        kwargs["positions"] = coordinates(name, 8, coords)
     if mask == "padding":
         padding = torch.zeros(2, 8, dtype=torch.bool)
         padding[0, 6:] = True  # right padding
@@ -139,12 +142,17 @@ def _grid_cases(name: str, backend: str, *, training: bool = False):
     """``(mask, model, x, kwargs, float32 output)`` for every mask the scheme takes, the model
     in training or evaluation mode (and autograd on or off: on a CPU flex falls back to SDPA
     under autograd, whose fully masked rows read uniform weights where flex's are zero).
-    Packing needs 1-D positions: an N-D scheme refuses it, which is checked here instead."""
+    Packing needs 1-D positions: an N-D scheme refuses it, and a scheme on a full grid refuses
+    padding, which is checked here instead."""
     for mask in MASKS:
         model = _grid_model(name, backend, causal=mask != "none").train(training)
         x, kwargs = _grid_inputs(name, mask)
         if mask == "packed" and posenc.entry(name).cls.axes > 1:
             with pytest.raises(posenc.PosencValueError, match="1-D positions"):
+                model(x, **kwargs)
+            continue
+        if mask == "padding" and FACTS[name].full_grid:  # padding of a grid's tokens: refused
+            with pytest.raises(posenc.PosencValueError, match="key_padding_mask"):
                 model(x, **kwargs)
             continue
         try:

@@ -66,9 +66,10 @@ ENCODINGS_GROUND = frozenset(
 
 #: The folders of ``encodings``, lowest first, as :data:`LAYERS` orders the package: the ground
 #: (the family protocol and its helpers); the rotation kernels, M-RoPE's layouts, the rope
-#: types, the additive tables and per-layer schedules, which need only the ground; the bias
-#: schemes (Transformer-XL's sinusoids are the additive table); the rotary schemes, which stand
-#: on kernels and rope types; and the package itself, whose imports register every scheme.
+#: types, the additive tables, the conditional encodings and per-layer schedules, which need
+#: only the ground; the bias schemes (Transformer-XL's sinusoids are the additive table); the
+#: rotary schemes, which stand on kernels and rope types; and the package itself, whose
+#: imports register every scheme.
 ENCODINGS_LAYERS: tuple[tuple[str, ...], ...] = (
     tuple(sorted(ENCODINGS_GROUND)),
     (
@@ -76,6 +77,7 @@ ENCODINGS_LAYERS: tuple[tuple[str, ...], ...] = (
         "posenc.encodings.rotary.mrope_layouts",
         "posenc.encodings.rope_types",
         "posenc.encodings.absolute",
+        "posenc.encodings.conditional",
         "posenc.encodings.schedule",
     ),
     ("posenc.encodings.bias",),

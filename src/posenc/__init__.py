@@ -30,6 +30,7 @@ from .encodings.base import (
     FAMILIES,
     AdditiveEncoding,
     BiasEncoding,
+    ConditionalEncoding,
     NoPE,
     PositionalEncoding,
     RotaryEncoding,
@@ -44,6 +45,7 @@ from .encodings.bias.relative_qk import ShawRelativeBias, TransformerXLRelativeB
 from .encodings.bias.sandwich import Sandwich
 from .encodings.bias.swin import SwinRelativeBias, SwinV2ContinuousBias
 from .encodings.bias.t5 import T5RelativeBias, t5_relative_position_bucket
+from .encodings.conditional.peg import PositionEncodingGenerator
 from .encodings.registry import Entry, available, build, build_for_model, entry, register
 from .encodings.rope_types.registry import (
     ROPE_TYPES,
@@ -102,6 +104,7 @@ __all__ = [
     "BiasEncoding",
     "BiasState",
     "CoPE",
+    "ConditionalEncoding",
     "DINOv3RotaryEmbedding",
     "DeBERTa",
     "DynamicPositionBias",
@@ -126,6 +129,7 @@ __all__ = [
     "PosencError",
     "PosencTypeError",
     "PosencValueError",
+    "PositionEncodingGenerator",
     "PositionState",
     "PositionalEncoding",
     "QueryScale",

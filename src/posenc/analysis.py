@@ -242,7 +242,8 @@ def contribution_matrix(
       the width of the rotated vectors; per head for schemes with per-head phases (PoPE);
     - bias: the bias itself (schemes that read q and k, or the layer's input, get random
       ones), per head;
-    - none: zeros.
+    - none, and conditional (a PEG's term depends on the hidden states, not on positions
+      alone): zeros.
     """
     pe = pe.eval()
     count = positions if isinstance(positions, int) else positions.shape[0]

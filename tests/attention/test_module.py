@@ -446,9 +446,11 @@ def test_a_registry_name_builds_what_the_encoder_builds(
 ) -> None:
     """``MultiHeadAttention(pe=name)`` sizes the scheme for its own heads and head size and
     starts from its ``causal_defaults`` when causal, as ``Encoder(pe=name)`` does; additive
-    schemes are refused (they act on the input)."""
-    if posenc.entry(name).family == "additive":
-        with pytest.raises(TypeError, match="additive"):
+    schemes are refused (they act on the input), as are conditional ones (they act on the
+    hidden states between blocks)."""
+    family = posenc.entry(name).family
+    if family in ("additive", "conditional"):
+        with pytest.raises(TypeError, match=family):
             MultiHeadAttention(24, 2, pe=name)
         return
     attn = MultiHeadAttention(24, 2, pe=name, causal=causal, head_dim=head_dim)

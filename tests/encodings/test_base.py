@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from posenc.encodings.registry import build_for_model
 from tests.fuzzing import examples
 from tests.misuse import Misuse, check
 from tests.misuse import cases as misuse_cases
-from tests.schemes import FACTS, NAMES, SEQUENCE
+from tests.schemes import FACTS, NAMES, SEQUENCE, coordinates
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: Schemes that read a table by integer position or distance: float positions must hold
@@ -112,7 +113,10 @@ def positions_for(case: Case, axes: int) -> torch.Tensor | None:
         # fractional where the scheme allows it, whole numbers in a float tensor elsewhere
         step = 1.0 if case.name in INTEGER_ONLY else 0.75
         pos = torch.arange(n, dtype=torch.float64) * step + 2.0
-    if axes > 1:  # coordinates: the position on every axis, shifted per axis
+    if FACTS[case.name].full_grid:  # one full grid, shifted as the kind shifts the positions
+        grid = coordinates(case.name, n, torch.zeros(n, 2, dtype=pos.dtype))  # (n, 2)
+        pos = grid + pos[..., :1, None]  # (n, 2) or (b, n, 2): each row's first position
+    elif axes > 1:  # coordinates: the position on every axis, shifted per axis
         pos = torch.stack([pos + a for a in range(axes)], dim=-1)
     return pos.to(case.device)
 
@@ -123,6 +127,9 @@ def explicit_default(case: Case, axes: int) -> torch.Tensor:
     n = case.seq
     if axes == 1:
         return torch.arange(n, device=case.device)
+    if FACTS[case.name].full_grid:  # a full grid's default: the square one
+        side = math.isqrt(n)
+        return coordinates(case.name, side * side, torch.zeros(n, 2, dtype=torch.long))
     coords = torch.zeros(n, axes, dtype=torch.long, device=case.device)
     coords[:, 0] = torch.arange(n, device=case.device)
     return coords
@@ -140,6 +147,8 @@ def call(
         pos = explicit_default(case, pe.axes) if positions is None else positions
         x = {"x": inputs["x"]} if pe.needs_x else {}  # type: ignore[attr-defined]
         return (pe.bias(pos, pos, q=inputs["q"], k=inputs["k"], **x),)
+    if pe.family == "conditional":
+        return (pe(inputs["x"], positions),)
     return (pe(inputs["x"]),)
 
 
@@ -162,7 +171,7 @@ def make_inputs(case: Case, pe: posenc.PositionalEncoding) -> dict[str, torch.Te
 def expected_shapes(
     pe: posenc.PositionalEncoding, case: Case, inputs: dict[str, torch.Tensor], positions: Any
 ) -> list[tuple[int, ...]]:
-    if pe.family in ("additive", "none"):
+    if pe.family in ("additive", "conditional", "none"):
         return [tuple(inputs["x"].shape)]
     if pe.family == "rotary":
         widen = (*inputs["q"].shape[:-1], inputs["q"].shape[-1] * pe.width_factor)
@@ -189,6 +198,11 @@ def test_every_encoding_shape_dtype_finite_and_explicit_arange(case: Case) -> No
     if positions is None and axes > 1 and pe.family == "rotary":
         # N-D rotations have no default coordinates (a flattened input has no grid): refused
         with pytest.raises(ValueError, match="needs positions"):
+            call(pe, case, positions, inputs)
+        return
+    if positions is None and FACTS[case.name].full_grid and math.isqrt(case.seq) ** 2 != case.seq:
+        # a full grid's default is a square one: another count of tokens is refused
+        with pytest.raises(ValueError, match="square"):
             call(pe, case, positions, inputs)
         return
     with torch.no_grad():
@@ -301,6 +315,8 @@ def _probe(pe: posenc.PositionalEncoding) -> tuple[torch.Tensor, ...]:
             x = {"x": torch.randn(2, n, DIM, generator=gen)} if pe.needs_x else {}
             return (pe.bias(positions, positions, q=q, k=k, **x),)
         x = torch.randn(2, n, DIM, generator=gen)
+        if pe.family == "conditional":  # a full grid, starting at 3
+            return (pe(x, coordinates(str(pe.registry_name()), n, positions) + 3),)
         return (pe(x),)
 
 

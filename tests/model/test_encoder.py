@@ -44,7 +44,7 @@ from posenc import (
 from posenc.errors import MemoryBudgetError
 from tests.fuzzing import examples
 from tests.misuse import Misuse, cases, check
-from tests.schemes import NAMES, SEQUENCE, of_family
+from tests.schemes import FACTS, NAMES, SEQUENCE, coordinates, of_family
 
 #: Schemes the encoder adds to its input (and NoPE): explicit positions through ``pe(x)``.
 ADDED = [n for n in SEQUENCE if posenc.entry(n).family in ("additive", "none")]
@@ -167,9 +167,9 @@ def test_nope_encoder_is_permutation_equivariant() -> None:
 @pytest.mark.parametrize("pe", [of_family(family)[0] for family in posenc.FAMILIES])
 def test_model_embeds_scaled_and_predicts(pe: str) -> None:
     model = TransformerModel(50, 16, 1, 2, pe=pe, num_outputs=7).eval()
-    tokens = torch.randint(0, 50, (3, 5))
+    tokens = torch.randint(0, 50, (3, 4))  # (4 tokens: a 2 x 2 grid, peg's default)
     logits = model(tokens)
-    assert logits.shape == (3, 5, 7)
+    assert logits.shape == (3, 4, 7)
     x = model.embed(tokens) * 4.0  # sqrt(16)
     assert_close(logits, model.head(model.encoder(x)))
 
@@ -223,6 +223,14 @@ def test_encoder_every_encoding_shape_finite_and_explicit_arange(
         assert torch.isfinite(out).all()
         if cls.axes == 1:
             torch.testing.assert_close(encoder(x), out, atol=0.0, rtol=0.0)
+        elif FACTS[name].full_grid:  # a full grid's default is the square one, if any
+            side = math.isqrt(seq)
+            if side * side == seq:
+                square = coordinates(name, seq, coords)
+                assert_close(encoder(x), encoder(x, positions=square), atol=0.0, rtol=0.0)
+            else:
+                with pytest.raises(ValueError, match="square"):
+                    encoder(x)
         else:  # N-D schemes need coordinates
             with pytest.raises(ValueError, match="positions"):
                 encoder(x)
@@ -248,6 +256,7 @@ def test_safetensors_save_and_load_model(name: str, tmp_path: Path) -> None:
     positions = None
     if fresh.encoder.pe.axes > 1:
         positions = torch.stack([torch.arange(9) + a for a in range(fresh.encoder.pe.axes)], -1)
+        positions = coordinates(name, 9, positions)
     missing, unexpected = load_model(fresh, str(path))
     assert not missing and not unexpected
     with torch.no_grad():
@@ -281,10 +290,31 @@ def _small_encoder(name: str) -> tuple[posenc.Encoder, torch.Tensor | None]:
     positions = None
     if axes > 1:
         positions = torch.stack([torch.arange(8) % 3 + a for a in range(axes)], dim=-1)
+        positions = coordinates(name, 8, positions)
     return encoder, positions
 
 
+def _check_compiled_with_graph_breaks(name: str, backend: str) -> None:
+    """A scheme that reads its grid from the positions' values (:attr:`Facts.full_grid`):
+    compiled with graph breaks it equals eager; ``fullgraph=True`` is refused by dynamo."""
+    dynamo.reset()
+    encoder, positions = _small_encoder(name)
+    x = torch.randn(2, 8, 24)
+    with torch.no_grad():
+        compiled = torch.compile(encoder, backend=backend)
+        torch.testing.assert_close(
+            compiled(x, positions=positions), encoder(x, positions=positions), atol=ATOL, rtol=RTOL
+        )
+        dynamo.reset()
+        with pytest.raises(dynamo.exc.Unsupported, match=r"[Dd]ata-dependent"):
+            torch.compile(encoder, fullgraph=True, backend=backend)(x, positions=positions)
+    dynamo.reset()
+
+
 def _check_compiled(name: str, backend: str) -> None:
+    if FACTS[name].full_grid:
+        _check_compiled_with_graph_breaks(name, backend)
+        return
     dynamo.reset()
     counters.clear()
     encoder, positions = _small_encoder(name)

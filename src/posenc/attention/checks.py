@@ -34,7 +34,8 @@ def check_heads(
 def check_attention_pe(
     pe: object, num_heads: int, head_dim: int | None = None
 ) -> PositionalEncoding | None:
-    """Accept a rotary, bias or none encoding for attention; reject additive ones, and ones
+    """Accept a rotary, bias or none encoding for attention; reject additive and conditional
+    ones, and ones
     sized for another head count or (when ``head_dim`` is given) another head dim."""
     if pe is None:
         return None
@@ -44,6 +45,11 @@ def check_attention_pe(
         raise PosencTypeError(
             f"pe={type(pe).__name__} is additive: it acts on the input embeddings, not inside "
             "attention (Encoder adds it before the first layer)"
+        )
+    if pe.family == "conditional":
+        raise PosencTypeError(
+            f"pe={type(pe).__name__} is conditional: it acts on the hidden states between "
+            "two blocks, not inside attention (Encoder applies it after block after_block)"
         )
     if isinstance(pe, BiasEncoding) and pe.num_heads != num_heads:
         raise PosencValueError(

@@ -1,15 +1,17 @@
 """The family protocol: the base class of every encoding and one class per family.
 
-Every positional scheme acts on attention in one of three places (``docs/architecture.md``):
+Every positional scheme acts on attention in one of three places (``docs/architecture.md``),
+or, for a conditional one, on the hidden states between two blocks:
 
-==========  ==================================================  =====================
-family      hook                                                acts on
-==========  ==================================================  =====================
-additive    ``forward(x, positions) -> x + pe(positions)``      token embeddings
-rotary      ``forward(q, k, positions) -> (q, k)``              queries and keys
-bias        ``bias(q_positions, k_positions, q=, k=) -> bias``  attention logits
-none        nothing                                             nothing
-==========  ==================================================  =====================
+===========  ==================================================  ==========================
+family       hook                                                acts on
+===========  ==================================================  ==========================
+additive     ``forward(x, positions) -> x + pe(positions)``      token embeddings
+rotary       ``forward(q, k, positions) -> (q, k)``              queries and keys
+bias         ``bias(q_positions, k_positions, q=, k=) -> bias``  attention logits
+conditional  ``generate(x, prepare(x, positions))``              hidden states after a block
+none         nothing                                             nothing
+===========  ==================================================  ==========================
 
 Attention and the model only ever call these hooks; a new scheme is a new subclass
 registered under a name (:mod:`.registry`), and nothing else changes.
@@ -46,8 +48,8 @@ from .registry import (
 from .state import BiasState, ModuleRotation, PositionState, RotaryState
 from .tiles import add_encoding
 
-Family = Literal["additive", "rotary", "bias", "none"]
-FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "none")
+Family = Literal["additive", "rotary", "bias", "conditional", "none"]
+FAMILIES: tuple[Family, ...] = ("additive", "rotary", "bias", "conditional", "none")
 
 
 # --------------------------------------------------------------------------- display
@@ -311,6 +313,35 @@ class BiasEncoding(PositionalEncoding):
         raise NotImplementedError
 
 
+class ConditionalEncoding(PositionalEncoding):
+    """Acts on the hidden states inside the stack, conditioned on them (CPVT's position
+    encoding generator): the :class:`~posenc.Encoder` checks the forward's arguments with
+    :meth:`prepare` before any work, then after block :attr:`after_block` replaces the hidden
+    states ``x`` by :meth:`generate` of them. Attention never sees it.
+    """
+
+    family: ClassVar[Family] = "conditional"
+    dim: int
+    #: The Encoder applies the encoding after this many blocks (0: to the input).
+    after_block: int
+
+    @classmethod
+    def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> ConditionalEncoding:
+        return cls(dim, **kwargs)
+
+    def prepare(
+        self, x: Tensor, positions: Tensor | None, *, key_padding_mask: Tensor | None = None
+    ) -> Any:
+        """Check a forward over ``x`` ``(b, n, D)`` at ``positions`` (with the stack's
+        ``key_padding_mask``), raising naming the argument; return what :meth:`generate`
+        needs."""
+        raise NotImplementedError
+
+    def generate(self, x: Tensor, prepared: Any) -> Tensor:
+        """The hidden states ``x`` ``(b, n, D)`` with the encoding applied."""
+        raise NotImplementedError
+
+
 class NoPE(PositionalEncoding):
     """No positional encoding at all (Kazemnejad et al. 2023, "The Impact of Positional
     Encoding on Length Generalization in Transformers"). Causal attention can still infer
@@ -336,6 +367,7 @@ __all__ = [
     "FAMILIES",
     "AdditiveEncoding",
     "BiasEncoding",
+    "ConditionalEncoding",
     "Family",
     "NoPE",
     "PositionalEncoding",

@@ -5,7 +5,8 @@ It is the only list of schemes in posenc: the Encoder's ``pe="name"``, ``posenc 
 appears everywhere without another edit.
 
 A registered class is a subclass of one of the family classes of :mod:`.base`
-(``AdditiveEncoding``, ``RotaryEncoding``, ``BiasEncoding``, ``NoPE``). The registry reads
+(``AdditiveEncoding``, ``RotaryEncoding``, ``BiasEncoding``, ``ConditionalEncoding``,
+``NoPE``). The registry reads
 only its ``family``, ``paper`` and ``for_model``, and imports none of the classes it lists.
 """
 
@@ -31,7 +32,8 @@ class Entry:
 
     @property
     def family(self) -> str:
-        """``"additive"``, ``"rotary"``, ``"bias"`` or ``"none"`` (the class's ``family``)."""
+        """``"additive"``, ``"rotary"``, ``"bias"``, ``"conditional"`` or ``"none"`` (the
+        class's ``family``)."""
         return str(self.cls.family)
 
     @property
@@ -108,8 +110,9 @@ def _check_arguments(name: str, cls: type, kwargs: dict[str, Any], *, partial: b
 
 
 def build_for_model(name: str, dim: int, num_heads: int, **kwargs: Any) -> Any:
-    """Construct ``name`` sized for a model: additive gets ``dim``, rotary ``dim // num_heads``,
-    bias ``num_heads``. Rotary and bias encodings need ``num_heads`` to divide ``dim``."""
+    """Construct ``name`` sized for a model: additive and conditional get ``dim``, rotary
+    ``dim // num_heads``, bias ``num_heads``. Rotary and bias encodings need ``num_heads``
+    to divide ``dim``."""
     cls = entry(name).cls
     check_positive_int("dim", dim)
     check_positive_int("num_heads", num_heads)

@@ -9,7 +9,8 @@ schedule is data: one entry per layer, resolved once when the model is built.
 * ``pe``: a registry name, a module, ``"none"``/``None`` (a NoPE layer), or a list of those
   with one entry per layer. Equal names share one module (``["t5"] * 3`` is ``"t5"``, one bias
   table as in T5); pass modules to have separate ones. An additive scheme acts on the input,
-  so it may only be the single model-wide ``pe``.
+  and a conditional one on the hidden states after a block, so either may only be the single
+  model-wide ``pe``.
 * ``window`` / ``chunk``: ``None``, an int for every layer, or a list with one entry per layer
   (``None`` there: full attention).
 """
@@ -60,11 +61,12 @@ def resolve_schedule(
         key = "none" if item is None else item if isinstance(item, str) else id(item)
         if key not in by_key:
             module = NoPE() if key == "none" else resolve(item)
-            if module.family == "additive":
+            if module.family in ("additive", "conditional"):
+                where = "the input" if module.family == "additive" else "the hidden states"
                 raise PosencValueError(
-                    f"pe[{layer}]={_name(item)} is additive: it acts on the input, so it can "
-                    "only be the single model-wide pe (pe=" + repr(_name(item)) + "), not "
-                    "one layer's entry"
+                    f"pe[{layer}]={_name(item)} is {module.family}: it acts on {where}, so "
+                    "it can only be the single model-wide pe (pe=" + repr(_name(item)) + "), "
+                    "not one layer's entry"
                 )
             by_key[key] = len(distinct)
             distinct.append(module)
@@ -177,7 +179,8 @@ def resolve_pe(
 ) -> PositionalEncoding:
     """A registry name, a module or ``None`` (NoPE) -> a module sized for the model, built
     with ``pe_kwargs`` (a scheme's own ``causal``, ALiBi's say, among them). A name built for
-    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive scheme, and
+    a ``causal`` model starts from the scheme's ``causal_defaults``. An additive or
+    conditional scheme, and
     a bias that reads the layer's input (``needs_x``), is as wide as the model; any other
     acting inside attention is sized for ``num_heads`` heads of ``head_dim`` (default
     ``dim / num_heads``)."""
@@ -189,7 +192,9 @@ def resolve_pe(
         defaults = found.cls.causal_defaults if causal else {}
         # additive schemes and data-dependent biases (which read the layer input) take the
         # model's width; the rest are sized by their heads
-        model_wide = found.family == "additive" or getattr(found.cls, "needs_x", False)
+        model_wide = found.family in ("additive", "conditional") or getattr(
+            found.cls, "needs_x", False
+        )
         width = dim if head_dim is None or model_wide else num_heads * head_dim
         return build_for_model(pe, width, num_heads, **{**defaults, **kwargs})
     if isinstance(pe, PositionalEncoding):

@@ -2,7 +2,8 @@
 
 An additive encoding is applied once to the input; a rotary or bias encoding is handed to
 every layer's attention (one shared module, so learned bias tables are shared across layers
-as in T5). The model never looks at which scheme it holds, only at its family.
+as in T5); a conditional one (CPVT's PEG) replaces the hidden states after block
+``after_block``. The model never looks at which scheme it holds, only at its family.
 
 Dimension legend: ``b`` batch, ``n`` sequence, ``D`` model width, ``V`` vocabulary.
 """
@@ -22,7 +23,7 @@ from ..attention.checks import check_attention_pe
 from ..attention.config import AttentionConfig
 from ..attention.names import padding_from_attention_mask, positions_or_ids
 from ..attention.query_scale import QueryScale
-from ..encodings.base import AdditiveEncoding, PositionalEncoding
+from ..encodings.base import AdditiveEncoding, ConditionalEncoding, PositionalEncoding
 from ..encodings.checks import check_input, check_input_dtype
 from ..encodings.schedule import (
     layers_of_types,
@@ -30,7 +31,7 @@ from ..encodings.schedule import (
     resolve_pe,
     resolve_schedule,
 )
-from ..errors import PosencTypeError
+from ..errors import PosencTypeError, PosencValueError
 from ..sequence.cache import KVCache
 from ..sequence.context import SequenceContext, position_state
 from ..sequence.masks import check_key_padding_mask
@@ -207,8 +208,10 @@ class Encoder(nn.Module):
         )
         # Validate the pairing now rather than at the first forward.
         for encoding in distinct:
-            if encoding.family != "additive":
+            if encoding.family not in ("additive", "conditional"):
                 check_attention_pe(encoding, num_heads, head_dim)
+        if isinstance(self.pe, ConditionalEncoding):
+            check_conditional(self.pe, depth, config.random_positions)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, device: Any = None, **overrides: Any) -> Encoder:
@@ -260,7 +263,8 @@ class Encoder(nn.Module):
 
         The encoding is asked once per forward: an additive one is added to ``x``; a rotary
         or bias one makes its :meth:`~posenc.PositionalEncoding.position_state` (positions
-        validated, cos/sin or bias computed), which every layer then applies.
+        validated, cos/sin or bias computed), which every layer then applies; a conditional
+        one checks its grid first and replaces ``x`` after block ``after_block``.
 
         ``cache`` (a :class:`~posenc.KVCache`): ``x`` holds the new tokens, which attend to
         every cached one and join the cache; positions continue where it stands unless
@@ -325,17 +329,25 @@ class Encoder(nn.Module):
                 context.positions = context.key_positions = positions
                 context.absolute_positions = positions
                 context.bound = None
+        conditional = self.pe if isinstance(self.pe, ConditionalEncoding) else None
+        if conditional is not None:  # its arguments checked before any work
+            prepared = conditional.prepare(x, positions, key_padding_mask=key_padding_mask)
         if isinstance(self.pe, AdditiveEncoding):
             x = self.pe(x, positions)
-        # once per distinct encoding, shared by the layers that use it
+        # once per distinct encoding, shared by the layers that use it (none for a
+        # conditional one, which attention never sees)
         states = [position_state(pe, x, positions, context) for pe in self.distinct_pes()]
         # the layers share what they make alike (a block mask): in the context, or in a
         # memo of this forward (a compiled forward shares it through the graph instead)
         plain = context is None and not torch.compiler.is_compiling()
         with sharing_within_forward() if plain else contextlib.nullcontext():
-            for layer, index in zip(self.layers, self._pe_index, strict=True):
+            for block, (layer, index) in enumerate(zip(self.layers, self._pe_index, strict=True)):
+                if conditional is not None and block == conditional.after_block:
+                    x = conditional.generate(x, prepared)
                 state = states[index]
                 x = layer(x, key_padding_mask=key_padding_mask, state=state, context=context)
+            if conditional is not None and conditional.after_block == len(self.layers):
+                x = conditional.generate(x, prepared)
         return self.norm(x)
 
     #: The sequence length this encoder was trained at, when known (``posenc extrapolate``
@@ -385,6 +397,21 @@ class Encoder(nn.Module):
 
     def extra_repr(self) -> str:
         return "" if self.trained_length is None else f"trained_length={self.trained_length}"
+
+
+def check_conditional(pe: ConditionalEncoding, depth: int, random_positions: int | None) -> None:
+    """Refuse, naming the value, a conditional encoding placed past the last block or asked
+    for randomized positions (its positions are a grid it convolves over)."""
+    if pe.after_block > depth:
+        raise PosencValueError(
+            f"pe={type(pe).__name__} has after_block={pe.after_block} but the encoder has "
+            f"depth={depth}: it must be at most the depth"
+        )
+    if random_positions is not None:
+        raise PosencValueError(
+            f"random_positions={random_positions} cannot be used with the conditional "
+            f"pe={type(pe).__name__}: its positions must be the tokens' own grid"
+        )
 
 
 def sharing_copy(module: nn.Module) -> Any:

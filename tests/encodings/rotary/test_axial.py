@@ -12,7 +12,7 @@ import posenc
 from posenc import AxialRotaryEmbedding
 from posenc.encodings.registry import build_for_model
 from tests.encodings.rotary.test_rope import _scores, inv_freq64, qk, rope_reference
-from tests.schemes import NAMES
+from tests.schemes import NAMES, coordinates
 
 
 def test_axial_matches_rotary_embedding_torch_axial_freqs() -> None:
@@ -55,6 +55,7 @@ def test_n_d_schemes_refuse_to_run_without_coordinates(name: str) -> None:
     axes = posenc.entry(name).cls.axes
     x, tokens = torch.randn(2, 6, 24), torch.randint(0, 10, (2, 6))
     coords = torch.stack([torch.arange(6) + a for a in range(axes)], dim=-1)  # (n, axes)
+    coords = coordinates(name, 6, coords)  # (a full 2 x 3 grid for a scheme that needs one)
     pe = build_for_model(name, 24, 2)
     surfaces = {
         "Encoder": (posenc.Encoder(24, 1, 2, pe=name), x),

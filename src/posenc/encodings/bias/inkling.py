@@ -126,7 +126,7 @@ class Inkling(BiasEncoding):
             )
         b, n, _ = x.shape
         mixed = self.linear(x.to(self.linear.weight.dtype)).view(b, n, self.num_heads, -1)
-        work = compute_dtype(mixed.dtype)
+        work = compute_dtype(x.dtype)  # (float64 inputs keep float64, as other biases do)
         states = mixed.to(work) * self.scale.to(work)  # (b, n, h, r)
         if self.clip is not None:
             norm = torch.linalg.vector_norm(states, dim=-1, keepdim=True)
