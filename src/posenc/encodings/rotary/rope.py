@@ -60,7 +60,8 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -68,11 +69,18 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import RotaryEncoding
-from ..checks import PositionBound, check_bool, compute_dtype, take_position_ids
+from ..checks import (
+    PositionBound,
+    check_bool,
+    check_positive_int,
+    compute_dtype,
+    take_position_ids,
+)
 from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
-from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
+from .common import TableRotation, apply_tables, apply_tables_qk, check_base, check_qk
+from .heads import RotaryHeads, check_rotary_heads
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
 from .spec import RotarySpec
@@ -95,6 +103,76 @@ def _hf_class(cls: type[RotaryEmbedding], arguments: Mapping[str, Any]) -> type[
     if "mrope_section" in arguments and multimodal and not issubclass(cls, multimodal):
         return multimodal
     return cls
+
+
+def _per_head_bases(base: object) -> tuple[float, ...] | None:
+    """``base`` as one base per head where it is a sequence or a 1-D tensor (each checked,
+    named by its index); ``None`` for one base (checked by :class:`RotarySpec`)."""
+    if isinstance(base, Tensor):
+        if base.dim() == 0:
+            return None
+        if base.dim() != 1:
+            raise PosencValueError(f"base must be a number or 1-D, got shape {tuple(base.shape)}")
+        base = base.tolist()
+    if isinstance(base, (str, bytes)) or not isinstance(base, Sequence):
+        return None
+    if not base:
+        raise PosencValueError("base must not be an empty sequence (one base per head)")
+    bases = []
+    for i, value in enumerate(base):
+        try:
+            bases.append(check_base(value))
+        except (PosencValueError, PosencTypeError) as error:
+            raise type(error)(f"base[{i}]: {error}") from None
+    return tuple(bases)
+
+
+def _given_frequencies(
+    inv_freq: object, spec: RotarySpec, base: object, scaling: object
+) -> Tensor | None:
+    """The frequencies given as ``inv_freq``, checked: a finite floating tensor ``(r/2,)`` or
+    ``(H, r/2)`` (one row: ``(r/2,)``), float64 on the CPU; refused beside ``base`` or
+    ``scaling``, which it replaces."""
+    if inv_freq is None:
+        return None
+    if not isinstance(inv_freq, Tensor) or not inv_freq.is_floating_point():
+        got = getattr(inv_freq, "dtype", type(inv_freq).__name__)
+        raise PosencTypeError(f"inv_freq must be a floating-point tensor, got {got}")
+    half = spec.rotary_dim // 2
+    if inv_freq.dim() not in (1, 2) or inv_freq.shape[-1] != half or not inv_freq.numel():
+        raise PosencValueError(
+            f"inv_freq must have shape ({half},) or (heads, {half}) (rotary_dim // 2 = {half}), "
+            f"got {tuple(inv_freq.shape)}"
+        )
+    if scaling is not None or isinstance(base, (Sequence, Tensor)) or base != 10000.0:
+        raise PosencValueError(
+            "inv_freq replaces base and scaling: pass base and scaling at their defaults, got "
+            f"base={base!r}, scaling={scaling!r}"
+        )
+    freq = inv_freq.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(freq).all()):
+        raise PosencValueError("inv_freq must be finite")
+    return freq[0] if freq.dim() == 2 and freq.shape[0] == 1 else freq.clone()
+
+
+def _head_axis(t: Tensor, heads: int) -> Tensor:
+    """A flat per-head table ``(n, H * r/2)`` or ``(b, 1, n, H * r/2)`` given its head axis,
+    ``(H, n, r/2)`` or ``(b, H, n, r/2)``: views."""
+    if t.dim() == 4:
+        t = t.squeeze(1)  # (b, n, H * r/2)
+    return t.unflatten(-1, (heads, -1)).transpose(-3, -2)
+
+
+def _group(query_heads: object, heads: int) -> int:
+    """Query heads per head of a tensor with ``heads`` heads (``query_heads`` ``None``: 1)."""
+    if query_heads is None:
+        return 1
+    query_heads = check_positive_int("query_heads", query_heads)
+    if query_heads % heads:
+        raise PosencValueError(
+            f"query_heads ({query_heads}) must be a multiple of x's heads ({heads})"
+        )
+    return query_heads // heads
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -122,6 +200,23 @@ class RotaryEmbedding(RotaryEncoding):
         max_position_embeddings: the model's context length: fills a missing
             ``original_max_position_embeddings``, and sizes the tables of positions on a GPU.
         learned_freq: make the frequencies a trainable parameter (no cached tables).
+        rotary_heads: rotate only this many query heads (``0 < R <= heads``; ``None``: all);
+            the others pass through unchanged (x-transformers' ``rotate_num_heads``). With
+            grouped-query attention ``R`` must be a multiple of the query heads per key head
+            (see :mod:`~.heads`).
+        rotary_heads_at: ``"first"`` (default) or ``"last"``: which ``R`` heads rotate
+            (x-transformers rotates the last: ``rotate_num_heads=R`` is
+            ``rotary_heads=R, rotary_heads_at="last"``).
+        inv_freq: the frequencies themselves instead of ``base`` and ``scaling``: ``(r/2,)``
+            for every head, or ``(H, r/2)`` per head (flash-attention issue 578), one row per
+            rotated key head (per query head without grouped-query attention).
+
+    ``base`` may also be a sequence of bases, one per rotated key head (e.g. ``[1e4, 1e4,
+    5e5, 5e5]``: some heads short-range, some long-range): each row of frequencies is what
+    that base alone gives (with ``scaling`` applied to each). With grouped-query attention
+    query head ``i`` of the rotated ones turns by row ``i // (query heads per key head)``,
+    as the key head it reads; per-head tables are turned by the same kernels (their head
+    axis is a stride), :meth:`cos_sin` returns them as ``(H, n, r/2)`` or ``(b, H, n, r/2)``.
 
     Integer positions read cached float32 cos/sin tables, float positions are evaluated in
     float64; dynamic NTK's base grows with the longest call (see the module docstring).
@@ -153,13 +248,26 @@ class RotaryEmbedding(RotaryEncoding):
         max_position_embeddings: int | None = None,
         learned_freq: bool = False,
         clockwise: bool = False,
+        rotary_heads: int | None = None,
+        rotary_heads_at: str = "first",
+        inv_freq: Tensor | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        count, last = check_rotary_heads(rotary_heads, rotary_heads_at)
+        self.rotary_heads, self.rotary_heads_at = count, rotary_heads_at
+        #: One base per head where ``base`` was a sequence (else ``None``).
+        self.bases: tuple[float, ...] | None = _per_head_bases(base)
+        first_base = base if self.bases is None else self.bases[0]
+        if self.bases is not None and scaling is not None and "rope_theta" in scaling:
+            raise PosencValueError(
+                f"base={self.bases} (one per head) conflicts with scaling['rope_theta']="
+                f"{scaling['rope_theta']}"
+            )
         #: The checked, normalised settings (one frozen record; see :class:`RotarySpec`).
         self.spec = spec = RotarySpec.build(
             head_dim,
-            base=base,
+            base=first_base,
             rotary_dim=rotary_dim,
             interleaved=interleaved,
             clockwise=clockwise,
@@ -179,22 +287,54 @@ class RotaryEmbedding(RotaryEncoding):
             raise PosencValueError(f"learned_freq cannot be combined with {self.rope_type!r}")
         self.learned_freq = bool(learned_freq)
         self._seq_len: float | None = None  # the length the frequencies follow (None: none)
-        inv_freq, self.attention_factor = spec.frequencies(None)
+        #: The frequencies given as ``inv_freq`` (float64 on the CPU), else ``None``.
+        self._given = _given_frequencies(inv_freq, spec, base, scaling)
+        inv_freq, self.attention_factor = self._frequencies(None)
+        table_heads = inv_freq.shape[0] if inv_freq.dim() == 2 else None
+        #: Which heads turn, and how a per-head table's rows map to them.
+        self.heads = RotaryHeads(count, last, table_heads)
         inv_freq = inv_freq.to(device)
         if self.learned_freq:
             self.freq = nn.Parameter(inv_freq.float())
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         #: The float32 cos/sin (buffers ``cos_cached``/``sin_cached``), and the decode lane.
+        # per-head tables are kept flat, (positions, H * r/2), and given a head axis when read
         self._tables = RotaryTables(
             self,
-            self.rotary_dim,
+            self.rotary_dim * (table_heads or 1),
             caches=self.rope_spec.caches_table and not self.learned_freq,
             initial_size=self.initial_table_size,
             max_positions=max_position_embeddings,
-            decode_lane=not self.rope_spec.uses_length,
+            decode_lane=not self.rope_spec.uses_length and table_heads is None,
             device=device,
         )
         self.reset_tables()  # built now, so that a compiled forward reads a table that stays
+
+    @classmethod
+    def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> RotaryEmbedding:
+        """The rotation of a model of width ``dim`` with ``num_heads`` query heads:
+        ``rotary_heads`` checked against ``num_heads`` before anything is built."""
+        count, _ = check_rotary_heads(
+            kwargs.get("rotary_heads"), kwargs.get("rotary_heads_at", "first")
+        )
+        if count is not None and count > num_heads:
+            raise PosencValueError(f"rotary_heads ({count}) must be <= num_heads ({num_heads})")
+        return cls(dim // num_heads, **kwargs)
+
+    def _frequencies(self, seq_len: float | None) -> tuple[Tensor, float]:
+        """``(inv_freq, attention_factor)``: the given frequencies, one row per base of
+        :attr:`bases` (``(H, r/2)``), or the spec's ``(r/2,)``, all float64."""
+        if self._given is not None:
+            return self._given, 1.0
+        if self.bases is None:
+            return self.spec.frequencies(seq_len)
+        rows = [replace(self.spec, base=b).frequencies(seq_len) for b in self.bases]
+        factors = {factor for _, factor in rows}
+        if len(factors) > 1:  # (no built-in type's factor reads the base)
+            raise PosencValueError(
+                f"base={self.bases}: the attention factors of the heads differ ({sorted(factors)})"
+            )
+        return torch.stack([row for row, _ in rows]), rows[0][1]
 
     @classmethod
     def from_hf_config(
@@ -215,7 +355,7 @@ class RotaryEmbedding(RotaryEncoding):
         if device.type == "meta":
             return
         if not self.learned_freq:
-            inv_freq, self.attention_factor = self.spec.frequencies(self._seq_len)
+            inv_freq, self.attention_factor = self._frequencies(self._seq_len)
             self.inv_freq = inv_freq.to(device)
         self._tables.scale(self.attention_factor, clockwise=self.clockwise)
         self._tables.build(num_positions)
@@ -247,7 +387,8 @@ class RotaryEmbedding(RotaryEncoding):
         self, positions: Tensor | None, seq_len: int, *, dtype: torch.dtype, device: Any = None
     ) -> tuple[Tensor, Tensor]:
         """cos and sin (times the attention factor) for ``positions`` (``None``:
-        ``arange(seq_len)``), ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``: what
+        ``arange(seq_len)``), ``(n, r/2)`` or ``(b, 1, n, r/2)`` (per-head frequencies:
+        ``(H, n, r/2)`` or ``(b, H, n, r/2)``) in ``dtype``: what
         :meth:`forward` would rotate by now, made by the same code (lengths followed too)."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         plan = select(self.inv_freq, inplace=False, positions=positions, kernel=False)  # (the mode)
@@ -294,10 +435,11 @@ class RotaryEmbedding(RotaryEncoding):
         exact = bound.largest if read is not None and bound is not None and bound.exact else None
         work, b = compute_dtype(x.dtype), x.shape[0]
         cos, sin = self._cos_sin(key_positions, b, keys, work, x.device, plan, read, exact)
+        heads = None if self.heads.trivial else self.heads
         if queries == keys:
-            return TableRotation(self.interleaved, (cos, sin), (cos, sin))
+            return TableRotation(self.interleaved, (cos, sin), (cos, sin), heads)
         query = cos[..., keys - queries :, :], sin[..., keys - queries :, :]
-        return TableRotation(self.interleaved, query, (cos, sin))
+        return TableRotation(self.interleaved, query, (cos, sin), heads)
 
     def _cos_sin(
         self,
@@ -318,7 +460,10 @@ class RotaryEmbedding(RotaryEncoding):
         positions, extent = read
         self._follow_length(positions, n, eager, largest)
         freq = self.freq if self.learned_freq else self._buffers["inv_freq"]
-        return self._tables.rows(positions, n, dtype, device, extent, eager, freq)
+        cos, sin = self._tables.rows(positions, n, dtype, device, extent, eager, freq)
+        if self.heads.table_heads is None:
+            return cos, sin
+        return _head_axis(cos, self.heads.table_heads), _head_axis(sin, self.heads.table_heads)
 
     def rotate(
         self,
@@ -331,19 +476,29 @@ class RotaryEmbedding(RotaryEncoding):
         cu_seqlens: Tensor | None = None,
         seqlen_offsets: int | Tensor = 0,
         max_seqlen: int | None = None,
+        query_heads: int | None = None,
     ) -> Tensor:
         """Rotate one tensor (queries, or keys for a KV cache) in ``layout`` (as
-        :meth:`forward`); with ``inplace=True`` in its own storage, returning ``x``."""
+        :meth:`forward`); with ``inplace=True`` in its own storage, returning ``x``.
+        ``query_heads``: where ``x`` holds the keys of grouped-query attention and only some
+        heads turn or the frequencies are per head, the query heads of that attention (a
+        multiple of ``x``'s heads; default: ``x``'s heads, as for queries)."""
         positions = take_position_ids(positions, position_ids)
         stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
         if stated is not None:
-            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
+            turned = self.rotate(
+                stated.q, stated.positions, inplace=inplace, query_heads=query_heads
+            )
+            return stated.one(turned)
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
+        group = _group(query_heads, x.shape[1])
         plan = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
         work = compute_dtype(x.dtype)
         tables = self._cos_sin(positions, x.shape[0], x.shape[2], work, x.device, plan)
-        return apply_tables(x, tables, self.interleaved, inplace, "x", plan)
+        if self.heads.trivial:
+            return apply_tables(x, tables, self.interleaved, inplace, "x", plan)
+        return self.heads.apply_one(x, tables, group, self.interleaved, inplace, plan)
 
     def forward(
         self,
@@ -373,17 +528,29 @@ class RotaryEmbedding(RotaryEncoding):
         plan = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
         b, _, n, _ = q.shape
         read = self._tables.read(positions, n, b, q.device, plan.eager)
-        pair = self._tables.turn_at_rows(q, k, read, self.interleaved, inplace, plan)
-        if pair is not None:
-            return pair
+        heads = self.heads
+        if heads.trivial:
+            pair = self._tables.turn_at_rows(q, k, read, self.interleaved, inplace, plan)
+            if pair is not None:
+                return pair
+        else:
+            heads.pair(q, k)  # (refused before any work where the heads do not fit)
         work = compute_dtype(q.dtype)
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
         tables = self._cos_sin(positions, b, n, work, q.device, plan, read)
-        return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace, plan)
+        if heads.trivial:
+            return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace, plan)
+        return heads.apply_pair(q, k, tables, tables, self.interleaved, inplace, plan)
 
     def extra_repr(self) -> str:
-        return self.spec.summary()
+        text = self.spec.summary()
+        if self._given is not None:
+            text = text.replace(f", base={self.base:g}", "")
+            text += f", inv_freq={tuple(self._given.shape)}"
+        elif self.bases is not None:
+            text = text.replace(f"base={self.base:g}", f"base={self.bases}")
+        return text + self.heads.summary()
 
     def with_scaling(
         self,
@@ -472,6 +639,18 @@ def rope_with_scaling(
         raise PosencValueError(
             "with_scaling: learned_freq=True frequencies are trained, not derived from a scaling"
         )
+    if rope._given is not None:
+        raise PosencValueError(
+            "with_scaling: frequencies given as inv_freq are not derived from a base"
+        )
     spec = rope.spec.with_scaling(scaling, original=original)
-    new = RotaryEmbedding(**spec.arguments(), device=rope.inv_freq.device)
+    arguments = spec.arguments()
+    if rope.bases is not None:
+        arguments["base"] = rope.bases
+    new = RotaryEmbedding(
+        **arguments,
+        rotary_heads=rope.rotary_heads,
+        rotary_heads_at=rope.rotary_heads_at,
+        device=rope.inv_freq.device,
+    )
     return new.train(rope.training)
