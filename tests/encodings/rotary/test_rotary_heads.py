@@ -109,11 +109,13 @@ class _Capture(torch.nn.Module):
         raise _Captured
 
 
-@pytest.mark.parametrize("rotary_dim", [D, D // 2])
-@pytest.mark.parametrize("count", [1, 3])
-def test_matches_x_transformers_rotate_num_heads(rotary_dim: int, count: int) -> None:
-    """x-transformers' own Attention.forward (its head split and apply_rotary_pos_emb) on the
-    same q, k: forward and gradients."""
+@pytest.mark.parametrize(
+    ("rotary_dim", "count", "xpos"),
+    [(D, 1, False), (D, 3, False), (D // 2, 3, False), (D, 2, True)],
+)
+def test_matches_x_transformers_rotate_num_heads(rotary_dim: int, count: int, xpos: bool) -> None:
+    """x-transformers' own Attention.forward (its head split and apply_rotary_pos_emb, with
+    xPos's scales where ``use_xpos``) on the same q, k: forward and gradients."""
     xt = pytest.importorskip("x_transformers.x_transformers")
     torch.manual_seed(0)
     h = 4
@@ -127,11 +129,14 @@ def test_matches_x_transformers_rotate_num_heads(rotary_dim: int, count: int) ->
     attn.to_q, attn.to_k = _Given(flat["q"]), _Given(flat["k"])
     attn.attend = capture = _Capture()
     seen = capture.seen
-    freqs = xt.RotaryEmbedding(rotary_dim).forward(torch.arange(N))
+    freqs = xt.RotaryEmbedding(rotary_dim, use_xpos=xpos).forward(torch.arange(N))
     with pytest.raises(_Captured):
         attn(torch.randn(B, N, h * D), rotary_pos_emb=freqs)
-    rope = RotaryEmbedding(
-        D, rotary_dim=rotary_dim, interleaved=True, rotary_heads=count, rotary_heads_at="last"
+    options = {"rotary_dim": rotary_dim, "interleaved": True, "rotary_heads": count}
+    rope: torch.nn.Module = (
+        posenc.XPos(D, **options, rotary_heads_at="last")
+        if xpos
+        else RotaryEmbedding(D, **options, rotary_heads_at="last")
     )
     q2 = q_leaf.detach().requires_grad_()
     k2 = k_leaf.detach().requires_grad_()
@@ -163,7 +168,10 @@ def test_rotary_heads_is_the_formula(
     q, k = torch.randn(B, h, N, D), torch.randn(B, h, N, D)
     positions = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 0, 1]])
     rows = selected(h, count, last, [inv_freq64(1e4, D)] * count)
-    want_q, want_k = formula(q, positions, rows, interleaved), formula(k, positions, rows, interleaved)
+    want_q, want_k = (
+        formula(q, positions, rows, interleaved),
+        formula(k, positions, rows, interleaved),
+    )
     q_in, k_in = q.clone(), k.clone()
     got_q, got_k = rope(q_in, k_in, positions, inplace=inplace)
     close(got_q, want_q)
@@ -229,6 +237,22 @@ def test_learned_per_head_frequencies_get_their_gradient() -> None:
     close(got_q, formula(q, pos, list(freq.detach()), False))
     assert rope.freq.grad is not None
     close(rope.freq.grad, grad)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_xpos_on_some_heads_is_xpos_on_those(kernel: str, inplace: bool) -> None:
+    """XPos(rotary_heads=2) under GQA: its own full rotation (checked against the formula in
+    test_xpos.py) on query heads 0-1 and key head 0, the rest untouched, keys alone too."""
+    torch.manual_seed(8)
+    q, k = torch.randn(B, 4, N, D), torch.randn(B, 2, N, D)
+    full = posenc.XPos(D, center=2.0)
+    some = posenc.XPos(D, center=2.0, rotary_heads=2)
+    want_q, want_k = full(q, k)
+    got_q, got_k = some(q.clone(), k.clone(), inplace=inplace)
+    assert torch.equal(got_q[:, 2:], q[:, 2:]) and torch.equal(got_k[:, 1:], k[:, 1:])
+    close(got_q[:, :2], want_q[:, :2])
+    close(got_k[:, :1], want_k[:, :1])
+    close(some.rotate(k, key=True, query_heads=4), torch.cat((want_k[:, :1], k[:, 1:]), 1))
 
 
 # --------------------------------------------------------------------------- grouped heads
@@ -342,6 +366,12 @@ MISUSE = [
            ValueError, "inv_freq", "finite"),
     Misuse("freq-and-base", lambda: RotaryEmbedding(D, base=500.0, inv_freq=torch.ones(4)),
            ValueError, "inv_freq", 500.0),
+    Misuse("mrope", lambda: posenc.MultimodalRotaryEmbedding(D, mrope_section=[2, 1, 1],
+                                                              rotary_heads=2), ValueError,
+           "rotary_heads", 2),
+    Misuse("xpos-zero", lambda: posenc.XPos(D, rotary_heads=0), ValueError, "rotary_heads", 0),
+    Misuse("xpos-split-group", lambda: _forward(posenc.XPos(D, rotary_heads=1), 4, 2),
+           ValueError, "rotary_heads", 1),
     Misuse("query-heads", lambda: RotaryEmbedding(D, rotary_heads=2).rotate(
         torch.randn(1, 2, 2, D), query_heads=3), ValueError, "query_heads", 3),
 ]  # fmt: skip

@@ -38,7 +38,7 @@ from ..checks import check_positive_int
 from .common import apply_tables, apply_tables_qk
 from .kernels.select import Plan
 
-__all__ = ["RotaryHeads", "check_rotary_heads"]
+__all__ = ["RotaryHeads", "check_rotary_heads", "heads_group"]
 
 Tables = tuple[Tensor, Tensor]
 
@@ -51,6 +51,18 @@ def check_rotary_heads(rotary_heads: object, at: object) -> tuple[int | None, bo
     if rotary_heads is None:
         return None, at == "last"
     return check_positive_int("rotary_heads", rotary_heads), at == "last"
+
+
+def heads_group(query_heads: object, heads: int) -> int:
+    """Query heads per head of a tensor with ``heads`` heads (``query_heads`` ``None``: 1)."""
+    if query_heads is None:
+        return 1
+    query_heads = check_positive_int("query_heads", query_heads)
+    if query_heads % heads:
+        raise PosencValueError(
+            f"query_heads ({query_heads}) must be a multiple of x's heads ({heads})"
+        )
+    return query_heads // heads
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,13 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             )
         check_mrope(mrope_section, mrope_layout, None)  # the types, before any work
         super().__init__(head_dim, **kwargs)
+        if not self.heads.trivial:  # (its own rotations turn every head by one table)
+            given = {
+                key: kwargs[key] for key in ("rotary_heads", "base", "inv_freq") if key in kwargs
+            }
+            raise PosencValueError(
+                f"MultimodalRotaryEmbedding turns every head by one table; got {given}"
+            )
         section = check_mrope(mrope_section, mrope_layout, self.rotary_dim)
         #: Pairs each position row takes, in row order (see
         #: :mod:`~posenc.encodings.rotary.mrope_layouts`).

@@ -72,7 +72,6 @@ from ..base import RotaryEncoding
 from ..checks import (
     PositionBound,
     check_bool,
-    check_positive_int,
     compute_dtype,
     take_position_ids,
 )
@@ -80,7 +79,7 @@ from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
 from .common import TableRotation, apply_tables, apply_tables_qk, check_base, check_qk
-from .heads import RotaryHeads, check_rotary_heads
+from .heads import RotaryHeads, check_rotary_heads, heads_group
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
 from .spec import RotarySpec
@@ -161,18 +160,6 @@ def _head_axis(t: Tensor, heads: int) -> Tensor:
     if t.dim() == 4:
         t = t.squeeze(1)  # (b, n, H * r/2)
     return t.unflatten(-1, (heads, -1)).transpose(-3, -2)
-
-
-def _group(query_heads: object, heads: int) -> int:
-    """Query heads per head of a tensor with ``heads`` heads (``query_heads`` ``None``: 1)."""
-    if query_heads is None:
-        return 1
-    query_heads = check_positive_int("query_heads", query_heads)
-    if query_heads % heads:
-        raise PosencValueError(
-            f"query_heads ({query_heads}) must be a multiple of x's heads ({heads})"
-        )
-    return query_heads // heads
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -492,7 +479,7 @@ class RotaryEmbedding(RotaryEncoding):
             return stated.one(turned)
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
-        group = _group(query_heads, x.shape[1])
+        group = heads_group(query_heads, x.shape[1])
         plan = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
         work = compute_dtype(x.dtype)
         tables = self._cos_sin(positions, x.shape[0], x.shape[2], work, x.device, plan)
