@@ -334,6 +334,31 @@ def test_options_pass_through_the_registry() -> None:
     close(scaled.inv_freq, torch.stack([inv_freq64(10.0, D), inv_freq64(1e4, D)]) / 2, 1e-12)
 
 
+def test_an_encoder_takes_the_options_by_name() -> None:
+    torch.manual_seed(9)
+    model = posenc.Encoder(4 * D, 1, 4, pe="rope", pe_kwargs={"rotary_heads": 2})
+    assert isinstance(model.pe, RotaryEmbedding) and model.pe.rotary_heads == 2
+    assert model(torch.randn(1, 3, 4 * D)).shape == (1, 3, 4 * D)
+    with pytest.raises(posenc.PosencValueError, match=r"rotary_heads \(5\)"):
+        posenc.Encoder(4 * D, 1, 4, pe="rope", pe_kwargs={"rotary_heads": 5})
+
+
+@pytest.mark.slow  # (a compile: about 12 s)
+def test_compiled_is_eager() -> None:
+    """One graph: the head slices and a per-head table's head axis are views inductor takes."""
+    torch.manual_seed(10)
+    rope = RotaryEmbedding(D, rotary_heads=2, base=[10.0])
+    q = torch.randn(B, 4, N, D, requires_grad=True)
+    k = torch.randn(B, 2, N, D)
+    got = torch.compile(rope, fullgraph=True)(q, k)
+    want = rope(q, k)
+    for a, b in zip(got, want, strict=True):
+        close(a, b, 1e-6)
+    (grad,) = torch.autograd.grad(got[0].sum(), q)
+    (want_grad,) = torch.autograd.grad(want[0].sum(), q)
+    close(grad, want_grad, 1e-6)
+
+
 def _forward(rope: RotaryEmbedding, hq: int, hk: int) -> object:
     return rope(torch.randn(1, hq, 2, D), torch.randn(1, hk, 2, D))
 
