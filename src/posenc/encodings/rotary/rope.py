@@ -200,7 +200,8 @@ class RotaryEmbedding(RotaryEncoding):
 
     ``base`` may also be a sequence of bases, one per rotated key head (e.g. ``[1e4, 1e4,
     5e5, 5e5]``: some heads short-range, some long-range): each row of frequencies is what
-    that base alone gives (with ``scaling`` applied to each). With grouped-query attention
+    that base alone gives (with ``scaling`` applied to each). One base, or one row of
+    ``inv_freq``, is one table for every head. With grouped-query attention
     query head ``i`` of the rotated ones turns by row ``i // (query heads per key head)``,
     as the key head it reads; per-head tables are turned by the same kernels (their head
     axis is a stride), :meth:`cos_sin` returns them as ``(H, n, r/2)`` or ``(b, H, n, r/2)``.
@@ -243,9 +244,10 @@ class RotaryEmbedding(RotaryEncoding):
         super().__init__()
         count, last = check_rotary_heads(rotary_heads, rotary_heads_at)
         self.rotary_heads, self.rotary_heads_at = count, rotary_heads_at
-        #: One base per head where ``base`` was a sequence (else ``None``).
-        self.bases: tuple[float, ...] | None = _per_head_bases(base)
-        first_base = base if self.bases is None else self.bases[0]
+        bases = _per_head_bases(base)
+        first_base = base if bases is None else bases[0]
+        #: One base per head where ``base`` was a sequence of several (else ``None``).
+        self.bases: tuple[float, ...] | None = bases if bases and len(bases) > 1 else None
         if self.bases is not None and scaling is not None and "rope_theta" in scaling:
             raise PosencValueError(
                 f"base={self.bases} (one per head) conflicts with scaling['rope_theta']="
