@@ -28,17 +28,30 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ...errors import PosencValueError
+from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_positive_int
-from .common import apply_tables, apply_tables_qk
+from .common import apply_tables, apply_tables_qk, check_base
 from .kernels.select import Plan
 
-__all__ = ["RotaryHeads", "check_rotary_heads", "heads_group"]
+if TYPE_CHECKING:
+    from .spec import RotarySpec
+
+__all__ = [
+    "RotaryHeads",
+    "check_rotary_heads",
+    "frequencies",
+    "given_frequencies",
+    "head_axis",
+    "heads_group",
+    "per_head_bases",
+]
 
 Tables = tuple[Tensor, Tensor]
 
@@ -63,6 +76,83 @@ def heads_group(query_heads: object, heads: int) -> int:
             f"query_heads ({query_heads}) must be a multiple of x's heads ({heads})"
         )
     return query_heads // heads
+
+
+def per_head_bases(base: object) -> tuple[float, ...] | None:
+    """``base`` as one base per head where it is a sequence or a 1-D tensor (each checked,
+    named by its index); ``None`` for one base (checked by :class:`~.spec.RotarySpec`)."""
+    if isinstance(base, Tensor):
+        if base.dim() == 0:
+            return None
+        if base.dim() != 1:
+            raise PosencValueError(f"base must be a number or 1-D, got shape {tuple(base.shape)}")
+        base = base.tolist()
+    if isinstance(base, (str, bytes)) or not isinstance(base, Sequence):
+        return None
+    if not base:
+        raise PosencValueError("base must not be an empty sequence (one base per head)")
+    bases = []
+    for i, value in enumerate(base):
+        try:
+            bases.append(check_base(value))
+        except (PosencValueError, PosencTypeError) as error:
+            raise type(error)(f"base[{i}]: {error}") from None
+    return tuple(bases)
+
+
+def given_frequencies(
+    inv_freq: object, spec: RotarySpec, base: object, scaling: object
+) -> Tensor | None:
+    """The frequencies given as ``inv_freq``, checked: a finite floating tensor ``(r/2,)`` or
+    ``(H, r/2)`` (one row: ``(r/2,)``), float64 on the CPU; refused beside ``base`` or
+    ``scaling``, which it replaces."""
+    if inv_freq is None:
+        return None
+    if not isinstance(inv_freq, Tensor) or not inv_freq.is_floating_point():
+        got = getattr(inv_freq, "dtype", type(inv_freq).__name__)
+        raise PosencTypeError(f"inv_freq must be a floating-point tensor, got {got}")
+    half = spec.rotary_dim // 2
+    if inv_freq.dim() not in (1, 2) or inv_freq.shape[-1] != half or not inv_freq.numel():
+        raise PosencValueError(
+            f"inv_freq must have shape ({half},) or (heads, {half}) (rotary_dim // 2 = {half}), "
+            f"got {tuple(inv_freq.shape)}"
+        )
+    if scaling is not None or isinstance(base, (Sequence, Tensor)) or base != 10000.0:
+        raise PosencValueError(
+            "inv_freq replaces base and scaling: pass base and scaling at their defaults, got "
+            f"base={base!r}, scaling={scaling!r}"
+        )
+    freq = inv_freq.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(freq).all()):
+        raise PosencValueError("inv_freq must be finite")
+    return freq[0] if freq.dim() == 2 and freq.shape[0] == 1 else freq.clone()
+
+
+def frequencies(
+    spec: RotarySpec, bases: tuple[float, ...] | None, given: Tensor | None, seq_len: float | None
+) -> tuple[Tensor, float]:
+    """``(inv_freq, attention_factor)`` of a RoPE module at the length ``seq_len``, float64:
+    the ``given`` frequencies, one row per base of ``bases`` (``(H, r/2)``, each what the
+    spec gives with that base), or the spec's ``(r/2,)``."""
+    if given is not None:
+        return given, 1.0
+    if bases is None:
+        return spec.frequencies(seq_len)
+    rows = [replace(spec, base=b).frequencies(seq_len) for b in bases]
+    factors = {factor for _, factor in rows}
+    if len(factors) > 1:  # (no built-in type's factor reads the base)
+        raise PosencValueError(
+            f"base={bases}: the attention factors of the heads differ ({sorted(factors)})"
+        )
+    return torch.stack([row for row, _ in rows]), rows[0][1]
+
+
+def head_axis(t: Tensor, heads: int) -> Tensor:
+    """A flat per-head table ``(n, H * r/2)`` or ``(b, 1, n, H * r/2)`` given its head axis,
+    ``(H, n, r/2)`` or ``(b, H, n, r/2)``: views."""
+    if t.dim() == 4:
+        t = t.squeeze(1)  # (b, n, H * r/2)
+    return t.unflatten(-1, (heads, -1)).transpose(-3, -2)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
 from .mrope_layouts import check_mrope, pair_rows
-from .rope import HF_CLASSES, RotaryEmbedding
+from .rope import RotaryEmbedding
+from .rope_build import HF_CLASSES
 from .tables import FEW_POSITIONS, read_positions, reads_values
 
 __all__ = ["MultimodalRotaryEmbedding"]

@@ -60,107 +60,37 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ...errors import PosencTypeError, PosencValueError, check_bytes
+from ...errors import PosencValueError, check_bytes
 from ..base import RotaryEncoding
-from ..checks import (
-    PositionBound,
-    check_bool,
-    compute_dtype,
-    take_position_ids,
-)
+from ..checks import PositionBound, check_bool, compute_dtype, take_position_ids
 from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
-from .common import TableRotation, apply_tables, apply_tables_qk, check_base, check_qk
-from .heads import RotaryHeads, check_rotary_heads, heads_group
+from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
+from .heads import (
+    RotaryHeads,
+    check_rotary_heads,
+    frequencies,
+    given_frequencies,
+    head_axis,
+    heads_group,
+    per_head_bases,
+)
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
+from .rope_build import rope_with_scaling, rotary_from_hf_config
 from .spec import RotarySpec
 from .tables import Extent, RotaryTables, bounded_positions
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
 __all__ = ["RotaryEmbedding"]
-
-#: The classes :meth:`RotaryEmbedding.from_hf_config` builds besides its own: ``"mrope"``, for a
-#: multimodal-RoPE config (arguments naming ``mrope_section``), registered by
-#: :mod:`~.multimodal`, which derives it from :class:`RotaryEmbedding`.
-HF_CLASSES: dict[str, type[RotaryEmbedding]] = {}
-
-
-def _hf_class(cls: type[RotaryEmbedding], arguments: Mapping[str, Any]) -> type[RotaryEmbedding]:
-    """The class to build ``arguments`` read from a config with: ``cls``, or the multimodal
-    class where they name ``mrope_section`` and ``cls`` is not one already."""
-    multimodal = HF_CLASSES.get("mrope")
-    if "mrope_section" in arguments and multimodal and not issubclass(cls, multimodal):
-        return multimodal
-    return cls
-
-
-def _per_head_bases(base: object) -> tuple[float, ...] | None:
-    """``base`` as one base per head where it is a sequence or a 1-D tensor (each checked,
-    named by its index); ``None`` for one base (checked by :class:`RotarySpec`)."""
-    if isinstance(base, Tensor):
-        if base.dim() == 0:
-            return None
-        if base.dim() != 1:
-            raise PosencValueError(f"base must be a number or 1-D, got shape {tuple(base.shape)}")
-        base = base.tolist()
-    if isinstance(base, (str, bytes)) or not isinstance(base, Sequence):
-        return None
-    if not base:
-        raise PosencValueError("base must not be an empty sequence (one base per head)")
-    bases = []
-    for i, value in enumerate(base):
-        try:
-            bases.append(check_base(value))
-        except (PosencValueError, PosencTypeError) as error:
-            raise type(error)(f"base[{i}]: {error}") from None
-    return tuple(bases)
-
-
-def _given_frequencies(
-    inv_freq: object, spec: RotarySpec, base: object, scaling: object
-) -> Tensor | None:
-    """The frequencies given as ``inv_freq``, checked: a finite floating tensor ``(r/2,)`` or
-    ``(H, r/2)`` (one row: ``(r/2,)``), float64 on the CPU; refused beside ``base`` or
-    ``scaling``, which it replaces."""
-    if inv_freq is None:
-        return None
-    if not isinstance(inv_freq, Tensor) or not inv_freq.is_floating_point():
-        got = getattr(inv_freq, "dtype", type(inv_freq).__name__)
-        raise PosencTypeError(f"inv_freq must be a floating-point tensor, got {got}")
-    half = spec.rotary_dim // 2
-    if inv_freq.dim() not in (1, 2) or inv_freq.shape[-1] != half or not inv_freq.numel():
-        raise PosencValueError(
-            f"inv_freq must have shape ({half},) or (heads, {half}) (rotary_dim // 2 = {half}), "
-            f"got {tuple(inv_freq.shape)}"
-        )
-    if scaling is not None or isinstance(base, (Sequence, Tensor)) or base != 10000.0:
-        raise PosencValueError(
-            "inv_freq replaces base and scaling: pass base and scaling at their defaults, got "
-            f"base={base!r}, scaling={scaling!r}"
-        )
-    freq = inv_freq.detach().to("cpu", torch.float64)
-    if not bool(torch.isfinite(freq).all()):
-        raise PosencValueError("inv_freq must be finite")
-    return freq[0] if freq.dim() == 2 and freq.shape[0] == 1 else freq.clone()
-
-
-def _head_axis(t: Tensor, heads: int) -> Tensor:
-    """A flat per-head table ``(n, H * r/2)`` or ``(b, 1, n, H * r/2)`` given its head axis,
-    ``(H, n, r/2)`` or ``(b, H, n, r/2)``: views."""
-    if t.dim() == 4:
-        t = t.squeeze(1)  # (b, n, H * r/2)
-    return t.unflatten(-1, (heads, -1)).transpose(-3, -2)
-
 
 # --------------------------------------------------------------------------- RoPE
 
@@ -244,7 +174,7 @@ class RotaryEmbedding(RotaryEncoding):
         super().__init__()
         count, last = check_rotary_heads(rotary_heads, rotary_heads_at)
         self.rotary_heads, self.rotary_heads_at = count, rotary_heads_at
-        bases = _per_head_bases(base)
+        bases = per_head_bases(base)
         first_base = base if bases is None else bases[0]
         #: One base per head where ``base`` was a sequence of several (else ``None``).
         self.bases: tuple[float, ...] | None = bases if bases and len(bases) > 1 else None
@@ -277,7 +207,7 @@ class RotaryEmbedding(RotaryEncoding):
         self.learned_freq = bool(learned_freq)
         self._seq_len: float | None = None  # the length the frequencies follow (None: none)
         #: The frequencies given as ``inv_freq`` (float64 on the CPU), else ``None``.
-        self._given = _given_frequencies(inv_freq, spec, base, scaling)
+        self._given = given_frequencies(inv_freq, spec, base, scaling)
         inv_freq, self.attention_factor = self._frequencies(None)
         table_heads = inv_freq.shape[0] if inv_freq.dim() == 2 else None
         #: Which heads turn, and how a per-head table's rows map to them.
@@ -311,19 +241,8 @@ class RotaryEmbedding(RotaryEncoding):
         return cls(dim // num_heads, **kwargs)
 
     def _frequencies(self, seq_len: float | None) -> tuple[Tensor, float]:
-        """``(inv_freq, attention_factor)``: the given frequencies, one row per base of
-        :attr:`bases` (``(H, r/2)``), or the spec's ``(r/2,)``, all float64."""
-        if self._given is not None:
-            return self._given, 1.0
-        if self.bases is None:
-            return self.spec.frequencies(seq_len)
-        rows = [replace(self.spec, base=b).frequencies(seq_len) for b in self.bases]
-        factors = {factor for _, factor in rows}
-        if len(factors) > 1:  # (no built-in type's factor reads the base)
-            raise PosencValueError(
-                f"base={self.bases}: the attention factors of the heads differ ({sorted(factors)})"
-            )
-        return torch.stack([row for row, _ in rows]), rows[0][1]
+        """``(inv_freq, attention_factor)`` float64 (:func:`~.heads.frequencies`)."""
+        return frequencies(self.spec, self.bases, self._given, seq_len)
 
     @classmethod
     def from_hf_config(
@@ -332,7 +251,7 @@ class RotaryEmbedding(RotaryEncoding):
         """Build the rotary embedding a transformers model config describes (a
         ``PretrainedConfig`` or a ``config.json`` dict), so that rotating ``q, k``
         ``(b, h, n, head_dim)`` gives what that model's own code gives; ``kwargs`` override
-        what the config says. See :func:`rotary_from_hf_config` for how it is read."""
+        what the config says. See :func:`~.rope_build.rotary_from_hf_config` for how it is read."""
         return rotary_from_hf_config(cls, config, layer_type=layer_type, strict=strict, **kwargs)
 
     def reset_tables(self, num_positions: int | None = None) -> None:
@@ -452,7 +371,7 @@ class RotaryEmbedding(RotaryEncoding):
         cos, sin = self._tables.rows(positions, n, dtype, device, extent, eager, freq)
         if self.heads.table_heads is None:
             return cos, sin
-        return _head_axis(cos, self.heads.table_heads), _head_axis(sin, self.heads.table_heads)
+        return head_axis(cos, self.heads.table_heads), head_axis(sin, self.heads.table_heads)
 
     def rotate(
         self,
@@ -548,13 +467,14 @@ class RotaryEmbedding(RotaryEncoding):
         original_max_position_embeddings: int | None = None,
     ) -> RotaryEmbedding:
         """A new rotary embedding with this one's settings and device and ``scaling`` in place
-        of its own: see :func:`rope_with_scaling`.
+        of its own: see :func:`~.rope_build.rope_with_scaling`.
 
         >>> rope = RotaryEmbedding(8)
         >>> rope.with_scaling({"rope_type": "linear", "factor": 4.0}).inv_freq.tolist()
         [0.25, 0.025, 0.0025, 0.00025]
         """
-        return rope_with_scaling(self, scaling, original_max_position_embeddings)
+        plain = (RotaryEmbedding, InterleavedRotaryEmbedding)
+        return rope_with_scaling(self, scaling, original_max_position_embeddings, plain)
 
 
 @register("rope-interleaved", "rotary embedding, interleaved layout (GPT-J / RoFormer)")
@@ -565,81 +485,3 @@ class InterleavedRotaryEmbedding(RotaryEmbedding):
     def __init__(self, head_dim: int, **kwargs: Any) -> None:
         kwargs.setdefault("interleaved", True)
         super().__init__(head_dim, **kwargs)
-
-
-def rotary_from_hf_config(
-    cls: type[RotaryEmbedding],
-    config: Any,
-    *,
-    layer_type: str | None = None,
-    strict: bool = False,
-    **kwargs: Any,
-) -> RotaryEmbedding:
-    """:meth:`RotaryEmbedding.from_hf_config`: ``config`` (a ``PretrainedConfig`` or a
-    ``config.json`` dict) read as :mod:`posenc.hf.config` tabulates; per-layer RoPE (Gemma 3)
-    needs ``layer_type``. A ``model_type`` outside ``KNOWN_MODEL_TYPES`` (each checked against
-    its own transformers code) is read from the generic fields with a one-time
-    ``UserWarning``, or refused with ``strict=True``. Where transformers writes an interleaved
-    rotation de-interleaved (``rope_interleave=True``, DeepSeek-V3 family,
-    ``DEINTERLEAVED_MODEL_TYPES``) the module rotates the same pairs in place: ``q @ k^T`` is
-    equal. For multi-head latent attention ``head_dim`` is ``qk_rope_head_dim``. A
-    multimodal-RoPE config (Qwen2-VL, Qwen3-VL, GLM-4V, ...) gives a
-    :class:`~posenc.MultimodalRotaryEmbedding`.
-
-    Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
-    config it cannot map exactly (no rotary embedding, contradicting fields, an odd or
-    oversized rotary dimension, an unknown ``rope_type`` or key). Where the rotary config
-    changes the attention's softmax scale (DeepSeek-V2/V3 and their kin: YaRN with
-    ``mscale_all_dim`` multiplies ``qk_head_dim ** -0.5`` by ``yarn_get_mscale(factor,
-    mscale_all_dim) ** 2``), the module's :attr:`~RotaryEmbedding.softmax_scale` holds that
-    scale; elsewhere it is ``None``.
-    """
-    from ...hf.config import (  # the one call up to posenc.hf
-        rotary_arguments_from_hf_config,
-        softmax_scale_from_hf_config,
-    )
-
-    arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
-    softmax_scale = softmax_scale_from_hf_config(config, layer_type=layer_type)
-    arguments.update(kwargs)
-    head_dim = arguments.pop("head_dim")
-    module = _hf_class(cls, arguments)(head_dim, **arguments)
-    module.softmax_scale = softmax_scale
-    return module
-
-
-def rope_with_scaling(
-    rope: RotaryEmbedding, scaling: Mapping[str, Any] | None, original: int | None
-) -> RotaryEmbedding:
-    """:meth:`RotaryEmbedding.with_scaling`: a new module with ``rope``'s ``head_dim``,
-    ``base``, ``rotary_dim``, layout, ``clockwise``, ``max_position_embeddings``, device and
-    training flag, and ``scaling`` in place of its own (``None``: plain RoPE); ``rope`` is left
-    as it is. ``original``: the context the model was trained at, filled in where the new type
-    needs an original context and ``scaling`` lacks one. This is how a RoPE model trained at
-    length ``L`` is evaluated with a context extension (position interpolation, dynamic NTK,
-    YaRN) without retraining; for a whole model see :meth:`posenc.Encoder.with_rope_scaling`.
-    Refused for subclasses with settings of their own and for learned frequencies."""
-    if type(rope) not in (RotaryEmbedding, InterleavedRotaryEmbedding):
-        raise PosencTypeError(
-            f"with_scaling rebuilds a RotaryEmbedding; {type(rope).__name__} has settings "
-            "of its own that it would lose"
-        )
-    if rope.learned_freq:
-        raise PosencValueError(
-            "with_scaling: learned_freq=True frequencies are trained, not derived from a scaling"
-        )
-    if rope._given is not None:
-        raise PosencValueError(
-            "with_scaling: frequencies given as inv_freq are not derived from a base"
-        )
-    spec = rope.spec.with_scaling(scaling, original=original)
-    arguments = spec.arguments()
-    if rope.bases is not None:
-        arguments["base"] = rope.bases
-    new = RotaryEmbedding(
-        **arguments,
-        rotary_heads=rope.rotary_heads,
-        rotary_heads_at=rope.rotary_heads_at,
-        device=rope.inv_freq.device,
-    )
-    return new.train(rope.training)
