@@ -50,7 +50,7 @@ UPWARD_CALLS = frozenset(
     {
         ("posenc.model.encoder", "posenc.hf.schedule"),
         ("posenc.model.transformer", "posenc.hf.schedule"),
-        ("posenc.encodings.rotary.rope", "posenc.hf.config"),
+        ("posenc.encodings.rotary.rope_build", "posenc.hf.config"),
     }
 )
 

@@ -9,6 +9,8 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
@@ -64,15 +66,23 @@ def check_base(base: object) -> float:
 
 class TableRotation(RotaryState):
     """The per-forward state of a scheme with tables: queries turned by ``query`` = (cos, sin)
-    and keys by ``key`` (often the same pair), in every layer (:func:`apply_tables_qk`)."""
+    and keys by ``key`` (often the same pair), in every layer (:func:`apply_tables_qk`);
+    ``heads``: a :class:`~.heads.RotaryHeads` where only some heads turn or the tables have a
+    head axis (its ``apply_pair`` then turns them)."""
 
     def __init__(
-        self, interleaved: bool, query: tuple[Tensor, Tensor], key: tuple[Tensor, Tensor]
+        self,
+        interleaved: bool,
+        query: tuple[Tensor, Tensor],
+        key: tuple[Tensor, Tensor],
+        heads: Any = None,
     ) -> None:
         super().__init__()
-        self.interleaved, self.query, self.key = interleaved, query, key
+        self.interleaved, self.query, self.key, self.heads = interleaved, query, key, heads
 
     def rotate(self, q: Tensor, k: Tensor, inplace: bool) -> tuple[Tensor, Tensor]:
+        if self.heads is not None:
+            return self.heads.apply_pair(q, k, self.query, self.key, self.interleaved, inplace)
         return apply_tables_qk(q, k, self.query, self.key, self.interleaved, inplace)
 
 

@@ -36,7 +36,8 @@ from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
 from .mrope_layouts import check_mrope, pair_rows
-from .rope import HF_CLASSES, RotaryEmbedding
+from .rope import RotaryEmbedding
+from .rope_build import HF_CLASSES
 from .tables import FEW_POSITIONS, read_positions, reads_values
 
 __all__ = ["MultimodalRotaryEmbedding"]
@@ -96,6 +97,13 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             )
         check_mrope(mrope_section, mrope_layout, None)  # the types, before any work
         super().__init__(head_dim, **kwargs)
+        if not self.heads.trivial:  # (its own rotations turn every head by one table)
+            given = {
+                key: kwargs[key] for key in ("rotary_heads", "base", "inv_freq") if key in kwargs
+            }
+            raise PosencValueError(
+                f"MultimodalRotaryEmbedding turns every head by one table; got {given}"
+            )
         section = check_mrope(mrope_section, mrope_layout, self.rotary_dim)
         #: Pairs each position row takes, in row order (see
         #: :mod:`~posenc.encodings.rotary.mrope_layouts`).

@@ -66,36 +66,31 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ...errors import PosencTypeError, PosencValueError, check_bytes
+from ...errors import PosencValueError, check_bytes
 from ..base import RotaryEncoding
 from ..checks import PositionBound, check_bool, compute_dtype, take_position_ids
 from ..registry import register
 from ..rope_types.registry import RopeType
 from ..state import RotaryState
 from .common import TableRotation, apply_tables, apply_tables_qk, check_qk
+from .heads import (
+    RotaryHeads,
+    check_rotary_heads,
+    frequencies,
+    given_frequencies,
+    head_axis,
+    heads_group,
+    per_head_bases,
+)
 from .kernels.select import Plan, select
 from .layouts import Layout, stated_layout
+from .rope_build import rope_with_scaling, rotary_from_hf_config
 from .spec import RotarySpec
 from .tables import Extent, RotaryTables, bounded_positions
 
 PAPER = "Su et al. 2021, RoFormer: Enhanced Transformer with Rotary Position Embedding, eq. 15"
 
 __all__ = ["RotaryEmbedding"]
-
-#: The classes :meth:`RotaryEmbedding.from_hf_config` builds besides its own: ``"mrope"``, for a
-#: multimodal-RoPE config (arguments naming ``mrope_section``), registered by
-#: :mod:`~.multimodal`, which derives it from :class:`RotaryEmbedding`.
-HF_CLASSES: dict[str, type[RotaryEmbedding]] = {}
-
-
-def _hf_class(cls: type[RotaryEmbedding], arguments: Mapping[str, Any]) -> type[RotaryEmbedding]:
-    """The class to build ``arguments`` read from a config with: ``cls``, or the multimodal
-    class where they name ``mrope_section`` and ``cls`` is not one already."""
-    multimodal = HF_CLASSES.get("mrope")
-    if "mrope_section" in arguments and multimodal and not issubclass(cls, multimodal):
-        return multimodal
-    return cls
-
 
 # --------------------------------------------------------------------------- RoPE
 
@@ -122,6 +117,24 @@ class RotaryEmbedding(RotaryEncoding):
         max_position_embeddings: the model's context length: fills a missing
             ``original_max_position_embeddings``, and sizes the tables of positions on a GPU.
         learned_freq: make the frequencies a trainable parameter (no cached tables).
+        rotary_heads: rotate only this many query heads (``0 < R <= heads``; ``None``: all);
+            the others pass through unchanged (x-transformers' ``rotate_num_heads``). With
+            grouped-query attention ``R`` must be a multiple of the query heads per key head
+            (see :mod:`~.heads`).
+        rotary_heads_at: ``"first"`` (default) or ``"last"``: which ``R`` heads rotate
+            (x-transformers rotates the last: ``rotate_num_heads=R`` is
+            ``rotary_heads=R, rotary_heads_at="last"``).
+        inv_freq: the frequencies themselves instead of ``base`` and ``scaling``: ``(r/2,)``
+            for every head, or ``(H, r/2)`` per head (flash-attention issue 578), one row per
+            rotated key head (per query head without grouped-query attention).
+
+    ``base`` may also be a sequence of bases, one per rotated key head (e.g. ``[1e4, 1e4,
+    5e5, 5e5]``: some heads short-range, some long-range): each row of frequencies is what
+    that base alone gives (with ``scaling`` applied to each). One base, or one row of
+    ``inv_freq``, is one table for every head. With grouped-query attention
+    query head ``i`` of the rotated ones turns by row ``i // (query heads per key head)``,
+    as the key head it reads; per-head tables are turned by the same kernels (their head
+    axis is a stride), :meth:`cos_sin` returns them as ``(H, n, r/2)`` or ``(b, H, n, r/2)``.
 
     Integer positions read cached float32 cos/sin tables, float positions are evaluated in
     float64; dynamic NTK's base grows with the longest call (see the module docstring).
@@ -153,13 +166,27 @@ class RotaryEmbedding(RotaryEncoding):
         max_position_embeddings: int | None = None,
         learned_freq: bool = False,
         clockwise: bool = False,
+        rotary_heads: int | None = None,
+        rotary_heads_at: str = "first",
+        inv_freq: Tensor | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        count, last = check_rotary_heads(rotary_heads, rotary_heads_at)
+        self.rotary_heads, self.rotary_heads_at = count, rotary_heads_at
+        bases = per_head_bases(base)
+        first_base = base if bases is None else bases[0]
+        #: One base per head where ``base`` was a sequence of several (else ``None``).
+        self.bases: tuple[float, ...] | None = bases if bases and len(bases) > 1 else None
+        if self.bases is not None and scaling is not None and "rope_theta" in scaling:
+            raise PosencValueError(
+                f"base={self.bases} (one per head) conflicts with scaling['rope_theta']="
+                f"{scaling['rope_theta']}"
+            )
         #: The checked, normalised settings (one frozen record; see :class:`RotarySpec`).
         self.spec = spec = RotarySpec.build(
             head_dim,
-            base=base,
+            base=first_base,
             rotary_dim=rotary_dim,
             interleaved=interleaved,
             clockwise=clockwise,
@@ -179,22 +206,43 @@ class RotaryEmbedding(RotaryEncoding):
             raise PosencValueError(f"learned_freq cannot be combined with {self.rope_type!r}")
         self.learned_freq = bool(learned_freq)
         self._seq_len: float | None = None  # the length the frequencies follow (None: none)
-        inv_freq, self.attention_factor = spec.frequencies(None)
+        #: The frequencies given as ``inv_freq`` (float64 on the CPU), else ``None``.
+        self._given = given_frequencies(inv_freq, spec, base, scaling)
+        inv_freq, self.attention_factor = self._frequencies(None)
+        table_heads = inv_freq.shape[0] if inv_freq.dim() == 2 else None
+        #: Which heads turn, and how a per-head table's rows map to them.
+        self.heads = RotaryHeads(count, last, table_heads)
         inv_freq = inv_freq.to(device)
         if self.learned_freq:
             self.freq = nn.Parameter(inv_freq.float())
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         #: The float32 cos/sin (buffers ``cos_cached``/``sin_cached``), and the decode lane.
+        # per-head tables are kept flat, (positions, H * r/2), and given a head axis when read
         self._tables = RotaryTables(
             self,
-            self.rotary_dim,
+            self.rotary_dim * (table_heads or 1),
             caches=self.rope_spec.caches_table and not self.learned_freq,
             initial_size=self.initial_table_size,
             max_positions=max_position_embeddings,
-            decode_lane=not self.rope_spec.uses_length,
+            decode_lane=not self.rope_spec.uses_length and table_heads is None,
             device=device,
         )
         self.reset_tables()  # built now, so that a compiled forward reads a table that stays
+
+    @classmethod
+    def for_model(cls, dim: int, num_heads: int, **kwargs: Any) -> RotaryEmbedding:
+        """The rotation of a model of width ``dim`` with ``num_heads`` query heads:
+        ``rotary_heads`` checked against ``num_heads`` before anything is built."""
+        count, _ = check_rotary_heads(
+            kwargs.get("rotary_heads"), kwargs.get("rotary_heads_at", "first")
+        )
+        if count is not None and count > num_heads:
+            raise PosencValueError(f"rotary_heads ({count}) must be <= num_heads ({num_heads})")
+        return cls(dim // num_heads, **kwargs)
+
+    def _frequencies(self, seq_len: float | None) -> tuple[Tensor, float]:
+        """``(inv_freq, attention_factor)`` float64 (:func:`~.heads.frequencies`)."""
+        return frequencies(self.spec, self.bases, self._given, seq_len)
 
     @classmethod
     def from_hf_config(
@@ -203,7 +251,7 @@ class RotaryEmbedding(RotaryEncoding):
         """Build the rotary embedding a transformers model config describes (a
         ``PretrainedConfig`` or a ``config.json`` dict), so that rotating ``q, k``
         ``(b, h, n, head_dim)`` gives what that model's own code gives; ``kwargs`` override
-        what the config says. See :func:`rotary_from_hf_config` for how it is read."""
+        what the config says. See :func:`~.rope_build.rotary_from_hf_config` for how it is read."""
         return rotary_from_hf_config(cls, config, layer_type=layer_type, strict=strict, **kwargs)
 
     def reset_tables(self, num_positions: int | None = None) -> None:
@@ -215,7 +263,7 @@ class RotaryEmbedding(RotaryEncoding):
         if device.type == "meta":
             return
         if not self.learned_freq:
-            inv_freq, self.attention_factor = self.spec.frequencies(self._seq_len)
+            inv_freq, self.attention_factor = self._frequencies(self._seq_len)
             self.inv_freq = inv_freq.to(device)
         self._tables.scale(self.attention_factor, clockwise=self.clockwise)
         self._tables.build(num_positions)
@@ -247,7 +295,8 @@ class RotaryEmbedding(RotaryEncoding):
         self, positions: Tensor | None, seq_len: int, *, dtype: torch.dtype, device: Any = None
     ) -> tuple[Tensor, Tensor]:
         """cos and sin (times the attention factor) for ``positions`` (``None``:
-        ``arange(seq_len)``), ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``: what
+        ``arange(seq_len)``), ``(n, r/2)`` or ``(b, 1, n, r/2)`` (per-head frequencies:
+        ``(H, n, r/2)`` or ``(b, H, n, r/2)``) in ``dtype``: what
         :meth:`forward` would rotate by now, made by the same code (lengths followed too)."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         plan = select(self.inv_freq, inplace=False, positions=positions, kernel=False)  # (the mode)
@@ -294,10 +343,11 @@ class RotaryEmbedding(RotaryEncoding):
         exact = bound.largest if read is not None and bound is not None and bound.exact else None
         work, b = compute_dtype(x.dtype), x.shape[0]
         cos, sin = self._cos_sin(key_positions, b, keys, work, x.device, plan, read, exact)
+        heads = None if self.heads.trivial else self.heads
         if queries == keys:
-            return TableRotation(self.interleaved, (cos, sin), (cos, sin))
+            return TableRotation(self.interleaved, (cos, sin), (cos, sin), heads)
         query = cos[..., keys - queries :, :], sin[..., keys - queries :, :]
-        return TableRotation(self.interleaved, query, (cos, sin))
+        return TableRotation(self.interleaved, query, (cos, sin), heads)
 
     def _cos_sin(
         self,
@@ -318,7 +368,10 @@ class RotaryEmbedding(RotaryEncoding):
         positions, extent = read
         self._follow_length(positions, n, eager, largest)
         freq = self.freq if self.learned_freq else self._buffers["inv_freq"]
-        return self._tables.rows(positions, n, dtype, device, extent, eager, freq)
+        cos, sin = self._tables.rows(positions, n, dtype, device, extent, eager, freq)
+        if self.heads.table_heads is None:
+            return cos, sin
+        return head_axis(cos, self.heads.table_heads), head_axis(sin, self.heads.table_heads)
 
     def rotate(
         self,
@@ -331,19 +384,29 @@ class RotaryEmbedding(RotaryEncoding):
         cu_seqlens: Tensor | None = None,
         seqlen_offsets: int | Tensor = 0,
         max_seqlen: int | None = None,
+        query_heads: int | None = None,
     ) -> Tensor:
         """Rotate one tensor (queries, or keys for a KV cache) in ``layout`` (as
-        :meth:`forward`); with ``inplace=True`` in its own storage, returning ``x``."""
+        :meth:`forward`); with ``inplace=True`` in its own storage, returning ``x``.
+        ``query_heads``: where ``x`` holds the keys of grouped-query attention and only some
+        heads turn or the frequencies are per head, the query heads of that attention (a
+        multiple of ``x``'s heads; default: ``x``'s heads, as for queries)."""
         positions = take_position_ids(positions, position_ids)
         stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
         if stated is not None:
-            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
+            turned = self.rotate(
+                stated.q, stated.positions, inplace=inplace, query_heads=query_heads
+            )
+            return stated.one(turned)
         x, _ = check_qk(x, x, self.head_dim)
         inplace = check_bool("inplace", inplace)
+        group = heads_group(query_heads, x.shape[1])
         plan = select(x, inplace=inplace, learned=self.learned_freq, positions=positions)
         work = compute_dtype(x.dtype)
         tables = self._cos_sin(positions, x.shape[0], x.shape[2], work, x.device, plan)
-        return apply_tables(x, tables, self.interleaved, inplace, "x", plan)
+        if self.heads.trivial:
+            return apply_tables(x, tables, self.interleaved, inplace, "x", plan)
+        return self.heads.apply_one(x, tables, group, self.interleaved, inplace, plan)
 
     def forward(
         self,
@@ -373,17 +436,29 @@ class RotaryEmbedding(RotaryEncoding):
         plan = select(q, inplace=inplace, learned=self.learned_freq, pair=k, positions=positions)
         b, _, n, _ = q.shape
         read = self._tables.read(positions, n, b, q.device, plan.eager)
-        pair = self._tables.turn_at_rows(q, k, read, self.interleaved, inplace, plan)
-        if pair is not None:
-            return pair
+        heads = self.heads
+        if heads.trivial:
+            pair = self._tables.turn_at_rows(q, k, read, self.interleaved, inplace, plan)
+            if pair is not None:
+                return pair
+        else:
+            heads.pair(q, k)  # (refused before any work where the heads do not fit)
         work = compute_dtype(q.dtype)
         if k.dtype != q.dtype:
             work = torch.promote_types(work, compute_dtype(k.dtype))
         tables = self._cos_sin(positions, b, n, work, q.device, plan, read)
-        return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace, plan)
+        if heads.trivial:
+            return apply_tables_qk(q, k, tables, tables, self.interleaved, inplace, plan)
+        return heads.apply_pair(q, k, tables, tables, self.interleaved, inplace, plan)
 
     def extra_repr(self) -> str:
-        return self.spec.summary()
+        text = self.spec.summary()
+        if self._given is not None:
+            text = text.replace(f", base={self.base:g}", "")
+            text += f", inv_freq={tuple(self._given.shape)}"
+        elif self.bases is not None:
+            text = text.replace(f"base={self.base:g}", f"base={self.bases}")
+        return text + self.heads.summary()
 
     def with_scaling(
         self,
@@ -392,13 +467,14 @@ class RotaryEmbedding(RotaryEncoding):
         original_max_position_embeddings: int | None = None,
     ) -> RotaryEmbedding:
         """A new rotary embedding with this one's settings and device and ``scaling`` in place
-        of its own: see :func:`rope_with_scaling`.
+        of its own: see :func:`~.rope_build.rope_with_scaling`.
 
         >>> rope = RotaryEmbedding(8)
         >>> rope.with_scaling({"rope_type": "linear", "factor": 4.0}).inv_freq.tolist()
         [0.25, 0.025, 0.0025, 0.00025]
         """
-        return rope_with_scaling(self, scaling, original_max_position_embeddings)
+        plain = (RotaryEmbedding, InterleavedRotaryEmbedding)
+        return rope_with_scaling(self, scaling, original_max_position_embeddings, plain)
 
 
 @register("rope-interleaved", "rotary embedding, interleaved layout (GPT-J / RoFormer)")
@@ -409,69 +485,3 @@ class InterleavedRotaryEmbedding(RotaryEmbedding):
     def __init__(self, head_dim: int, **kwargs: Any) -> None:
         kwargs.setdefault("interleaved", True)
         super().__init__(head_dim, **kwargs)
-
-
-def rotary_from_hf_config(
-    cls: type[RotaryEmbedding],
-    config: Any,
-    *,
-    layer_type: str | None = None,
-    strict: bool = False,
-    **kwargs: Any,
-) -> RotaryEmbedding:
-    """:meth:`RotaryEmbedding.from_hf_config`: ``config`` (a ``PretrainedConfig`` or a
-    ``config.json`` dict) read as :mod:`posenc.hf.config` tabulates; per-layer RoPE (Gemma 3)
-    needs ``layer_type``. A ``model_type`` outside ``KNOWN_MODEL_TYPES`` (each checked against
-    its own transformers code) is read from the generic fields with a one-time
-    ``UserWarning``, or refused with ``strict=True``. Where transformers writes an interleaved
-    rotation de-interleaved (``rope_interleave=True``, DeepSeek-V3 family,
-    ``DEINTERLEAVED_MODEL_TYPES``) the module rotates the same pairs in place: ``q @ k^T`` is
-    equal. For multi-head latent attention ``head_dim`` is ``qk_rope_head_dim``. A
-    multimodal-RoPE config (Qwen2-VL, Qwen3-VL, GLM-4V, ...) gives a
-    :class:`~posenc.MultimodalRotaryEmbedding`.
-
-    Raises :class:`~posenc.errors.PosencValueError` naming the field and its value for a
-    config it cannot map exactly (no rotary embedding, contradicting fields, an odd or
-    oversized rotary dimension, an unknown ``rope_type`` or key). Where the rotary config
-    changes the attention's softmax scale (DeepSeek-V2/V3 and their kin: YaRN with
-    ``mscale_all_dim`` multiplies ``qk_head_dim ** -0.5`` by ``yarn_get_mscale(factor,
-    mscale_all_dim) ** 2``), the module's :attr:`~RotaryEmbedding.softmax_scale` holds that
-    scale; elsewhere it is ``None``.
-    """
-    from ...hf.config import (  # the one call up to posenc.hf
-        rotary_arguments_from_hf_config,
-        softmax_scale_from_hf_config,
-    )
-
-    arguments = rotary_arguments_from_hf_config(config, layer_type=layer_type, strict=strict)
-    softmax_scale = softmax_scale_from_hf_config(config, layer_type=layer_type)
-    arguments.update(kwargs)
-    head_dim = arguments.pop("head_dim")
-    module = _hf_class(cls, arguments)(head_dim, **arguments)
-    module.softmax_scale = softmax_scale
-    return module
-
-
-def rope_with_scaling(
-    rope: RotaryEmbedding, scaling: Mapping[str, Any] | None, original: int | None
-) -> RotaryEmbedding:
-    """:meth:`RotaryEmbedding.with_scaling`: a new module with ``rope``'s ``head_dim``,
-    ``base``, ``rotary_dim``, layout, ``clockwise``, ``max_position_embeddings``, device and
-    training flag, and ``scaling`` in place of its own (``None``: plain RoPE); ``rope`` is left
-    as it is. ``original``: the context the model was trained at, filled in where the new type
-    needs an original context and ``scaling`` lacks one. This is how a RoPE model trained at
-    length ``L`` is evaluated with a context extension (position interpolation, dynamic NTK,
-    YaRN) without retraining; for a whole model see :meth:`posenc.Encoder.with_rope_scaling`.
-    Refused for subclasses with settings of their own and for learned frequencies."""
-    if type(rope) not in (RotaryEmbedding, InterleavedRotaryEmbedding):
-        raise PosencTypeError(
-            f"with_scaling rebuilds a RotaryEmbedding; {type(rope).__name__} has settings "
-            "of its own that it would lose"
-        )
-    if rope.learned_freq:
-        raise PosencValueError(
-            "with_scaling: learned_freq=True frequencies are trained, not derived from a scaling"
-        )
-    spec = rope.spec.with_scaling(scaling, original=original)
-    new = RotaryEmbedding(**spec.arguments(), device=rope.inv_freq.device)
-    return new.train(rope.training)

@@ -211,8 +211,10 @@ class RotaryTables:
 
     def formula(self, positions: Tensor, freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin of ``positions * freq`` formed in float64 and cast once to ``dtype``:
-        ``(n, r/2)`` or ``(b, 1, n, r/2)``."""
-        angles = positions.to(torch.float64)[..., None] * freq.to(torch.float64)  # (..., n, r/2)
+        ``(n, r/2)`` or ``(b, 1, n, r/2)``; per-head frequencies ``(H, r/2)`` are flattened,
+        their tables ``H * r/2`` wide."""
+        freq = freq.to(torch.float64).flatten()
+        angles = positions.to(torch.float64)[..., None] * freq  # (..., n, r/2)
         cos = (angles.cos() * self.cos_factor).to(dtype)
         sin = (angles.sin() * self.sin_factor).to(dtype)
         return unsqueeze_heads(cos), unsqueeze_heads(sin)

@@ -41,6 +41,7 @@ from .common import (
     check_rotary_dim,
     unsqueeze_heads,
 )
+from .heads import RotaryHeads, check_rotary_heads, heads_group
 from .layouts import Layout, stated_layout
 from .tables import checks_values
 
@@ -67,6 +68,9 @@ class XPos(RotaryEncoding):
         interleaved: pairs ``(x[2i], x[2i+1])`` instead of the half layout.
         scale_base: ``γ`` (512 in the paper).
         center: a fixed centre for the exponent, or ``None`` for the per-call default.
+        rotary_heads, rotary_heads_at: rotate (and scale) only these query heads, as for
+            :class:`RotaryEmbedding` (:mod:`~.heads`; x-transformers' ``rotate_num_heads``
+            with ``use_xpos``).
     """
 
     paper: ClassVar[str] = "Sun et al. 2022, A Length-Extrapolatable Transformer, eq. 9"
@@ -83,9 +87,17 @@ class XPos(RotaryEncoding):
         interleaved: bool = False,
         scale_base: float = 512.0,
         center: float | None = None,
+        rotary_heads: int | None = None,
+        rotary_heads_at: str = "first",
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        count, last = check_rotary_heads(rotary_heads, rotary_heads_at)
+        self.rotary_heads, self.rotary_heads_at = count, rotary_heads_at
+        #: Which heads turn (:class:`~.heads.RotaryHeads`).
+        self.heads = RotaryHeads(count, last)
+        #: ``heads`` where it is not every head, for the per-forward states.
+        self._some_heads = None if self.heads.trivial else self.heads
         check_positive_int("head_dim", head_dim)
         check_bytes("head_dim", head_dim, head_dim * 8 * 4, device=device)  # the frequencies
         self.head_dim = head_dim
@@ -172,7 +184,8 @@ class XPos(RotaryEncoding):
         )
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
-        return TableRotation(self.interleaved, query, self.scaled_cos_sin(pos, work, key=True))
+        keys = self.scaled_cos_sin(pos, work, key=True)
+        return TableRotation(self.interleaved, query, keys, self._some_heads)
 
     def context_state(
         self,
@@ -195,7 +208,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos, work, key=False, center=center)
         keys = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return TableRotation(self.interleaved, query, keys)
+        return TableRotation(self.interleaved, query, keys, self._some_heads)
 
     def read_state(
         self,
@@ -218,7 +231,7 @@ class XPos(RotaryEncoding):
         center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(pos[..., keys - queries :], work, key=False, center=center)
         rows = self.scaled_cos_sin(pos, work, key=True, center=center)
-        return TableRotation(self.interleaved, query, rows)
+        return TableRotation(self.interleaved, query, rows, self._some_heads)
 
     def rotate(
         self,
@@ -232,17 +245,23 @@ class XPos(RotaryEncoding):
         cu_seqlens: Tensor | None = None,
         seqlen_offsets: int | Tensor = 0,
         max_seqlen: int | None = None,
+        query_heads: int | None = None,
     ) -> Tensor:
         """Rotate and scale one tensor ``(b, h, n, d)``: queries, or keys with ``key=True``;
         with ``inplace=True`` in its own storage. Pass a fixed ``center`` at construction when
         queries and keys come in separate calls;
         ``position_ids`` is ``positions``'s other name; ``layout`` and the packing arguments
-        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`); ``query_heads`` as for
+        :meth:`RotaryEmbedding.rotate`."""
         positions = take_position_ids(positions, position_ids)
         stated = stated_layout(x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
         if stated is not None:
-            return stated.one(self.rotate(stated.q, stated.positions, key=key, inplace=inplace))
+            turned = self.rotate(
+                stated.q, stated.positions, key=key, inplace=inplace, query_heads=query_heads
+            )
+            return stated.one(turned)
         x, _ = check_qk(x, x, self.head_dim)
+        group = heads_group(query_heads, x.shape[1])
         pos = resolve_positions(
             positions,
             x.shape[2],
@@ -251,7 +270,9 @@ class XPos(RotaryEncoding):
             values=checks_values(positions),
         )
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
-        return apply_tables(x, tables, self.interleaved, inplace)
+        if self.heads.trivial:
+            return apply_tables(x, tables, self.interleaved, inplace)
+        return self.heads.apply_one(x, tables, group, self.interleaved, inplace)
 
     def forward(
         self,
@@ -275,6 +296,8 @@ class XPos(RotaryEncoding):
         if stated is not None:
             return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
+        if not self.heads.trivial:
+            self.heads.pair(q, k)  # (refused before any work where the heads do not fit)
         b, _, n, _ = q.shape
         pos = resolve_positions(
             positions, n, batch=b, device=q.device, values=checks_values(positions)
@@ -282,10 +305,12 @@ class XPos(RotaryEncoding):
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         q_tables = self.scaled_cos_sin(pos, work, key=False)
         k_tables = self.scaled_cos_sin(pos, work, key=True)
-        return apply_tables_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
+        if self.heads.trivial:
+            return apply_tables_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
+        return self.heads.apply_pair(q, k, q_tables, k_tables, self.interleaved, inplace)
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}"
         if self.interleaved:
             text += ", interleaved=True"
-        return text + f", scale_base={self.scale_base:g}"
+        return text + f", scale_base={self.scale_base:g}" + self.heads.summary()

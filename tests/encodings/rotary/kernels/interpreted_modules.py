@@ -13,7 +13,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` sequence, ``d`` head dim, ``r`
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -326,3 +326,57 @@ def test_unread_positions_are_indexed_by_the_kernel(
     if grad:  # the backward: the same kernel clockwise, one launch
         (got_q[~outside[:, None].expand(got_q.shape[:-1])].sum()).backward()
         assert len(launches) == 2 and q.grad is not None
+
+
+def _per_head_formula(x: Tensor, rows: Sequence[float | None], positions: Tensor) -> Tensor:
+    """Eq. 34 in float64 on the CPU, head ``j`` of ``x`` by base ``rows[j]`` (``None``:
+    untouched); differentiable in ``x``."""
+    outs = []
+    for j, base in enumerate(rows):
+        head = x[:, j].double().cpu()
+        if base is not None:
+            inv = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+            angle = positions.double().cpu()[:, :, None] * inv  # (b, n, d/2)
+            head = rotate_reference(head, angle.cos(), angle.sin())
+        outs.append(head)
+    return torch.stack(outs, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_per_head_tables_and_some_heads_on_the_kernel(
+    launches: list[int], dtype: torch.dtype, inplace: bool
+) -> None:
+    """Frequencies per key head (``base=[...]``; query head i reads row i // 2), and the
+    first two of four query heads alone (``rotary_heads=2``: key head 0 of 2): the kernel
+    reads the tables' head axis by stride and turns head slices where they lie; the
+    backward (out of place) too."""
+    torch.manual_seed(8)
+    short, long = 10.0, 1e4
+    some = posenc.RotaryEmbedding(D, base=short, rotary_heads=2).to(DEVICE)
+    per_head = posenc.RotaryEmbedding(D, base=[short, long]).to(DEVICE)
+    positions = torch.tensor([[3, 4, 5, 6, 7, 8], [0, 1, 2, 0, 1, 2]], device=DEVICE)
+    q0 = torch.randn(B, HQ, N, D, device=DEVICE).to(dtype)
+    k0 = torch.randn(B, HK, N, D, device=DEVICE).to(dtype)
+    cases = (
+        (some, [short, short, None, None], [short, None]),
+        (per_head, [short, short, long, long], [short, long]),
+    )
+    for module, q_rows, k_rows in cases:
+        got_q, got_k = module(q0.clone(), k0.clone(), positions, inplace=inplace)
+        assert launches
+        assert_close_to(got_q, _per_head_formula(q0, q_rows, positions))
+        assert_close_to(got_k, _per_head_formula(k0, k_rows, positions))
+        if inplace:
+            continue
+        q_leaf, k_leaf = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        got_q, got_k = module(q_leaf * 1, k_leaf * 1, positions)
+        g_q, g_k = torch.randn_like(got_q), torch.randn_like(got_k)
+        count = len(launches)
+        ((got_q * g_q).sum() + (got_k * g_k).sum()).backward()
+        assert len(launches) > count, "the backward did not run the Triton kernel"
+        for leaf, g, rows in ((q_leaf, g_q, q_rows), (k_leaf, g_k, k_rows)):
+            x64 = leaf.detach().double().requires_grad_()
+            (_per_head_formula(x64, rows, positions) * g.double().cpu()).sum().backward()
+            assert leaf.grad is not None and x64.grad is not None
+            assert_close_to(leaf.grad, x64.grad)
