@@ -151,6 +151,7 @@ class ALiBi(DistanceBias):
 
     #: the fused form computes ``-m_h · |d|`` in the kernel: any positions, no table
     table_score_mod: ClassVar[bool] = False
+    reads_distance_bound: ClassVar[bool] = False
 
     def score_mod(
         self,
