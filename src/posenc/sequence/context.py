@@ -73,7 +73,7 @@ class SequenceContext:
             ``None``: positions counted by default (none given, now or in the cache) lie in
             ``0 .. tokens - 1``, tokens counting the cached ones; a StreamingCache's
             in-cache positions lie in ``0 .. bound``. Bias tables by distance are sized
-            from it (:attr:`~posenc.encodings.state.BiasState.distance_bound`).
+            from it (``distance_bound`` of :class:`~posenc.encodings.state.BiasState`).
         memo: what the layers of this forward share (:class:`ForwardMemo`).
     """
 

@@ -168,9 +168,9 @@ def bounded_table(
     """``value(b, h, q_idx, kv_idx)`` inside a score_mod: ``table_fn(d)[h]`` at ``d =
     q_pos[i] - k_pos[j]`` (integer positions), read from one table over ``-bound .. bound``
     (``(h, 2 bound + 1)``, made here). ``bound`` is a host number that no distance of the
-    forward exceeds (:attr:`~posenc.encodings.state.BiasState.distance_bound`), so nothing is
-    read from the positions; a distance past it (a broken promise) reads NaN, never another
-    distance's value."""
+    forward exceeds (``distance_bound`` of :class:`~posenc.encodings.state.BiasState`), so
+    nothing is read from the positions; a distance past it (a broken promise) reads NaN,
+    never another distance's value."""
     table = table_fn(torch.arange(-bound, bound + 1, device=q_pos.device))  # (h, 2 bound + 1)
     # two tensors even when the queries' and keys' positions are one (compiled flex's
     # guards on captured tensors break on aliases when it recompiles)
@@ -253,7 +253,7 @@ class DistanceBias(BiasEncoding):
     saturates_at: int | None = None
     has_score_mod: ClassVar[bool] = True
     #: Whether :meth:`score_mod` takes ``distance_bound=`` (a host bound on ``|q_pos -
-    #: k_pos|``, see :attr:`~posenc.encodings.state.BiasState.distance_bound`).
+    #: k_pos|``, see ``distance_bound`` of :class:`~posenc.encodings.state.BiasState`).
     reads_distance_bound: ClassVar[bool] = True
     #: Whether the fused form reads one table by distance (then it exists only at whole-number
     #: positions); False for a scheme that computes its bias inside the kernel (ALiBi).
