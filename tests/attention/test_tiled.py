@@ -153,3 +153,25 @@ def test_a_tiled_training_step_reads_nothing_on_the_host(
     monkeypatch.undo()
     assert attn.last_backend == "tiled"
     assert calls == [], calls
+
+
+def test_tiles_with_grouped_heads_and_sinks_equal_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key/value head for two query heads and learned sinks, in tiles of 2 queries:
+    output and gradients equal the float64 math backend's."""
+    monkeypatch.setattr(tiled, "TILE_ELEMENTS", B * H * 2 * N)
+    torch.manual_seed(3)
+    attn = posenc.MultiHeadAttention(
+        H * D, H, num_kv_heads=1, pe=_pe("kerple"), causal=True, sinks=True, backend="tiled"
+    )
+    with torch.no_grad():
+        attn.sinks.normal_()
+    ref = copy.deepcopy(attn).double()
+    ref.backend = posenc.attention.backends.Backend.MATH
+    x = torch.randn(B, N, H * D, generator=torch.Generator().manual_seed(4))
+    got, want = attn(x), ref(x.double())
+    assert attn.last_backend == "tiled"
+    assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (pname, p), p64 in zip(attn.named_parameters(), ref.parameters(), strict=True):
+        assert_close(p.grad.double(), p64.grad, atol=1e-4, rtol=1e-4, msg=pname)
