@@ -17,6 +17,7 @@ from posenc.attention import backends
 from posenc.attention.backends import FLEX_AUTO_MIN_ELEMENTS, Backend, Request, choose_backend
 
 AUTO, FLEX, SDPA, MATH = Backend.AUTO, Backend.FLEX, Backend.SDPA, Backend.MATH
+TILED = Backend.TILED
 #: 16 heads at n = 1024 reach the CPU's threshold; n = 256 does not.
 BIG, SMALL = 1024, 256
 assert 16 * BIG * BIG >= FLEX_AUTO_MIN_ELEMENTS > 16 * SMALL * SMALL
@@ -74,6 +75,17 @@ TABLE: list[tuple[str, int, dict[str, Any], Backend]] = [
     ("cuda", BIG, {**TRAINS, "softcap": True}, MATH),
     ("cuda", BIG, {**TRAINS, "requested": FLEX}, FLEX),  # asked for: honoured
     ("cuda", BIG, {**TRAINS, "grad": False, "table_grad": False}, FLEX),  # inference
+    # ... and where the bias depends on the positions alone, it is made per tile of queries
+    ("cuda", BIG, {**TRAINS, "tiles": True}, TILED),
+    ("cuda", BIG, {**TRAINS, "tiles": True, "mask": "packed"}, TILED),
+    ("cuda", BIG, {**TRAINS, "tiles": True, "softcap": True}, MATH),
+    ("cuda", BIG, {**TRAINS, "tiles": True, "grad": False, "table_grad": False}, FLEX),
+    ("cpu", BIG, {**TRAINS, "tiles": True}, SDPA),  # (autograd on the CPU: no flex at all)
+    ("cpu", SMALL, {**TRAINS, "tiles": True, "requested": TILED}, TILED),  # asked for
+    ("cpu", SMALL, {"bias": "score_mod", "tiles": True, "requested": TILED}, TILED),
+    ("cpu", SMALL, {"bias": "score_mod", "requested": TILED}, SDPA),  # (q, k or x: no tiles)
+    ("cuda", SMALL, {**TRAINS, "tiles": True, "requested": TILED, "softcap": True}, MATH),
+    ("cuda", SMALL, {"tiles": True, "requested": TILED, "need_weights": True}, MATH),
     ("mps", SMALL, TRAINS, SDPA),
     ("cpu", BIG, TRAINS, SDPA),
     ("cuda", BIG, {"bias": "score_mod", "dropout": True}, SDPA),
@@ -121,7 +133,7 @@ def test_decision_table(device: str, n: int, fields: dict[str, Any], backend: Ba
 
 def test_the_table_reaches_every_backend_and_every_field() -> None:
     answers = {row[3] for row in TABLE}
-    assert answers == {FLEX, SDPA, MATH}
+    assert answers == {FLEX, SDPA, MATH, TILED}
     named = {key for row in TABLE for key in row[2]}
     fields = set(Request.__dataclass_fields__) - {"device", "heads", "nk"}
     assert fields <= named | {"nq"}, f"fields the table never varies: {fields - named}"
@@ -167,7 +179,7 @@ def test_attention_hands_the_chooser_its_call(monkeypatch: pytest.MonkeyPatch) -
     train, evaluate = seen
     assert train == Request(
         requested=AUTO, device="cpu", dtype=torch.float32, heads=4, nq=6, nk=6,
-        bias="score_mod", mask="padding", grad=True, dropout=True,
+        bias="score_mod", mask="padding", grad=True, dropout=True, tiles=True,
     )  # fmt: skip
     assert evaluate == replace(train, mask="causal", grad=False, dropout=False)
     assert attn.last_backend == "sdpa"
@@ -231,17 +243,18 @@ def _seen_request(monkeypatch: pytest.MonkeyPatch, pe: Any, train: bool) -> Requ
 
 
 #: What ``auto`` runs on CUDA for each scheme: (inference, training). A learned table in a
-#: fused form trains on SDPA with the bias materialised; a fixed bias (ALiBi, Sandwich) stays on
-#: flex; a scheme without a fused form runs SDPA; Shaw with values the math backend.
+#: fused form trains on SDPA, per tile of queries where the bias depends on the positions
+#: alone, else with the bias materialised; a fixed bias (ALiBi, Sandwich) stays on flex; a
+#: scheme without a fused form runs SDPA; Shaw with values the math backend.
 ON_CUDA = {
     "alibi": (FLEX, FLEX),
     "sandwich": (FLEX, FLEX),
-    "t5": (FLEX, SDPA),
-    "kerple": (FLEX, SDPA),
-    "dpb": (FLEX, SDPA),
-    "fire": (FLEX, SDPA),
+    "t5": (FLEX, TILED),
+    "kerple": (FLEX, TILED),
+    "dpb": (FLEX, TILED),
+    "fire": (FLEX, TILED),
     "shaw": (FLEX, SDPA),  # its per-query terms carry q's gradient
-    "swin-bias": (FLEX, SDPA),
+    "swin-bias": (FLEX, SDPA),  # (2-D positions: not tiled)
     "swinv2-cpb": (FLEX, SDPA),
     "xl": (SDPA, SDPA),
     "cope": (SDPA, SDPA),
@@ -252,7 +265,7 @@ ON_CUDA = {
 
 
 @pytest.mark.parametrize("name", sorted(ON_CUDA))
-@pytest.mark.parametrize("requested", [AUTO, FLEX, SDPA, MATH])
+@pytest.mark.parametrize("requested", [AUTO, FLEX, SDPA, MATH, TILED])
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 def test_every_scheme_on_every_backend(
     name: str, requested: Backend, train: bool, monkeypatch: pytest.MonkeyPatch
@@ -262,7 +275,8 @@ def test_every_scheme_on_every_backend(
     assert set(ON_CUDA) == set(posenc.available("bias"))
     pe = posenc.build_for_model(name, 16, 4)
     request = replace(_seen_request(monkeypatch, pe, train), requested=requested)
-    assert request.table_grad is (train and ON_CUDA[name] == (FLEX, SDPA))
+    assert request.table_grad is (train and ON_CUDA[name] in ((FLEX, SDPA), (FLEX, TILED)))
+    assert request.tiles is (name in ("alibi", "sandwich", "t5", "kerple", "dpb", "fire"))
     cuda = choose_backend(replace(request, device="cuda"))
     cpu = choose_backend(replace(request, nq=BIG, nk=BIG, heads=16))
     if requested == AUTO:
@@ -270,8 +284,10 @@ def test_every_scheme_on_every_backend(
         want = FLEX if request.bias == "score_mod" and not train else SDPA
         assert cpu == want  # (past the threshold; no CPU flex backward)
     else:
-        ran = {MATH: MATH, SDPA: SDPA, FLEX: FLEX}[requested]
+        ran = {MATH: MATH, SDPA: SDPA, FLEX: FLEX, TILED: TILED}[requested]
         if requested == FLEX and train:
             ran = SDPA  # (dropout is off; autograd on the CPU) / asked-for flex on CUDA
+        if requested == TILED and not request.tiles:
+            ran = SDPA
         assert cpu == ran
-        assert cuda == requested
+        assert cuda == (ran if requested == TILED else requested)

@@ -324,7 +324,12 @@ RANGE_READ = "the table by distance is sized from the positions, read once per f
         None,
         "alibi",
         "t5",
-        pytest.param("fire", marks=pytest.mark.xfail(strict=True, reason=RANGE_READ)),
+        "fire",
+        "kerple",
+        "dpb",
+        "sandwich",
+        "inkling",
+        "deberta",
     ],
 )
 def test_a_flex_call_with_a_mask_reads_nothing_on_the_host(

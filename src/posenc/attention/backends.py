@@ -7,7 +7,9 @@ function that chooses between them.
   materialised into its additive mask;
 * :func:`flex_backend`: :func:`torch.nn.attention.flex_attention` with the scheme's
   ``score_mod`` (or, for a scheme without a fused form, one reading its materialised bias)
-  and a block-sparse mask (``None`` only when compiling failed: the caller then runs SDPA).
+  and a block-sparse mask (``None`` only when compiling failed: the caller then runs SDPA);
+* :func:`tiled_backend`: SDPA over tiles of queries, each making its rows of a bias that
+  depends on the positions alone and dropping them (:mod:`posenc.attention.tiled`).
 
 Each takes ``(q, k, v, call)``: the heads ready for the softmax and an :class:`AttentionCall`
 saying what surrounds them (bias, masks, dropout). Keys and values keep their ``g`` grouped
@@ -41,6 +43,7 @@ from ..sequence.masks import MaskSpec
 from ..sequence.memo import forward_memo
 from . import flex
 from .sdpa import fused_attention, scaled_dot_product_attention
+from .tiled import tiled_attention
 
 __all__ = [
     "BACKEND_FUNCTIONS",
@@ -55,6 +58,8 @@ __all__ = [
     "learns_table",
     "math_backend",
     "sdpa_backend",
+    "tiled_backend",
+    "tiles_bias",
 ]
 
 
@@ -67,6 +72,8 @@ class Backend(str, Enum):
     FLEX = "flex"
     SDPA = "sdpa"
     MATH = "math"
+    #: SDPA per tile of queries, the bias made per tile (:mod:`posenc.attention.tiled`)
+    TILED = "tiled"
 
     def __str__(self) -> str:
         return self.value
@@ -120,6 +127,9 @@ class Request:
     flex_available: bool = True  #: this torch has flex_attention
     softcap: bool = False  #: logit soft-capping (SDPA cannot: flex's score_mod or math)
     sinks: bool = False  #: learned attention sinks (SDPA then materialises its mask)
+    #: the bias depends on the positions alone (no q, k, x or layer; 1-D positions): a tile
+    #: of queries can make its own rows of it (:func:`tiles_bias`)
+    tiles: bool = False
 
     @staticmethod
     def kind_of(state: BiasState | None, nk: int | None = None) -> BiasKind:
@@ -166,13 +176,22 @@ def choose_backend(request: Request) -> Backend:
     fused bias (a ``score_mod``). Sinks run on every backend; under ``auto`` sinks with a
     mask count as a fused bias too, since SDPA then materialises an ``(h, nq, nk + 1)`` mask
     (without a mask, its additive mask is one row per head).
+
+    ``tiled`` (SDPA per tile of queries, each making its rows of the bias) is what ``auto``
+    runs for such a learned table where the bias depends on the positions alone
+    (``tiles``: T5, KERPLE, DPB, FIRE): the gradient is reduced as with SDPA, and at most one
+    tile's bias is held instead of ``h · nq · nk`` values. Asked for, it runs wherever the
+    bias tiles (on the CPU too), else falls back as ``sdpa`` does.
     """
     r = request
     if r.need_weights or r.requested == Backend.MATH or r.bias == "value":
         return Backend.MATH
     fallback = Backend.MATH if r.softcap else Backend.SDPA
+    tiled = Backend.TILED if r.tiles and not r.softcap else fallback
     if r.requested == Backend.SDPA:
         return fallback
+    if r.requested == Backend.TILED:
+        return tiled
     flex_runs = r.flex_available and not r.dropout and not (r.device == "cpu" and r.grad)
     # the compiled kernel keeps the lengths symbolic, but a decoding step's one query is
     # served far better by SDPA with its (h, 1, nk) bias
@@ -186,7 +205,7 @@ def choose_backend(request: Request) -> Backend:
     if r.device == "cpu" and r.heads * r.nq * r.nk < FLEX_AUTO_MIN_ELEMENTS:
         return fallback
     if r.bias == "score_mod" and r.table_grad:  # (on a GPU: the CPU has no flex backward)
-        return fallback
+        return tiled
     return Backend.FLEX
 
 
@@ -348,10 +367,36 @@ def flex_backend(
     return out, None
 
 
+def tiled_backend(
+    q: Tensor, k: Tensor, v: Tensor, call: AttentionCall
+) -> tuple[Tensor | None, Tensor | None]:
+    """SDPA per tile of queries, each tile making its rows of the bias from the positions
+    and of the mask from the call's rules (:func:`~posenc.attention.tiled.tiled_attention`);
+    at most one tile's bias is held, in the forward and in the backward. Needs a bias that
+    tiles (:func:`tiles_bias`; :func:`choose_backend` sees to it); soft-capping never comes
+    here."""
+    state = call.state
+    assert state is not None and tiles_bias(state), "a bias of the positions alone tiles"
+    assert call.softcap is None, "soft-capping runs on flex or math (choose_backend)"
+    nk = k.shape[-2]
+    q_pos, k_pos = state.positions, state.last_keys(nk)
+    pe = state.pe
+
+    def bias(start: int, stop: int, q_tile: Tensor) -> Tensor:  # (h|b·h, t, nk)
+        return pe.bias(q_pos[..., start:stop], k_pos, q=q_tile)
+
+    out = tiled_attention(
+        q, k, v, bias, call.mask_spec(nk), dropout_p=call.dropout_p, scale=call.scale,
+        sinks=call.sinks,
+    )  # fmt: skip
+    return out, None
+
+
 BACKEND_FUNCTIONS: dict[Backend, BackendFn] = {
     Backend.MATH: math_backend,
     Backend.SDPA: sdpa_backend,
     Backend.FLEX: flex_backend,
+    Backend.TILED: tiled_backend,
 }
 
 
@@ -363,6 +408,19 @@ def learns(q: Tensor, state: BiasState | None, sinks: Tensor | None = None) -> b
     params = () if state is None else state.pe.parameters()
     sinks_learn = sinks is not None and sinks.requires_grad
     return q.requires_grad or sinks_learn or any(p.requires_grad for p in params)
+
+
+def tiles_bias(state: BiasState | None) -> bool:
+    """Whether ``state``'s bias can be made one tile of queries at a time: it depends on the
+    positions alone (no ``q``, ``k``, layer input or layer, no value-side term) and they
+    are 1-D, so the rows of queries ``start .. stop - 1`` are ``bias(q_pos[start:stop],
+    k_pos)``."""
+    return (
+        state is not None
+        and not state.per_layer
+        and not state.has_value_term
+        and state.pe.axes == 1
+    )
 
 
 def learns_table(q: Tensor, state: BiasState | None) -> bool:

@@ -40,6 +40,7 @@ from .backends import (
     choose_backend,
     learns,
     learns_table,
+    tiles_bias,
 )
 from .checks import check_attention_pe
 from .config import AttentionConfig
@@ -91,12 +92,16 @@ class MultiHeadAttention(nn.Module):
               score_mod are read from a materialised bias. It falls back to ``sdpa`` where
               flex cannot run: dropout while training, gradients on a CPU (flex has no CPU
               backward), a cached decoding step, or a failed compilation (warned once);
+            * ``"tiled"``: ``sdpa`` per tile of queries, each tile making its rows of a bias
+              that depends on the positions alone and dropping them (made again in the
+              backward), so at most one tile's bias is held; other biases run ``sdpa``;
             * ``"auto"``: ``flex`` for a bias scheme with a score_mod here (its
               ``has_score_mod`` and ``fused_at`` its positions; or a document, window or
               chunk mask, a soft-cap, or sinks with a mask) where flex can run: on a GPU
               always, except a learned table while training (its gradient would be added
-              atomically per score: ``sdpa`` with the bias materialised), on the CPU once the
-              bias would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
+              atomically per score: ``tiled`` where the bias depends on the positions
+              alone, else ``sdpa`` with the bias materialised), on the CPU once the bias
+              would hold ``FLEX_AUTO_MIN_ELEMENTS`` elements; else ``sdpa``.
 
             With ``softcap``, ``math`` stands wherever ``sdpa`` would (SDPA cannot cap).
 
@@ -446,6 +451,7 @@ class MultiHeadAttention(nn.Module):
             mask=call.mask_kind(),
             grad=learns(q, call.state, self.sinks),
             table_grad=learns_table(q, call.state),
+            tiles=tiles_bias(call.state),
             dropout=call.dropout_p > 0.0,
             need_weights=need_weights,
             compile_flex=self.compile_flex,

@@ -248,9 +248,12 @@ class BiasEncoding(PositionalEncoding):
         return cls(num_heads, **kwargs)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
-        """The positions, validated once; the bias is made at the first layer's request."""
+        """The positions, validated once; the bias is made at the first layer's request.
+        Default positions, ``arange(n)``, bound every distance by ``n - 1`` without a read."""
         b, n = x.shape[0], x.shape[1]
-        return BiasState(self, resolve_positions(positions, n, batch=b, device=x.device))
+        bound = n - 1 if positions is None and self.axes == 1 else None
+        resolved = resolve_positions(positions, n, batch=b, device=x.device)
+        return BiasState(self, resolved, distance_bound=bound)
 
     def context_state(
         self,

@@ -81,13 +81,25 @@ class BiasState(PositionState):
         positions: resolved positions of the queries, ``(n,)`` or ``(b, n)``.
         key_positions: those of the keys, ``(nk,)`` or ``(b, nk)`` (default: ``positions``;
             a cached forward's keys are the cached tokens followed by the new ones).
+        distance_bound: a host number that no ``|q_pos - k_pos|`` of one batch row exceeds,
+            known without reading the device (default positions count tokens: ``n - 1``
+            in a plain forward, the tokens seen minus one in a cached or packed one), or
+            ``None``. A scheme that sizes a table by distance
+            (``reads_distance_bound``) receives it in :meth:`score_mod` and then reads
+            nothing from the positions.
     """
 
     def __init__(
-        self, pe: Any, positions: Tensor, key_positions: Tensor | None = None
+        self,
+        pe: Any,
+        positions: Tensor,
+        key_positions: Tensor | None = None,
+        *,
+        distance_bound: int | None = None,
     ) -> None:  # pe: a BiasEncoding
         self.pe, self.positions = pe, positions
         self.key_positions = positions if key_positions is None else key_positions
+        self.distance_bound = distance_bound
         self._kept: list[tuple[tuple[Any, ...], Any]] = []  # see keep()
         #: The layer input a data-dependent bias reads, and the layer (set by :meth:`reading`).
         self.x: Tensor | None = None
@@ -134,6 +146,8 @@ class BiasState(PositionState):
             reads["x"] = self.x
         if getattr(self.pe, "needs_layer", False):
             reads["layer"] = self.layer
+        if name == "score_mod" and getattr(self.pe, "reads_distance_bound", False):
+            reads["distance_bound"] = self.distance_bound
         return self.keep((name, k.shape[-2]), lambda: hook(q_pos, k_pos, **reads))
 
     def last_keys(self, nk: int) -> Tensor:

@@ -99,6 +99,8 @@ class CacheWrite:
         self._memos: dict[int, tuple[nn.Module, dict[str, Any]]] = {}
         #: Whether the keys hold more than one document (the cache then masks documents).
         self.documents = False
+        #: Whether this forward's positions were given (not counted by default).
+        self.given = False
         self.closed = False
 
     def __len__(self) -> int:
@@ -177,6 +179,8 @@ class CacheWrite:
             cache._layers.setdefault(key, entry)
         if self.documents:
             cache.has_documents = True
+        if self.given:
+            cache.counted = False
         if self._tokens is not None:
             cache._commit(
                 *self._tokens, layers=list(self._layers.values()), bound=bound, keeps=keeps
@@ -232,6 +236,10 @@ class KVCache:
         self.has_padding = False
         #: Whether any call passed ``document_ids`` (the document mask is built only then).
         self.has_documents = False
+        #: Whether every position held was counted by default (from 0 where a document
+        #: opens, on from its last where it goes on), none given: then none exceeds the
+        #: tokens before it, so ``len(cache) - 1`` bounds every distance between them.
+        self.counted = True
         self._length = 0
 
     def __len__(self) -> int:

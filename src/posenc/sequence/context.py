@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..encodings.base import PositionalEncoding, RotaryEncoding
 from ..encodings.checks import PositionBound
-from ..encodings.state import PositionState
+from ..encodings.state import BiasState, PositionState
 from ..errors import PosencTypeError, PosencValueError
 from .cache import CacheWrite, KVCache
 from .documents import (
@@ -69,6 +69,11 @@ class SequenceContext:
             position in its row).
         keys_at_read: the cache stores keys before rotation (a StreamingCache): attention
             rotates every key it reads, at ``key_positions``.
+        distance_bound: a host number no ``|q_pos - k_pos|`` of one row exceeds, or
+            ``None``: positions counted by default (none given, now or in the cache) lie in
+            ``0 .. tokens - 1``, tokens counting the cached ones; a StreamingCache's
+            in-cache positions lie in ``0 .. bound``. Bias tables by distance are sized
+            from it (``distance_bound`` of :class:`~posenc.encodings.state.BiasState`).
         memo: what the layers of this forward share (:class:`ForwardMemo`).
     """
 
@@ -86,8 +91,10 @@ class SequenceContext:
         absolute_positions: Tensor | None = None,
         keys_at_read: bool = False,
         arange_keys: bool = False,
+        distance_bound: int | None = None,
     ) -> None:
         self.positions, self.key_positions = positions, key_positions
+        self.distance_bound = distance_bound
         self.absolute_positions = positions if absolute_positions is None else absolute_positions
         self.keys_at_read = keys_at_read
         self._arange_keys = arange_keys  # key_positions is arange(nk) in every row
@@ -169,6 +176,7 @@ class SequenceContext:
         uncached packed or windowed forward)."""
         cache = None if write is None else write.cache
         given = document_ids is not None
+        distance_bound = _counted_bound(write, positions, seq)
         padding = (
             torch.zeros(batch, seq, dtype=torch.bool, device=device)
             if key_padding_mask is None
@@ -206,6 +214,7 @@ class SequenceContext:
             write=write,
             bound=bound,
             keeps=not given and key_padding_mask is None,
+            distance_bound=distance_bound,
         )
 
     @classmethod
@@ -224,6 +233,7 @@ class SequenceContext:
         following = cache.next_position
         assert following is not None
         bound = None
+        distance_bound = _counted_bound(write, positions, seq)
         if positions is None:
             positions = following + torch.arange(seq, device=device)  # (b, n)
             start = cache.position_bound()  # every row's next position is at most this
@@ -241,6 +251,7 @@ class SequenceContext:
             k_runs=None,
             write=write,
             bound=bound,
+            distance_bound=distance_bound,
         )
 
     @classmethod
@@ -290,6 +301,7 @@ class SequenceContext:
             absolute_positions=step.absolute_positions,
             keys_at_read=True,
             arange_keys=step.arange_keys,
+            distance_bound=step.bound.largest,  # in-cache positions: 0 .. bound
         )
 
     def state(self, pe: PositionalEncoding, x: Tensor) -> PositionState | None:
@@ -303,7 +315,10 @@ class SequenceContext:
             nk = self.key_positions.shape[-1]
             keys = None if self._arange_keys else self.key_positions
             return pe.read_state(keys, x, memo, queries=x.shape[1], keys=nk, bound=self.bound)
-        return pe.context_state(self.positions, self.key_positions, x, memo, bound=self.bound)
+        state = pe.context_state(self.positions, self.key_positions, x, memo, bound=self.bound)
+        if isinstance(state, BiasState):
+            state.distance_bound = self.distance_bound
+        return state
 
     def keys_values(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values ``(b, h, nk, d)`` that ``module``'s new queries read: its cached
@@ -407,6 +422,20 @@ def position_state(
     if context is None:
         return pe.position_state(positions, x)
     return context.state(pe, x)
+
+
+def _counted_bound(write: CacheWrite | None, positions: Tensor | None, seq: int) -> int | None:
+    """The distance bound of a forward of ``seq`` new tokens (see
+    :attr:`SequenceContext.distance_bound`): ``tokens - 1`` where every position is counted
+    by default, else ``None``; records given positions on the cache's write side."""
+    if positions is not None:
+        if write is not None:
+            write.given = True
+        return None
+    if write is not None and not write.cache.counted:
+        return None
+    tokens = seq + (0 if write is None else len(write))
+    return tokens - 1 if tokens else None
 
 
 def _check_cache(cache: object) -> None:

@@ -151,6 +151,7 @@ class ALiBi(DistanceBias):
 
     #: the fused form computes ``-m_h · |d|`` in the kernel: any positions, no table
     table_score_mod: ClassVar[bool] = False
+    reads_distance_bound: ClassVar[bool] = False
 
     def score_mod(
         self,
@@ -163,7 +164,7 @@ class ALiBi(DistanceBias):
         """The bias computed inside the kernel: no table, so fractional positions work too."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         dtype = work_dtype(q, self)
-        at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype))
+        at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype).clone())  # no alias
         slopes = self.slopes.to(dtype)
         causal = self.causal
 

@@ -162,17 +162,43 @@ def distance_range(q_positions: Tensor, k_positions: Tensor) -> tuple[int, int]:
     return lo, hi
 
 
+def bounded_table(
+    table_fn: Callable[[Tensor], Tensor], q_pos: Tensor, k_pos: Tensor, bound: int
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """``value(b, h, q_idx, kv_idx)`` inside a score_mod: ``table_fn(d)[h]`` at ``d =
+    q_pos[i] - k_pos[j]`` (integer positions), read from one table over ``-bound .. bound``
+    (``(h, 2 bound + 1)``, made here). ``bound`` is a host number that no distance of the
+    forward exceeds (``distance_bound`` of :class:`~posenc.encodings.state.BiasState`), so
+    nothing is read from the positions; a distance past it (a broken promise) reads NaN,
+    never another distance's value."""
+    table = table_fn(torch.arange(-bound, bound + 1, device=q_pos.device))  # (h, 2 bound + 1)
+    # two tensors even when the queries' and keys' positions are one (compiled flex's
+    # guards on captured tensors break on aliases when it recompiles)
+    at_q, at_k = gather_fn(q_pos), gather_fn(k_pos.clone())
+
+    def value(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        d = at_q(b, q_idx) - at_k(b, kv_idx)
+        inside = table[h, d.clamp(-bound, bound) + bound]
+        return torch.where(d.abs() <= bound, inside, float("nan"))
+
+    return value
+
+
 def distance_table_score_mod(
     table_fn: Callable[[Tensor], Tensor],
     q_positions: Tensor,
     k_positions: Tensor,
     *,
     span: int | None = None,
+    bound: int | None = None,
 ) -> ScoreMod | None:
     """A score_mod adding ``table_fn(d)[h]`` at ``d = q_pos[i] - k_pos[j]``, built from one
     table over every distance that occurs: ``table_fn(arange(lo, hi + 1))`` is ``(h, R)``.
     ``span``: the bias is constant past ``±span`` (T5's last buckets), so the table covers
     ``-span .. span`` and the distances are clamped to it: nothing is read from the positions.
+    ``bound``: no distance of the forward exceeds it (a host number, see
+    :func:`bounded_table`): the table covers ``-bound .. bound`` and nothing is read. Without
+    either, the distances' range is read once (:func:`distance_range`).
 
     Returns ``None`` for fractional positions (no finite table covers them) or empty inputs.
     The table is computed here, eagerly; the kernel only indexes it.
@@ -182,9 +208,16 @@ def distance_table_score_mod(
     if not (is_integral(q_positions) and is_integral(k_positions)):
         return None
     q_pos, k_pos = q_positions.long(), k_positions.long()
+    if bound is not None and span is None:
+        value = bounded_table(table_fn, q_pos, k_pos, bound)
+
+        def bounded(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + value(b, h, q_idx, kv_idx).to(score.dtype)
+
+        return bounded
     if span is not None:
         table = table_fn(torch.arange(-span, span + 1, device=q_pos.device))  # (h, 2 span + 1)
-        at_q, at_k = gather_fn(q_pos), gather_fn(k_pos)
+        at_q, at_k = gather_fn(q_pos), gather_fn(k_pos.clone())  # (no alias: see above)
 
         def clamped_table(
             score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor
@@ -219,6 +252,9 @@ class DistanceBias(BiasEncoding):
     #: table then has a fixed size and reads nothing from the positions. ``None``: unbounded.
     saturates_at: int | None = None
     has_score_mod: ClassVar[bool] = True
+    #: Whether :meth:`score_mod` takes ``distance_bound=`` (a host bound on ``|q_pos -
+    #: k_pos|``, see ``distance_bound`` of :class:`~posenc.encodings.state.BiasState`).
+    reads_distance_bound: ClassVar[bool] = True
     #: Whether the fused form reads one table by distance (then it exists only at whole-number
     #: positions); False for a scheme that computes its bias inside the kernel (ALiBi).
     table_score_mod: ClassVar[bool] = True
@@ -266,7 +302,11 @@ class DistanceBias(BiasEncoding):
         *,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        distance_bound: int | None = None,
     ) -> ScoreMod | None:
+        """One table by distance read in the kernel (:func:`distance_table_score_mod`),
+        sized from ``distance_bound`` (a host number no ``|q_pos - k_pos|`` exceeds) or
+        from :attr:`saturates_at` without a read; else from the distances' range, read."""
         q_pos, k_pos = self._check(q_positions, k_positions)
 
         dtype = work_dtype(q, self)
@@ -274,4 +314,6 @@ class DistanceBias(BiasEncoding):
         def table_fn(distances: Tensor) -> Tensor:
             return self.distance_bias(distances.to(dtype))
 
-        return distance_table_score_mod(table_fn, q_pos, k_pos, span=self.saturates_at)
+        return distance_table_score_mod(
+            table_fn, q_pos, k_pos, span=self.saturates_at, bound=distance_bound
+        )

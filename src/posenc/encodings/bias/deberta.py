@@ -103,6 +103,7 @@ class DeBERTa(BiasEncoding):
     paper: ClassVar[str] = "He et al. 2021, DeBERTa: disentangled attention, ICLR"
     needs_qk: ClassVar[bool] = True
     has_score_mod: ClassVar[bool] = True
+    reads_distance_bound: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -216,10 +217,12 @@ class DeBERTa(BiasEncoding):
         q: Tensor | None,
         k: Tensor | None,
         layer: nn.Module | None = None,
+        every_row: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, int]:
         """Checked positions; ``q · K^r`` ``(b, h, nq, m)`` and ``k · Q^r`` ``(b, h, nk, m)``
         (scaled; ``None`` for a term not used) over the rows ``lo .. lo + m - 1`` of ``P``
-        that the pairs read, and ``lo``."""
+        that the pairs read (read on the CPU; every row elsewhere, or with ``every_row``),
+        and ``lo``."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         require_integral("q_positions", q_pos, "DeBERTa")
         require_integral("k_positions", k_pos, "DeBERTa")
@@ -227,7 +230,7 @@ class DeBERTa(BiasEncoding):
         _check_qk(q, self.num_heads, self.head_dim, "DeBERTa", seq=q_pos.shape[-1])
         _check_qk(k, self.num_heads, self.head_dim, "DeBERTa", "k", seq=k_pos.shape[-1])
         lo, hi = 0, 2 * self.span - 1  # every row of P; on the CPU only the rows read
-        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling()
+        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling() and not every_row
         if cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync the device)
             q_long, k_long = q_pos.long(), k_pos.long()
             ends = torch.stack(  # the smallest and largest i - j, then their indices
@@ -284,13 +287,22 @@ class DeBERTa(BiasEncoding):
         q: Tensor | None = None,
         k: Tensor | None = None,
         layer: nn.Module | None = None,
+        distance_bound: int | None = None,
     ) -> ScoreMod | None:
         """Adds ``c2p[b, h, i, δ] + p2c[b, h, j, δ]`` inside the kernel, ``δ`` read from a
-        table over the distances ``i - j`` that occur (bucketed as :meth:`index` does)."""
-        q_pos, k_pos, c2p, p2c, lo = self._tiles(q_positions, k_positions, q, k, layer)
+        table over the distances ``i - j`` (bucketed as :meth:`index` does): those within
+        ``distance_bound`` (a host bound on ``|i - j|``: nothing read; NaN past it), else
+        the range that occurs, read once."""
+        bounded = distance_bound is not None
+        q_pos, k_pos, c2p, p2c, lo = self._tiles(
+            q_positions, k_positions, q, k, layer, every_row=bounded
+        )
         if not (q_pos.numel() and k_pos.numel()):
             return None
-        near, far = distance_range(q_pos, k_pos)
+        if distance_bound is not None:
+            near, far = -distance_bound, distance_bound
+        else:
+            near, far = distance_range(q_pos, k_pos)
         distances = torch.arange(near, far + 1, device=q_pos.device)
         lookup = self.index(distances) - lo  # (R,): the tiles' column of each distance
         at_q, at_k = gather_fn(q_pos.long() - near), gather_fn(k_pos.long())
@@ -298,12 +310,15 @@ class DeBERTa(BiasEncoding):
 
         def disentangled(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
             # (clamped: a kernel may evaluate padded indices outside every real pair's range)
-            delta = lookup[(at_q(b, q_idx) - at_k(b, kv_idx)).clamp(0, last)]
+            shifted = at_q(b, q_idx) - at_k(b, kv_idx)
+            delta = lookup[shifted.clamp(0, last)]
             term = torch.zeros_like(score)
             if c2p is not None:
                 term = term + c2p[b, h, q_idx, delta].to(score.dtype)
             if p2c is not None:
                 term = term + p2c[b, h, kv_idx, delta].to(score.dtype)
+            if bounded:  # a distance past the bound: NaN, never another distance's value
+                term = torch.where((shifted >= 0) & (shifted <= last), term, float("nan"))
             return score + term
 
         return disentangled

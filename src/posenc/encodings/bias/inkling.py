@@ -71,6 +71,7 @@ class Inkling(BiasEncoding):
     paper: ClassVar[str] = "Thinking Machines 2026, Inkling (transformers inkling2)"
     needs_x: ClassVar[bool] = True
     has_score_mod: ClassVar[bool] = True
+    reads_distance_bound: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -138,10 +139,15 @@ class Inkling(BiasEncoding):
         return states.transpose(1, 2)  # (b, h, n, r)
 
     def _tile(
-        self, q_positions: object, k_positions: object, x: Tensor | None
+        self,
+        q_positions: object,
+        k_positions: object,
+        x: Tensor | None,
+        distance_bound: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Checked positions, and the tile ``states · P[:, :m]`` ``(b, h, nq, m)`` over the
-        ``m = min(R, largest distance + 1)`` distances that occur."""
+        ``m = min(R, largest distance + 1)`` distances that occur (``distance_bound``: a
+        host bound on the largest, read nowhere)."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         require_integral("q_positions", q_pos, "Inkling")
         require_integral("k_positions", k_pos, "Inkling")
@@ -150,7 +156,9 @@ class Inkling(BiasEncoding):
         states = self.relative_states(x, q_pos)
         m = self.extent  # every distance the window holds; on the CPU only those that occur
         cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling()
-        if cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync the device)
+        if distance_bound is not None:
+            m = max(1, min(m, distance_bound + 1))
+        elif cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync)
             m = max(1, min(m, distance_range(q_pos, k_pos)[1] + 1))
         tile = states @ self.proj[:, :m].to(states.dtype)  # (b, h, nq, m)
         return q_pos, k_pos, tile, m
@@ -182,9 +190,12 @@ class Inkling(BiasEncoding):
         x: Tensor | None = None,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        distance_bound: int | None = None,
     ) -> ScoreMod | None:
-        """Adds ``tile[b, h, i, i - j]`` inside the kernel where ``0 ≤ i - j < R``."""
-        q_pos, k_pos, tile, m = self._tile(q_positions, k_positions, x)
+        """Adds ``tile[b, h, i, i - j]`` inside the kernel where ``0 ≤ i - j < R`` (the
+        tile over ``min(R, distance_bound + 1)`` distances where that bound is known; a
+        distance inside ``R`` past the tile reads NaN)."""
+        q_pos, k_pos, tile, m = self._tile(q_positions, k_positions, x, distance_bound)
         # two tensors even when the queries' and keys' positions are one (flex's guards on
         # captured tensors break on aliases)
         at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long().clone())
@@ -193,6 +204,7 @@ class Inkling(BiasEncoding):
         def inkling(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
             d = at_q(b, q_idx) - at_k(b, kv_idx)
             value = tile[b, h, q_idx, d.clamp(0, m - 1)]
+            value = torch.where(d < m, value, float("nan"))  # (past a broken bound)
             inside = (d >= 0) & (d < extent)
             return score + torch.where(inside, value, torch.zeros_like(value)).to(score.dtype)
 

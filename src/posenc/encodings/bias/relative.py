@@ -22,7 +22,6 @@ from .common import (
     DistanceBias,
     check_bias_bytes,
     check_pair_positions,
-    distance_range,
     gather_fn,
     is_integral,
     relative_distance,
@@ -177,6 +176,7 @@ class FIRE(BiasEncoding):
 
     paper: ClassVar[str] = "Li et al. 2024, FIRE (ICLR), arXiv:2310.04418"
     has_score_mod: ClassVar[bool] = True  # at any positions (fractional ones in the kernel)
+    reads_distance_bound: ClassVar[bool] = True
 
     def __init__(
         self, num_heads: int, *, mlp_dim: int = 32, c: float = 1.0, threshold: float = 512.0
@@ -262,13 +262,15 @@ class FIRE(BiasEncoding):
         *,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        distance_bound: int | None = None,
     ) -> ScoreMod | None:
         """The whole bias inside the kernel, exactly, with every tensor that carries a
         gradient read once per score (what compiled flex_attention's backward requires):
 
         * the normaliser ``ψ(max(L, i))`` from a per-query table ``(nq,)``/``(b, nq)``;
-        * ``sign(d) · ψ(|d|)`` from a table over every distance ``d = i - j`` that occurs
-          (integer positions), else computed in the kernel from ``c`` (read once);
+        * ``sign(d) · ψ(|d|)`` from a table over ``-distance_bound .. distance_bound`` (a
+          host bound on ``|d|``, ``d = i - j`` at integer positions; NaN past it), else
+          computed in the kernel from ``c`` (read once): nothing is read from the positions;
         * the MLP as its :meth:`mlp_segments`: a binary search over the ``H`` kinks (``log2
           H`` reads of a detached tensor), then ``A[h, s] + B[h, s] · x``.
 
@@ -285,21 +287,26 @@ class FIRE(BiasEncoding):
         intercept, gradient, kinks = self.mlp_segments(dtype)
         steps = [1 << e for e in reversed(range(kinks.shape[0].bit_length()))]
         signed_psi: Callable[[Tensor, Tensor, Tensor], Tensor]
-        if is_integral(q_pos) and is_integral(k_pos):
-            lo, hi = distance_range(q_pos, k_pos)
-            d = torch.arange(lo, hi + 1, device=q_pos.device).to(dtype)
-            table = torch.sign(d) * torch.log1p(c * d.abs())  # (R,)
-            at_q, at_k = gather_fn(q_pos.long() - lo), gather_fn(k_pos.long())
+        whole = is_integral(q_pos) and is_integral(k_pos)
+        if whole and distance_bound is not None:
+            bound = distance_bound
+            d = torch.arange(-bound, bound + 1, device=q_pos.device).to(dtype)
+            table = torch.sign(d) * torch.log1p(c * d.abs())  # (2 bound + 1,)
+            # (two tensors even where the positions are one: flex's guards break on aliases)
+            at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long().clone())
 
             def signed_psi(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return table[at_q(b, q_idx) - at_k(b, kv_idx)]
+                distance = at_q(b, q_idx) - at_k(b, kv_idx)
+                inside = table[distance.clamp(-bound, bound) + bound]
+                return torch.where(distance.abs() <= bound, inside, float("nan"))
 
-        else:
-            at_q, at_k = gather_fn(q_pos.to(dtype)), gather_fn(k_pos.to(dtype))
+        else:  # integer positions subtracted exactly, then converted
+            kind = torch.long if whole else dtype
+            at_q, at_k = gather_fn(q_pos.to(kind)), gather_fn(k_pos.to(kind).clone())
             c_once = c.reshape(1)
 
             def signed_psi(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                d = at_q(b, q_idx) - at_k(b, kv_idx)
+                d = (at_q(b, q_idx) - at_k(b, kv_idx)).to(dtype)
                 return torch.sign(d) * torch.log1p(c_once[0] * d.abs())
 
         def fire(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -1,0 +1,143 @@
+"""Tables by distance sized from a host bound (issue #43 item 2): default positions count
+tokens, so a plain forward's distances lie within ``n - 1`` and a cached or packed one's
+within the tokens seen minus one; the fused forms of KERPLE, DPB, FIRE, Sandwich and
+DeBERTa then read nothing from the positions. Here through flex attention (its eager
+reference), over a cache (each step's queries offset by the cached tokens) and over packed
+documents, with every host read counted, against the float64 math backend; and a bound
+that the distances exceed gives NaN, never another distance's value."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import posenc
+from posenc.attention.backends import Backend
+
+DIM, HEADS = 16, 2
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
+TABLES = ["kerple", "dpb", "fire", "sandwich", "deberta", "inkling"]
+
+
+@contextmanager
+def posenc_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """``module: method`` for each ``Tensor`` method that posenc's code called to read a
+    value on the host."""
+    calls: list[str] = []
+    with monkeypatch.context() as patch:
+        for name in READS:
+            real = getattr(torch.Tensor, name)
+
+            def counted(self, *args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if caller.startswith("posenc"):
+                    calls.append(f"{caller}: {_name}")
+                return _real(self, *args, **kwargs)
+
+            patch.setattr(torch.Tensor, name, counted)
+        yield calls
+
+
+def _pair(name: str) -> tuple[posenc.MultiHeadAttention, posenc.MultiHeadAttention]:
+    """Attention on flex (eager) and a float64 copy on the math backend."""
+    torch.manual_seed(0)
+    attn = posenc.MultiHeadAttention(DIM, HEADS, pe=name, causal=True, backend="flex").eval()
+    attn.compile_flex = False
+    ref = copy.deepcopy(attn).double()
+    ref.backend = Backend.MATH
+    return attn, ref
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_cached_steps_read_nothing_and_equal_float64(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of 5, three single steps and a chunk of 2 through one cache: each call's
+    table covers the tokens seen (its queries sit at offsets 5, 6, ... from the cache), no
+    value is read, and the outputs equal the float64 math backend's."""
+    attn, ref = _pair(name)
+    x = torch.randn(2, 10, DIM, generator=torch.Generator().manual_seed(1))
+    caches = posenc.KVCache(), posenc.KVCache()
+    with torch.no_grad():
+        for start, end in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 10)]:
+            with posenc_reads(monkeypatch) as calls:
+                got = attn(x[:, start:end], cache=caches[0])
+            want = ref(x[:, start:end].double(), cache=caches[1])
+            assert attn.last_backend == "flex"
+            assert calls == [], (start, calls)
+            assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_packed_documents_read_nothing_and_equal_float64(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Positions restart at each document (ids ``[0, 0, 0, 1, 1, 1, 1]``, ``[4, 4, 9, 9, 9,
+    9, 9]``): the bound is the tokens minus one, no position is read. (The ids given are
+    read once, to know whether some row holds two documents and needs their mask.)"""
+    attn, ref = _pair(name)
+    x = torch.randn(2, 7, DIM, generator=torch.Generator().manual_seed(2))
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [4, 4, 9, 9, 9, 9, 9]])
+    with torch.no_grad():
+        with posenc_reads(monkeypatch) as calls:
+            got = attn(x, document_ids=ids)
+        want = ref(x.double(), document_ids=ids)
+    assert attn.last_backend == "flex"
+    assert calls == ["posenc.sequence.documents: __bool__"], calls
+    assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_bound_is_the_tokens_seen_and_given_positions_drop_it() -> None:
+    """The context's bound: tokens - 1 while every position is counted by default; once a
+    call gives positions (here far past the tokens), none, and the table is sized from the
+    distances read (the output still equals float64)."""
+    attn, ref = _pair("dpb")
+    seen: list[int | None] = []
+    real = type(attn.pe).score_mod
+
+    def spy(self, *args, distance_bound=None, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(distance_bound)
+        return real(self, *args, distance_bound=distance_bound, **kwargs)
+
+    x = torch.randn(1, 9, DIM)
+    cache, cache64 = posenc.KVCache(), posenc.KVCache()
+    far = torch.tensor([[100, 140]])
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(attn.pe), "score_mod", spy)
+        attn(x[:, :4], cache=cache)
+        attn(x[:, 4:5], cache=cache)
+        got = attn(x[:, 5:7], cache=cache, positions=far)
+        step = attn(x[:, 7:8], cache=cache)
+    assert seen == [3, 4, None, None]
+    ref(x[:, :4].double(), cache=cache64)
+    ref(x[:, 4:5].double(), cache=cache64)
+    assert_close(got.double(), ref(x[:, 5:7].double(), cache=cache64, positions=far))
+    assert_close(step.double(), ref(x[:, 7:8].double(), cache=cache64))
+
+
+@pytest.mark.parametrize("name", ["kerple", "fire"])
+def test_distances_past_a_broken_bound_are_nan(name: str) -> None:
+    """The fused form trusts its bound for its table's size; a distance past it reads NaN
+    and every distance within it the bias itself (float64, exactly)."""
+    pe = posenc.build_for_model(name, DIM, HEADS).double()
+    n, bound = 6, 3
+    positions = torch.arange(n)
+    mod = pe.score_mod(positions, positions, distance_bound=bound)
+    assert mod is not None
+    grid = (
+        torch.zeros(1, 1, 1, 1, dtype=torch.long),
+        torch.arange(HEADS).view(1, HEADS, 1, 1),
+        torch.arange(n).view(1, 1, n, 1),
+        torch.arange(n).view(1, 1, 1, n),
+    )
+    got = mod(torch.zeros(1, HEADS, n, n, dtype=torch.float64), *grid)[0]
+    far = (positions.view(-1, 1) - positions.view(1, -1)).abs() > bound  # (n, n)
+    assert got[:, far].isnan().all()
+    want = pe.bias(positions, positions)
+    assert_close(got[:, ~far], want[:, ~far], rtol=1e-12, atol=1e-12)
