@@ -29,6 +29,7 @@ _SUBCOMMAND_MODULES = {
     "hf": "posenc.app.hf_command",
     "conformance": "posenc.app.conformance",
     "probe": "posenc.app.probe_command",
+    "resolution": "posenc.vision_study",
 }
 
 #: What the command needs beyond posenc's core (torch alone): the ``app`` extra,
@@ -102,6 +103,24 @@ def _seed(text: str) -> int:
 MAX_POSITIONS, MAX_DIM, MAX_HEADS, MAX_DPI, MAX_LENGTH = 4096, 4096, 256, 1200, 2048
 
 
+#: The largest grid side (``--grid``): the grid measures hold (h·w)² pairs.
+MAX_GRID_SIDE = 64
+
+
+def _grid_shape(text: str) -> tuple[int, ...]:
+    """``HxW`` or ``TxHxW``, each side 2 .. :data:`MAX_GRID_SIDE`."""
+    parts = text.lower().split("x")
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if len(shape) not in (2, 3) or any(not 2 <= s <= MAX_GRID_SIDE for s in shape):
+        raise argparse.ArgumentTypeError(
+            f"expected HxW or TxHxW with sides in [2, {MAX_GRID_SIDE}], got {text!r}"
+        )
+    return shape
+
+
 def _figure_path(text: str) -> Path:
     path = Path(text)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -149,7 +168,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from ..plots import plot_encoding, save_figure
 
     fig = plot_encoding(
-        args.names, kind=args.kind, positions=args.positions, dim=args.dim, num_heads=args.heads
+        args.names,
+        kind=args.kind,
+        positions=args.positions,
+        dim=args.dim,
+        num_heads=args.heads,
+        grid=args.grid,
     )
     try:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -174,13 +198,25 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     from ..analysis import ANALYSIS_COLUMNS, analyze, format_analysis
     from ..encodings.registry import available, entry
+    from ..grid_analysis import GRID_COLUMNS, analyze_grid, check_grid, format_grid_analysis
 
     names = args.names or available()
     for name in names:
-        entry(name)  # an unknown name fails before any work
+        axes = entry(name).cls.axes  # an unknown name fails before any work
+        if axes != 1:
+            check_grid(args.grid, axes)  # and a grid that does not fit it
     rows = [analyze(name, length=args.length, seed=args.seed) for name in names]
+    grids = {
+        row.name: analyze_grid(row.name, grid=args.grid, seed=args.seed)
+        for row in rows
+        if entry(row.name).cls.axes != 1
+    }
     if args.json:
-        print(json.dumps([row.to_dict() for row in rows], indent=2))
+        dicts = [row.to_dict() for row in rows]
+        for entry_dict in dicts:
+            if entry_dict["name"] in grids:
+                entry_dict["grid"] = grids[str(entry_dict["name"])].to_dict()
+        print(json.dumps(dicts, indent=2))
         return 0
     table = Table(title=f"measured properties (training length L = {args.length})")
     for column in ANALYSIS_COLUMNS:
@@ -196,6 +232,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "[L, 2L) against [0, L); permutation gap: 0 when a random bidirectional encoder "
         "cannot see order."
     )
+    if grids:
+        table = Table(title="grid properties (2-D/3-D encodings)")
+        for column in GRID_COLUMNS:
+            left = column in ("encoding", "family")
+            table.add_column(column, justify="left" if left else "right")
+        for grid_row in grids.values():
+            table.add_row(*format_grid_analysis(grid_row))
+        console.print(table)
+        console.print(
+            "shift resid.: 0 when the contribution of two points is unchanged by shifting both; "
+            "decay (Euclid.): share of Euclidean distances where the mean contribution does not "
+            "rise; row/col gap: largest difference between offsets along rows and along columns."
+        )
     return 0
 
 
@@ -259,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=_bounded(MAX_DIM), default=None, help="model width")
     p.add_argument("--heads", type=_bounded(MAX_HEADS), default=4, help="attention heads")
     p.add_argument("--dpi", type=_bounded(MAX_DPI), default=120, help=f"at most {MAX_DPI}")
+    p.add_argument(
+        "--grid",
+        type=_grid_shape,
+        default=None,
+        help="HxW (or TxHxW): draw each grid encoding's similarity to the centre and a corner "
+        "patch over this grid (kind 'grid'; several names side by side)",
+    )
     p.add_argument("-o", "--output", type=_figure_path, required=True, help="file to write")
     p.set_defaults(func=cmd_plot)
 
@@ -273,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"training length L (at most {MAX_LENGTH})",
     )
     p.add_argument("--seed", type=_seed, default=0, help="seed for random weights and probes")
+    p.add_argument(
+        "--grid",
+        type=_grid_shape,
+        default=(8, 8),
+        help="HxW (or TxHxW) grid on which 2-D/3-D encodings are measured (default 8x8)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_analyze)
 

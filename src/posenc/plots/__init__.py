@@ -221,18 +221,41 @@ def plot_encoding(
     positions: int = 100,
     dim: int | None = None,
     num_heads: int = 4,
+    grid: Sequence[int] | None = None,
 ) -> Figure:
     """Draw the encoding(s) registered under ``names``.
 
     One name: ``kind`` from :func:`kinds_for` (default by family). Several names: a
-    side-by-side figure of kind ``similarity`` (default) or ``distance``.
+    side-by-side figure of kind ``similarity`` (default) or ``distance``; or, when every name
+    is a grid encoding and ``kind`` is ``grid`` or ``grid`` is given, each one's similarity to
+    the centre and to a corner over the grid. ``grid`` is the ``grid`` kind's shape, ``(h,
+    w)`` (a 3-D encoding's volume is ``h`` deep) or ``(t, h, w)``; default 16 per side.
     """
     check_positive_int("positions", positions)
     if isinstance(names, str):
         names = [names]
     if not names:
         raise PosencValueError("names must hold at least one encoding name")
+    if grid is not None:
+        if len(grid) not in (2, 3) or any(not isinstance(s, int) or s < 2 for s in grid):
+            raise PosencValueError(f"grid must be 2 or 3 sides of at least 2, got {list(grid)}")
+        if kind not in (None, "grid"):
+            raise PosencValueError(f"grid= draws the kind 'grid', got kind {kind!r}")
+        kind = "grid"
     encodings = [(name, build_for_plot(name, dim, num_heads)) for name in names]
+    if kind == "grid":
+        flat = [name for name, pe in encodings if pe.axes == 1]
+        if flat:
+            raise PosencValueError(
+                f"kind 'grid' draws grid encodings; {', '.join(flat)} encode sequences"
+            )
+        if len(grid or ()) == 3 and any(pe.axes == 2 for _, pe in encodings):
+            raise PosencValueError(f"a 2-D encoding takes a grid of 2 sides, got {list(grid)}")
+        shape = list(grid) if grid is not None else [16, 16]
+        if len(encodings) > 1:
+            return diagnostics.compare_grids(encodings, shape)
+        name, pe = encodings[0]
+        return diagnostics.grid(pe, name, shape=shape)
     if len(encodings) > 1:
         return diagnostics.compare(encodings, kind=kind or "similarity", positions=positions)
     name, pe = encodings[0]

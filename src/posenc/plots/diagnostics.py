@@ -82,26 +82,60 @@ def heads(pe: PositionalEncoding, name: str, positions: int = 32, max_heads: int
     return fig
 
 
-def grid(pe: PositionalEncoding, name: str, side: int = 16) -> Figure:
-    """For a 2-D (or 3-D, middle slice) encoding: how each patch of a ``side x side`` grid
-    relates to the centre patch and to a corner patch."""
-    shape = [side] * pe.axes
-    shown = [side] * 2  # the picture: the whole 2-D grid, or the middle slice of a volume
-    patches = grid_coordinates(shown)  # (side^2, 2)
+def _grid_rows(
+    pe: PositionalEncoding, shape: Sequence[int]
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The contribution of the centre point and of the corner point to every point shown
+    (the whole 2-D grid, or a 3-D volume's middle frame), ``(2, h, w)``; and the grid's and
+    the picture's shape."""
+    shape = list(shape)
+    if pe.axes == 3 and len(shape) == 2:
+        shape = [shape[0], *shape]  # a volume as deep as it is high
+    shown = shape[-2:]
+    patches = grid_coordinates(shown)  # (h * w, 2)
     if pe.axes == 3:
-        middle = torch.full((patches.shape[0], 1), side // 2, dtype=patches.dtype)
-        patches = torch.cat((middle, patches), dim=1)  # (side^2, 3)
+        middle = torch.full((patches.shape[0], 1), shape[0] // 2, dtype=patches.dtype)
+        patches = torch.cat((middle, patches), dim=1)  # (h * w, 3)
     centre = torch.tensor([[s // 2 for s in shape]])
     corner = torch.zeros(1, pe.axes, dtype=patches.dtype)
-    # only two rows are drawn: the contribution of the centre and the corner to every patch
-    # shown, not all (side^pe.axes)^2 pairs of the volume
-    m = contribution_matrix(pe, torch.cat((centre, corner, patches)))[0]  # (2 + side^2, ...)
+    # only two rows are needed: the contribution of the centre and the corner to every patch
+    # shown, not all pairs of the volume
+    m = contribution_matrix(pe, torch.cat((centre, corner, patches)))[0]  # (2 + h*w, ...)
+    return m[:2, 2:].reshape(2, *shown), shape, shown
+
+
+def grid(
+    pe: PositionalEncoding, name: str, side: int = 16, *, shape: Sequence[int] | None = None
+) -> Figure:
+    """For a 2-D (or 3-D, middle frame) encoding: how each patch of a ``side x side`` grid
+    (or one of ``shape``, ``(h, w)`` or ``(t, h, w)``) relates to the centre patch and to a
+    corner patch."""
+    rows, full, _ = _grid_rows(pe, shape if shape is not None else [side] * pe.axes)
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), layout="constrained")
-    for ax, (ref, label) in zip(axes, ((0, "centre"), (1, "corner")), strict=True):
-        _draw_matrix(ax, m[ref, 2:].reshape(shown), f"similarity to the {label} patch")
+    for ax, ref, label in zip(axes, rows, ("centre", "corner"), strict=True):
+        _draw_matrix(ax, ref, f"similarity to the {label} patch")
         ax.set_xlabel("column")
         ax.set_ylabel("row")
-    fig.suptitle(f"{name} on a {' x '.join(map(str, shape))} grid")
+    fig.suptitle(f"{name} on a {' x '.join(map(str, full))} grid")
+    return fig
+
+
+def compare_grids(
+    encodings: Sequence[tuple[str, PositionalEncoding]], shape: Sequence[int]
+) -> Figure:
+    """Several grid encodings side by side: for each, the similarity of every patch of a grid
+    of ``shape`` to the centre patch (top) and to a corner patch (bottom)."""
+    count = len(encodings)
+    fig, axes = plt.subplots(
+        2, count, figsize=(3.6 * count, 6.4), layout="constrained", squeeze=False
+    )
+    for col, (name, pe) in enumerate(encodings):
+        rows, _, _ = _grid_rows(pe, shape)
+        for row, label in enumerate(("centre", "corner")):
+            _draw_matrix(axes[row, col], rows[row], f"{name}: to the {label}")
+            axes[row, col].set_xlabel("column")
+            axes[row, col].set_ylabel("row")
+    fig.suptitle(f"similarity over a {' x '.join(map(str, shape))} grid")
     return fig
 
 
