@@ -36,16 +36,17 @@ import inspect
 import re
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..encodings.rotary.kernels.select import eager_plain
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
-from .rotations import form_of, rotation
+from .rotations import form_of, prepare, rotation
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -277,10 +278,10 @@ class _Tables:
     ropes: dict[str | None, RotaryEmbedding]  # layer type (None: the only one) -> posenc's
     takes_layer_type: bool
     form: str = "cos_sin"  # of :data:`~.rotations.FORMS`: what the attentions' function reads
+    interleaved: bool = field(init=False)  # the tables' layout: each frequency twice
 
-    @property
-    def interleaved(self) -> bool:
-        return next(iter(self.ropes.values())).interleaved
+    def __post_init__(self) -> None:
+        self.interleaved = next(iter(self.ropes.values())).interleaved
 
     @classmethod
     def of(cls, family: str, module: nn.Module, model_config: Any = None) -> _Tables:
@@ -306,35 +307,33 @@ class _Tables:
     def tables(self, position_ids: Tensor, layer_type: str | None) -> tuple[Tensor, Tensor]:
         """float32 tables in the family's form and layout (attention factor in): ``(b, n,
         r)`` cos and sin; for the ``"sin_cos"`` form ``(b, n, r/2)`` sin and cos; for
-        ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``."""
+        ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``. Full-width
+        tables of the half layout are marked for the C kernel (:func:`~.rotations.prepare`)."""
         rope = self.ropes[layer_type if self.takes_layer_type else None]
-        device = position_ids.device
-        if rope.inv_freq.device != device:
-            rope.to(device)
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
-        if position_ids.dim() == 3 and not isinstance(rope, MultimodalRotaryEmbedding):
-            position_ids = position_ids[0]  # rows of one position each (text)
-        cos, sin = rope.cos_sin(
-            position_ids, position_ids.shape[-1], dtype=torch.float32, device=device
-        )
-        if cos.dim() == 2:  # M-RoPE rows of batch 1: (n, r/2) -> (1, n, r/2)
-            cos, sin = cos[None], sin[None]
-        else:  # (b, 1, n, r/2) -> (b, n, r/2)
-            cos, sin = cos[:, 0], sin[:, 0]
+        plain = eager_plain(position_ids)
+        halves = _rows(rope, position_ids) if plain else None
+        if halves is None:
+            with torch.no_grad():
+                cos, sin = _cos_sin(rope, position_ids)
+        else:
+            cos, sin = halves
         if self.form == "sin_cos":
             return sin, cos
         if self.form == "complex":
             return torch.complex(cos, sin)
         if self.interleaved:
             return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        if plain:
+            prepare(cos, sin)
+        return cos, sin
 
     def forward(self, module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
         """The patched rotary module's ``forward(x, position_ids[, layer_type])``."""
         layer_type = kw.get("layer_type", args[0] if args else None)
-        with torch.no_grad():
-            return self.tables(position_ids, layer_type)
+        return self.tables(position_ids, layer_type)
 
     def probe(
         self,
@@ -355,7 +354,7 @@ class _Tables:
         positions = start + torch.arange(_PROBE_LENGTH, device=device)  # (b, n)
         generator = torch.Generator().manual_seed(0)
         for layer_type in self.ropes:
-            rope = _copy_rope(self.ropes[layer_type])
+            rope = copy.deepcopy(self.ropes[layer_type])
             mine = _Tables(self.module, {layer_type: rope}, True, self.form)
             kwargs = {"layer_type": layer_type} if self.takes_layer_type else {}
             rows = getattr(self.ropes[layer_type], "rows", 0)
@@ -402,6 +401,57 @@ class _Tables:
                 )
 
 
+def _cos_sin(rope: RotaryEmbedding, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin ``(b, n, r/2)`` from :meth:`~.RotaryEmbedding.cos_sin` (which checks the
+    positions, follows the length and grows the tables); ``position_ids`` ``(b, n)``, or
+    ``(rows, b, n)`` for multimodal RoPE (a text rope reads the first row)."""
+    device = position_ids.device
+    if rope.inv_freq.device != device:
+        rope.to(device)
+    if position_ids.dim() == 3 and not isinstance(rope, MultimodalRotaryEmbedding):
+        position_ids = position_ids[0]  # rows of one position each (text)
+    n = position_ids.shape[-1]
+    cos, sin = rope.cos_sin(position_ids, n, dtype=torch.float32, device=device)
+    if cos.dim() == 2:  # M-RoPE rows of batch 1: (n, r/2) -> (1, n, r/2)
+        return cos[None], sin[None]
+    return cos[:, 0], sin[:, 0]  # (b, 1, n, r/2) -> (b, n, r/2)
+
+
+def _rows(rope: RotaryEmbedding, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
+    """cos and sin ``(b, n, r/2)`` for integer CPU ``position_ids`` ``(b, n)``, gathered from
+    the rows of ``rope``'s float32 tables (the rows :meth:`~.RotaryEmbedding.cos_sin` reads:
+    the same values), where its frequencies are fixed; one ``index_select`` each, whose bounds
+    check is the positions' (a position outside the tables, negative ones included, raises
+    there). For plain tensors in eager mode (the caller checks: :func:`eager_plain`). ``None``
+    where this does not apply (frequencies that follow the length or are learned, multimodal
+    RoPE, a position outside the tables, another device or dtype): :func:`_cos_sin` then reads,
+    checks and grows."""
+    spec = rope.rope_spec
+    if (
+        position_ids.dim() != 2
+        or position_ids.dtype not in (torch.int64, torch.int32)
+        or not position_ids.is_cpu
+        or not spec.caches_table
+        or spec.uses_length
+        or rope.learned_freq
+        or isinstance(rope, MultimodalRotaryEmbedding)
+    ):
+        return None
+    table_cos, table_sin = rope._buffers["cos_cached"], rope._buffers["sin_cached"]
+    if not table_cos.is_cpu or table_cos.dtype is not torch.float32:
+        return None
+    b, n = position_ids.shape
+    ids = position_ids.reshape(-1)  # (b * n,)
+    if not ids.numel():
+        return None
+    try:
+        cos, sin = table_cos.index_select(0, ids), table_sin.index_select(0, ids)
+    except IndexError:
+        return None
+    half = table_cos.shape[-1]
+    return cos.view(b, n, half), sin.view(b, n, half)  # (b, n, r/2)
+
+
 def _grid_positions(positions: Tensor, rows: int) -> Tensor:
     """``rows`` different position rows ``(rows, b, n)`` from text positions ``(b, n)``: the
     first as given, the others walking a grid of 4 columns at its own offset."""
@@ -428,10 +478,6 @@ def _fresh(module: nn.Module) -> nn.Module:
         return type(module)(module.config).to(device)
     except Exception:  # another constructor: the module as it is
         return copy.deepcopy(module).float()
-
-
-def _copy_rope(rope: RotaryEmbedding) -> RotaryEmbedding:
-    return copy.deepcopy(rope)
 
 
 def _read(family: str, config: Any, layer_type: str | None) -> RotaryEmbedding:

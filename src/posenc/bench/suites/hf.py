@@ -75,24 +75,26 @@ class _Clock:
 @contextlib.contextmanager
 def _rotary_clock(model: nn.Module, patched: bool, cuda: bool) -> Iterator[_Clock]:
     """Time the rotary module's forward and the q/k rotations of ``model`` while inside."""
+    from ...hf.patch import APPLY, _innermost
+
     clock = _Clock(cuda)
     rotary = model.model.rotary_emb
     rotary_forward = rotary.forward
     rotary.forward = clock.wrap(rotary_forward)
-    if patched:  # posenc's rotation: the functions the patched attentions call
-        owner = importlib.import_module("posenc.hf.rotations")
-        names = ["_turn_pair", "_turn"]
+    if patched:  # posenc's rotation: the function each patched attention reads from its globals
+        owners = [
+            _innermost(layer.self_attn.forward.__func__).__globals__ for layer in model.model.layers
+        ]
     else:
-        owner = importlib.import_module("transformers.models.llama.modeling_llama")
-        names = ["apply_rotary_pos_emb"]
-    originals = {name: getattr(owner, name) for name in names}
-    for name, original in originals.items():
-        setattr(owner, name, clock.wrap(original))
+        owners = [vars(importlib.import_module("transformers.models.llama.modeling_llama"))]
+    originals = [(owner, owner[APPLY]) for owner in {id(o): o for o in owners}.values()]
+    for owner, original in originals:
+        owner[APPLY] = clock.wrap(original)
     try:
         yield clock
     finally:
-        for name, original in originals.items():
-            setattr(owner, name, original)
+        for owner, original in originals:
+            owner[APPLY] = original
         rotary.forward = rotary_forward
 
 
