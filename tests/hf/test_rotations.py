@@ -195,7 +195,8 @@ def test_under_autograd_the_rotation_is_out_of_place() -> None:
     cos, sin = model.model.rotary_emb(torch.zeros(1, 8, HEADS * D), torch.arange(8)[None])
     q, k = _qk(1, 8, torch.float32)
     q.requires_grad_()
+    want = _float64(q.detach(), k, cos, sin)
     got = apply(q, k, cos, sin)
     assert got[0] is not q and got[0].requires_grad
-    for g, w in zip(got, _float64(q.detach(), k, cos, sin), strict=True):
+    for g, w in zip(got, want, strict=True):
         _within_one_rounding(g.detach(), w)
