@@ -19,7 +19,7 @@ import posenc.hf  # noqa: E402
 from posenc.encodings.rotary.kernels import native  # noqa: E402
 from posenc.errors import PosencValueError  # noqa: E402
 from posenc.hf import rotations  # noqa: E402
-from posenc.hf.patch import _cos_sin, _rows  # noqa: E402
+from posenc.hf.rows import gathered, read  # noqa: E402
 
 MODELING = transformers.models.llama.modeling_llama
 HEADS, KV_HEADS, D = 4, 2, 16
@@ -88,13 +88,15 @@ POSITIONS = {
 def test_gathered_rows_are_the_ropes_own(ids: list) -> None:
     model = _patched()
     rope, position_ids = _rope(model), torch.tensor(ids)
-    gathered = _rows(rope, position_ids)
-    assert gathered is not None
-    want = _cos_sin(rope, position_ids)
-    for got, expected in zip(gathered, want, strict=True):
-        assert got.shape == expected.shape == (*position_ids.shape, D // 2)
-        assert torch.equal(got, expected)
-    # and the module's full-width tables: cat(freqs, freqs), as transformers' module gives them
+    want = read(rope, position_ids)
+    joints: dict = {}
+    for full in (False, True):
+        got = gathered(rope, position_ids, joints, full, full)
+        assert got is not None
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == (*position_ids.shape, D if full else D // 2)
+            assert torch.equal(g, torch.cat((w, w), -1) if full else w)
+    # the patched module's tables: cat(freqs, freqs), as transformers' module gives them
     x = torch.zeros(position_ids.shape[0], position_ids.shape[1], HEADS * D)
     cos, sin = model.model.rotary_emb(x, position_ids)
     assert torch.equal(cos, torch.cat((want[0], want[0]), -1))
@@ -102,12 +104,19 @@ def test_gathered_rows_are_the_ropes_own(ids: list) -> None:
 
 
 def test_positions_outside_the_table_take_the_ropes_path() -> None:
+    """A position past the table: the rope's path (its formula, or a grown table; the joint
+    table follows); a negative one: the rope's error."""
     model = _patched()
     rope = _rope(model)
     far = torch.tensor([[rope.cos_cached.shape[0] + 5]])
-    assert _rows(rope, far) is None
+    assert gathered(rope, far, {}, None, True) is None
     cos, _ = model.model.rotary_emb(torch.zeros(1, 1, HEADS * D), far)
-    assert torch.equal(cos[..., : D // 2], _cos_sin(rope, far)[0])
+    assert torch.equal(cos[..., : D // 2], read(rope, far)[0])
+    rope.reset_tables(rope.cos_cached.shape[0] + 8)  # the tables grow: the joint one is remade
+    joints: dict = {}
+    got = gathered(rope, far, joints, None, False)
+    assert got is not None and torch.equal(got[0], read(rope, far)[0])
+    assert joints[None][0] is rope.cos_cached
     with pytest.raises(PosencValueError, match="position"):
         model.model.rotary_emb(torch.zeros(1, 1, HEADS * D), torch.tensor([[-1]]))
 

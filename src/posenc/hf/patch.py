@@ -47,6 +47,7 @@ from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .rotations import form_of, prepare, rotation
+from .rows import gathered, read
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -279,6 +280,8 @@ class _Tables:
     takes_layer_type: bool
     form: str = "cos_sin"  # of :data:`~.rotations.FORMS`: what the attentions' function reads
     interleaved: bool = field(init=False)  # the tables' layout: each frequency twice
+    #: layer type -> (the rope's cos table, the joint table :func:`~.rows.gathered` reads)
+    joints: dict[str | None, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.interleaved = next(iter(self.ropes.values())).interleaved
@@ -309,26 +312,29 @@ class _Tables:
         r)`` cos and sin; for the ``"sin_cos"`` form ``(b, n, r/2)`` sin and cos; for
         ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``. Full-width
         tables of the half layout are marked for the C kernel (:func:`~.rotations.prepare`)."""
-        rope = self.ropes[layer_type if self.takes_layer_type else None]
+        key = layer_type if self.takes_layer_type else None
+        rope = self.ropes[key]
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
         plain = eager_plain(position_ids)
-        halves = _rows(rope, position_ids) if plain else None
-        if halves is None:
-            with torch.no_grad():
-                cos, sin = _cos_sin(rope, position_ids)
+        full = self.form == "cos_sin" and not self.interleaved  # cat(freqs, freqs)
+        rows = gathered(rope, position_ids, self.joints, key, full) if plain else None
+        if rows is not None:
+            cos, sin = rows
         else:
-            cos, sin = halves
+            with torch.no_grad():
+                cos, sin = read(rope, position_ids)
+            if full:
+                cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        if full:
+            if plain:
+                prepare(cos, sin)
+            return cos, sin
         if self.form == "sin_cos":
             return sin, cos
         if self.form == "complex":
             return torch.complex(cos, sin)
-        if self.interleaved:
-            return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
-        if plain:
-            prepare(cos, sin)
-        return cos, sin
+        return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (interleaved)
 
     def forward(self, module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
         """The patched rotary module's ``forward(x, position_ids[, layer_type])``."""
@@ -399,57 +405,6 @@ class _Tables:
                     f"cannot patch {where}: its own tables and {APPLY} rotate differently "
                     f"from posenc's reading of its config (relative error {error:.1e})"
                 )
-
-
-def _cos_sin(rope: RotaryEmbedding, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and sin ``(b, n, r/2)`` from :meth:`~.RotaryEmbedding.cos_sin` (which checks the
-    positions, follows the length and grows the tables); ``position_ids`` ``(b, n)``, or
-    ``(rows, b, n)`` for multimodal RoPE (a text rope reads the first row)."""
-    device = position_ids.device
-    if rope.inv_freq.device != device:
-        rope.to(device)
-    if position_ids.dim() == 3 and not isinstance(rope, MultimodalRotaryEmbedding):
-        position_ids = position_ids[0]  # rows of one position each (text)
-    n = position_ids.shape[-1]
-    cos, sin = rope.cos_sin(position_ids, n, dtype=torch.float32, device=device)
-    if cos.dim() == 2:  # M-RoPE rows of batch 1: (n, r/2) -> (1, n, r/2)
-        return cos[None], sin[None]
-    return cos[:, 0], sin[:, 0]  # (b, 1, n, r/2) -> (b, n, r/2)
-
-
-def _rows(rope: RotaryEmbedding, position_ids: Tensor) -> tuple[Tensor, Tensor] | None:
-    """cos and sin ``(b, n, r/2)`` for integer CPU ``position_ids`` ``(b, n)``, gathered from
-    the rows of ``rope``'s float32 tables (the rows :meth:`~.RotaryEmbedding.cos_sin` reads:
-    the same values), where its frequencies are fixed; one ``index_select`` each, whose bounds
-    check is the positions' (a position outside the tables, negative ones included, raises
-    there). For plain tensors in eager mode (the caller checks: :func:`eager_plain`). ``None``
-    where this does not apply (frequencies that follow the length or are learned, multimodal
-    RoPE, a position outside the tables, another device or dtype): :func:`_cos_sin` then reads,
-    checks and grows."""
-    spec = rope.rope_spec
-    if (
-        position_ids.dim() != 2
-        or position_ids.dtype not in (torch.int64, torch.int32)
-        or not position_ids.is_cpu
-        or not spec.caches_table
-        or spec.uses_length
-        or rope.learned_freq
-        or isinstance(rope, MultimodalRotaryEmbedding)
-    ):
-        return None
-    table_cos, table_sin = rope._buffers["cos_cached"], rope._buffers["sin_cached"]
-    if not table_cos.is_cpu or table_cos.dtype is not torch.float32:
-        return None
-    b, n = position_ids.shape
-    ids = position_ids.reshape(-1)  # (b * n,)
-    if not ids.numel():
-        return None
-    try:
-        cos, sin = table_cos.index_select(0, ids), table_sin.index_select(0, ids)
-    except IndexError:
-        return None
-    half = table_cos.shape[-1]
-    return cos.view(b, n, half), sin.view(b, n, half)  # (b, n, r/2)
 
 
 def _grid_positions(positions: Tensor, rows: int) -> Tensor:

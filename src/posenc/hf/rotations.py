@@ -48,18 +48,25 @@ PREPARED = "_posenc_prepared"
 def prepare(cos: Tensor, sin: Tensor) -> None:
     """Mark full-width tables ``(b, n, r)`` in the ``cat(freqs, freqs)`` layout, fresh from
     the patched rotary module, for the C kernel: their first halves, ``(b, 1, n, r/2)`` as
-    the attentions' apply function reads them (``unsqueeze_dim=1``), described once for every
-    layer that rotates by them. The mark lives and dies with ``cos``, and the description
-    points into ``cos`` and ``sin`` themselves, so a rotation reads what they hold. For plain
-    tensors in eager mode (the caller checks, by
+    the attentions' apply function broadcasts them (``unsqueeze_dim=1``), described once for
+    every layer that rotates by them. The mark lives and dies with ``cos`` (it holds ``sin``),
+    and the descriptions point into ``cos`` and ``sin`` themselves, so a rotation reads what
+    they hold. For plain tensors in eager mode (the caller checks, by
     :func:`~posenc.encodings.rotary.kernels.select.eager_plain`); nothing is marked off the
     CPU, or where the kernel is not built."""
-    if not cos.is_cpu or cos.dim() != 3:
+    if not cos.is_cpu or cos.dim() != 3 or sin.shape != cos.shape:
         return
-    half = cos.shape[-1] // 2
-    tables = prepare_tables(cos[:, None, :, :half], sin[:, None, :, :half])
+    tables = prepare_tables(cos, sin)
     if tables is not None:
-        setattr(cos, PREPARED, (sin, tables))
+        setattr(cos, PREPARED, (sin, (_first_half(tables[0]), _first_half(tables[1]))))
+
+
+def _first_half(at: tuple) -> tuple:
+    """The C kernel's description of ``t[:, None, :, : r/2]`` from that of a ``(b, n, r)``
+    table ``t`` (:func:`~posenc.encodings.rotary.kernels.native.prepare_tables`), without
+    making the view: the same storage and offset, a size-1 head dim, half the channels."""
+    address, nbytes, offset, (b, n, r), (stride_b, stride_n, stride_r) = at
+    return address, nbytes, offset, (b, 1, n, r // 2), (stride_b, 0, stride_n, stride_r)
 
 
 def form_of(family: str, theirs: Any, name: str) -> str:

@@ -171,22 +171,24 @@ def turn_pair(
     return out_q, out_k
 
 
-def prepare_tables(cos: Tensor, sin: Tensor) -> tuple | None:
-    """The C kernel's description of the tables ``cos`` and ``sin`` (float32 CPU tensors with
-    contiguous channels, broadcasting against the ``(..., n, d)`` tensors they will turn), made
-    once for every :func:`turn_pair_prepared` that turns by them; ``None`` where the kernel is
-    not built or does not take them. The description holds the tables' storages, which it
-    keeps alive."""
+def prepare_tables(cos: Tensor, sin: Tensor) -> tuple[tuple, tuple] | None:
+    """The C kernel's descriptions of the tables ``cos`` and ``sin`` (float32 CPU tensors with
+    contiguous channels), made once for every :func:`turn_pair_prepared` that turns by them
+    (or by views of them a caller describes from these); ``None`` where the kernel is not
+    built or does not take them. The caller keeps ``cos`` and ``sin`` alive while the
+    descriptions are in use."""
     if _native is None or not (cos.is_cpu and sin.is_cpu) or not _native_tables(cos, sin):
         return None
     cos_at, sin_at = _native_buffer(cos, 4), _native_buffer(sin, 4)
     if cos_at is None or sin_at is None:
         return None
-    return cos_at, sin_at, (cos.untyped_storage(), sin.untyped_storage())
+    return cos_at, sin_at
 
 
-def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple, interleaved: bool) -> int:
-    """``q`` and ``k`` turned in place by tables :func:`prepare_tables` described, for a caller
+def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool) -> int:
+    """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
+    :func:`prepare_tables` described (or views of them), broadcasting against ``q`` and
+    ``k``'s leading dims, for a caller
     that has checked, by :func:`~.select.native_eager_pair`, that the C kernel runs eagerly on
     them. Returns how many turned: 2; 0, with nothing written, where the pair is ruled out
     (dtypes that differ, an inference tensor outside inference mode, ``q`` and ``k`` in one
