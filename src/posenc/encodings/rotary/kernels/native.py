@@ -187,13 +187,12 @@ def prepare_tables(cos: Tensor, sin: Tensor) -> tuple[tuple, tuple] | None:
 
 def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool) -> int:
     """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
-    :func:`prepare_tables` described (or views of them), broadcasting against ``q`` and
-    ``k``'s leading dims, for a caller
-    that has checked, by :func:`~.select.native_eager_pair`, that the C kernel runs eagerly on
-    them. Returns how many turned: 2; 0, with nothing written, where the pair is ruled out
-    (dtypes that differ, an inference tensor outside inference mode, ``q`` and ``k`` in one
-    storage, an address or a shape the kernel refuses); 1 where the kernel refused ``k``
-    after turning ``q`` (the caller then turns ``k``)."""
+    :func:`prepare_tables` described (or views of them), broadcasting against the leading
+    dims of each, for a caller that has checked, by :func:`~.select.native_eager_pair`, that
+    the C kernel runs eagerly on them. Returns how many turned: 2; 0, with nothing written,
+    where the pair is ruled out (dtypes that differ, an inference tensor outside inference
+    mode, ``q`` and ``k`` in one storage, an address or a shape the kernel refuses); 1 where
+    the kernel refused ``k`` after turning ``q`` (the caller then turns ``k``)."""
     if k.dtype is not q.dtype:
         return 0
     if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
