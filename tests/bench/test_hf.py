@@ -17,5 +17,7 @@ def test_the_suite_runs_end_to_end_and_fills_its_table() -> None:
     (section,) = run_suites(["hf"], TINY)
     (table,) = section.tables
     assert [row[0] for row in table.rows] == ["transformers", "patched", "transformers / patched"]
-    rotary, total = section.data["hf"]["shares"]["patched"]
-    assert 0 < rotary < total
+    for label in ("transformers", "patched"):
+        rotary, total, calls = section.data["hf"]["shares"][label]
+        assert 0 < rotary < total
+        assert calls == 3 * (1 + 1)  # 3 forwards: the rotary module, then q and k in 1 layer

@@ -121,25 +121,36 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
     torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
 
 
-def test_the_patched_attention_rotates_with_posencs_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "selected"])
+def test_the_patched_attention_rotates_with_posencs_kernel(
+    monkeypatch: pytest.MonkeyPatch, prepared: bool
+) -> None:
     """The equality above must not come from the patch doing nothing: the patched forward
-    calls posenc's kernel on q and k together (under no_grad), the unpatched one does not."""
-    patch_module = importlib.import_module("posenc.hf.rotations")
+    calls posenc's kernel on q and k together (under no_grad), the unpatched one does not;
+    by the tables the rotary module prepared for the C kernel, or (tables not prepared) by
+    the selector's plan."""
+    rotations = importlib.import_module("posenc.hf.rotations")
+    name = "turn_pair_prepared" if prepared else "rotate_both"
     calls = []
-    inner = patch_module.rotate_both
+    inner = getattr(rotations, name)
 
     def counted(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        return inner(*args, **kwargs)
+        out = inner(*args, **kwargs)
+        calls.append(out)
+        return out
 
-    monkeypatch.setattr(patch_module, "rotate_both", counted)
+    monkeypatch.setattr(rotations, name, counted)
+    if not prepared:
+        monkeypatch.setattr(rotations, "prepare_tables", lambda cos, sin: None)
     model = _llama()
-    _logits(model, IDS)
+    want = _logits(model, IDS)
     assert calls == []
     posenc.hf.patch(model)
     calls.clear()  # the patch's probe rotated too
-    _logits(model, IDS)
+    assert _relative(_logits(model, IDS), want) <= TOLERANCE
     assert len(calls) == 2  # q and k together, in each of 2 layers
+    if prepared:
+        assert calls == [2, 2]  # both turned by the prepared call
 
 
 @pytest.mark.parametrize(

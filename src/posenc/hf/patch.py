@@ -36,16 +36,18 @@ import inspect
 import re
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..encodings.rotary.kernels.select import eager_plain
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
-from .rotations import form_of, rotation
+from .rotations import form_of, prepare, rotation
+from .rows import gathered, read
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -277,10 +279,12 @@ class _Tables:
     ropes: dict[str | None, RotaryEmbedding]  # layer type (None: the only one) -> posenc's
     takes_layer_type: bool
     form: str = "cos_sin"  # of :data:`~.rotations.FORMS`: what the attentions' function reads
+    interleaved: bool = field(init=False)  # the tables' layout: each frequency twice
+    #: layer type -> (the rope's cos table, the joint table :func:`~.rows.gathered` reads)
+    joints: dict[str | None, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
 
-    @property
-    def interleaved(self) -> bool:
-        return next(iter(self.ropes.values())).interleaved
+    def __post_init__(self) -> None:
+        self.interleaved = next(iter(self.ropes.values())).interleaved
 
     @classmethod
     def of(cls, family: str, module: nn.Module, model_config: Any = None) -> _Tables:
@@ -306,35 +310,36 @@ class _Tables:
     def tables(self, position_ids: Tensor, layer_type: str | None) -> tuple[Tensor, Tensor]:
         """float32 tables in the family's form and layout (attention factor in): ``(b, n,
         r)`` cos and sin; for the ``"sin_cos"`` form ``(b, n, r/2)`` sin and cos; for
-        ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``."""
-        rope = self.ropes[layer_type if self.takes_layer_type else None]
-        device = position_ids.device
-        if rope.inv_freq.device != device:
-            rope.to(device)
+        ``"complex"`` one ``(b, n, r/2)`` complex64 tensor, ``cos + i sin``. Full-width
+        tables of the half layout are marked for the C kernel (:func:`~.rotations.prepare`)."""
+        key = layer_type if self.takes_layer_type else None
+        rope = self.ropes[key]
         if position_ids.dim() == 1:
             position_ids = position_ids[None]
-        if position_ids.dim() == 3 and not isinstance(rope, MultimodalRotaryEmbedding):
-            position_ids = position_ids[0]  # rows of one position each (text)
-        cos, sin = rope.cos_sin(
-            position_ids, position_ids.shape[-1], dtype=torch.float32, device=device
-        )
-        if cos.dim() == 2:  # M-RoPE rows of batch 1: (n, r/2) -> (1, n, r/2)
-            cos, sin = cos[None], sin[None]
-        else:  # (b, 1, n, r/2) -> (b, n, r/2)
-            cos, sin = cos[:, 0], sin[:, 0]
+        plain = eager_plain(position_ids)
+        full = self.form == "cos_sin" and not self.interleaved  # cat(freqs, freqs)
+        rows = gathered(rope, position_ids, self.joints, key, full) if plain else None
+        if rows is not None:
+            cos, sin = rows
+        else:
+            with torch.no_grad():
+                cos, sin = read(rope, position_ids)
+            if full:
+                cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        if full:
+            if plain:
+                prepare(cos, sin)
+            return cos, sin
         if self.form == "sin_cos":
             return sin, cos
         if self.form == "complex":
             return torch.complex(cos, sin)
-        if self.interleaved:
-            return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (interleaved)
 
     def forward(self, module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
         """The patched rotary module's ``forward(x, position_ids[, layer_type])``."""
         layer_type = kw.get("layer_type", args[0] if args else None)
-        with torch.no_grad():
-            return self.tables(position_ids, layer_type)
+        return self.tables(position_ids, layer_type)
 
     def probe(
         self,
@@ -355,7 +360,7 @@ class _Tables:
         positions = start + torch.arange(_PROBE_LENGTH, device=device)  # (b, n)
         generator = torch.Generator().manual_seed(0)
         for layer_type in self.ropes:
-            rope = _copy_rope(self.ropes[layer_type])
+            rope = copy.deepcopy(self.ropes[layer_type])
             mine = _Tables(self.module, {layer_type: rope}, True, self.form)
             kwargs = {"layer_type": layer_type} if self.takes_layer_type else {}
             rows = getattr(self.ropes[layer_type], "rows", 0)
@@ -428,10 +433,6 @@ def _fresh(module: nn.Module) -> nn.Module:
         return type(module)(module.config).to(device)
     except Exception:  # another constructor: the module as it is
         return copy.deepcopy(module).float()
-
-
-def _copy_rope(rope: RotaryEmbedding) -> RotaryEmbedding:
-    return copy.deepcopy(rope)
 
 
 def _read(family: str, config: Any, layer_type: str | None) -> RotaryEmbedding:

@@ -30,15 +30,43 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..encodings.rotary.kernels.native import prepare_tables, turn_pair_prepared
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from ..encodings.rotary.kernels.rotate import run_plan_pair as rotate_both
-from ..encodings.rotary.kernels.select import select
+from ..encodings.rotary.kernels.select import native_eager_pair, select
 from ..errors import PosencValueError
 
-__all__ = ["FORMS", "form_of", "rotation"]
+__all__ = ["FORMS", "form_of", "prepare", "rotation"]
 
 #: The forms of table a family's apply function takes (see the module docstring).
 FORMS = ("cos_sin", "sin_cos", "complex")
+#: The attribute of a full-width ``cos`` table :func:`prepare` marks: ``(sin, the C kernel's
+#: description of their first halves)``.
+PREPARED = "_posenc_prepared"
+
+
+def prepare(cos: Tensor, sin: Tensor) -> None:
+    """Mark full-width tables ``(b, n, r)`` in the ``cat(freqs, freqs)`` layout, fresh from
+    the patched rotary module, for the C kernel: their first halves, ``(b, 1, n, r/2)`` as
+    the attentions' apply function broadcasts them (``unsqueeze_dim=1``), described once for
+    every layer that rotates by them. The mark lives and dies with ``cos`` (it holds ``sin``),
+    and the descriptions point into ``cos`` and ``sin`` themselves, so a rotation reads what
+    they hold. For plain tensors in eager mode (the caller checks, by
+    :func:`~posenc.encodings.rotary.kernels.select.eager_plain`); nothing is marked off the
+    CPU, or where the kernel is not built."""
+    if not cos.is_cpu or cos.dim() != 3 or sin.shape != cos.shape:
+        return
+    tables = prepare_tables(cos, sin)
+    if tables is not None:
+        setattr(cos, PREPARED, (sin, (_first_half(tables[0]), _first_half(tables[1]))))
+
+
+def _first_half(at: tuple) -> tuple:
+    """The C kernel's description of ``t[:, None, :, : r/2]`` from that of a ``(b, n, r)``
+    table ``t`` (:func:`~posenc.encodings.rotary.kernels.native.prepare_tables`), without
+    making the view: the same storage and offset, a size-1 head dim, half the channels."""
+    address, nbytes, offset, (b, n, r), (stride_b, stride_n, stride_r) = at
+    return address, nbytes, offset, (b, 1, n, r // 2), (stride_b, 0, stride_n, stride_r)
 
 
 def form_of(family: str, theirs: Any, name: str) -> str:
@@ -102,6 +130,15 @@ def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
         def rotate_pair(
             q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
         ) -> tuple[Tensor, Tensor]:
+            if unsqueeze_dim == 1 and not tables and native_eager_pair(q, k):
+                prepared = getattr(cos, PREPARED, None)
+                if prepared is not None and prepared[0] is sin:  # tables the patch made
+                    turned = turn_pair_prepared(q, k, prepared[1], pairs)
+                    if turned == 2:
+                        return q, k
+                    if turned == 1:  # (q turned; the kernel refused k)
+                        c, s = _half(cos, 1, tables), _half(sin, 1, tables)
+                        return q, _turn(k, c, s, pairs, inplace=True)
             c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
             return _turn_both(q, k, c, s, pairs)
 

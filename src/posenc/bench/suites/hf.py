@@ -7,7 +7,8 @@ give the same greedy tokens (checked before timing). Timed: the prefill (one for
 prompt) and greedy ``generate`` (prefill, then one token per step with transformers'
 ``DynamicCache``), medians over round-robin repeats. Then, in one untimed generation of each,
 the time spent in the rotary code (the rotary module's forward and every call that rotates q
-or k, each timed around the call) and its share of that generation, and the peak of the bytes
+or k, each timed around the call; each kind of call at its median, times its calls), per call,
+and its share of the median generation, and the peak of the bytes
 allocated during a prefill (CUDA: ``torch.cuda.max_memory_allocated``; the CPU keeps no
 peak, so there the bytes allocated in all, from the profiler).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,10 +55,23 @@ def _generate(model: nn.Module, prompt: torch.Tensor, new: int) -> torch.Tensor:
 
 
 class _Clock:
-    """Seconds spent inside the calls it wraps (the device synchronised around each)."""
+    """Time spent inside the calls it wraps (the device synchronised around each), kept per
+    kind of call (the function and the shape of its first tensor: a decode step's calls are
+    one kind, the prefill's another). :attr:`seconds` is each kind's median call times its
+    number of calls, summed: on a shared machine a call that the scheduler preempts counts
+    as a typical one, not as the milliseconds another job took."""
 
     def __init__(self, cuda: bool) -> None:
-        self.seconds, self.cuda = 0.0, cuda
+        self.cuda = cuda
+        self.calls: dict[tuple, list[float]] = {}
+
+    @property
+    def seconds(self) -> float:
+        return sum(statistics.median(t) * len(t) for t in self.calls.values())
+
+    @property
+    def count(self) -> int:
+        return sum(len(t) for t in self.calls.values())
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -66,7 +81,10 @@ class _Clock:
             out = fn(*args, **kwargs)
             if self.cuda:
                 torch.cuda.synchronize()
-            self.seconds += time.perf_counter() - start
+            took = time.perf_counter() - start
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            kind = (id(fn), None if first is None else tuple(first.shape))
+            self.calls.setdefault(kind, []).append(took)
             return out
 
         return timed
@@ -75,24 +93,26 @@ class _Clock:
 @contextlib.contextmanager
 def _rotary_clock(model: nn.Module, patched: bool, cuda: bool) -> Iterator[_Clock]:
     """Time the rotary module's forward and the q/k rotations of ``model`` while inside."""
+    from ...hf.patch import APPLY, _innermost
+
     clock = _Clock(cuda)
     rotary = model.model.rotary_emb
     rotary_forward = rotary.forward
     rotary.forward = clock.wrap(rotary_forward)
-    if patched:  # posenc's rotation: the functions the patched attentions call
-        owner = importlib.import_module("posenc.hf.rotations")
-        names = ["_turn_pair", "_turn"]
+    if patched:  # posenc's rotation: the function each patched attention reads from its globals
+        owners = [
+            _innermost(layer.self_attn.forward.__func__).__globals__ for layer in model.model.layers
+        ]
     else:
-        owner = importlib.import_module("transformers.models.llama.modeling_llama")
-        names = ["apply_rotary_pos_emb"]
-    originals = {name: getattr(owner, name) for name in names}
-    for name, original in originals.items():
-        setattr(owner, name, clock.wrap(original))
+        owners = [vars(importlib.import_module("transformers.models.llama.modeling_llama"))]
+    originals = [(owner, owner[APPLY]) for owner in {id(o): o for o in owners}.values()]
+    for owner, original in originals:
+        owner[APPLY] = clock.wrap(original)
     try:
         yield clock
     finally:
-        for name, original in originals.items():
-            setattr(owner, name, original)
+        for owner, original in originals:
+            owner[APPLY] = original
         rotary.forward = rotary_forward
 
 
@@ -146,10 +166,8 @@ def suite_hf(s: Settings) -> Section:
     with torch.inference_mode():
         for label, model in models.items():
             with _rotary_clock(model, label == "patched", cuda) as clock:
-                start = time.perf_counter()
                 _generate(model, prompt, new)
-                total = time.perf_counter() - start
-            shares[label] = (clock.seconds, total)
+            shares[label] = (clock.seconds, timings[f"generate, {label}"].median, clock.count)
             peaks[label] = _allocated_bytes(lambda m=model: m(prompt), cuda)
     table = Table(
         [
@@ -157,6 +175,7 @@ def suite_hf(s: Settings) -> Section:
             "prefill",
             "generate",
             "rotary in one generate",
+            "a rotary call",
             "rotary share",
             "prefill peak (CUDA) / allocated (CPU)",
         ],
@@ -167,13 +186,14 @@ def suite_hf(s: Settings) -> Section:
         ),
     )
     for label in models:
-        rotary, total = shares[label]
+        rotary, total, calls = shares[label]
         table.rows.append(
             [
                 label,
                 ms(timings[f"prefill, {label}"].median),
                 ms(timings[f"generate, {label}"].median),
                 ms(rotary),
+                f"{1e6 * rotary / max(calls, 1):.1f} µs",
                 f"{100 * rotary / total:.1f}%",
                 f"{peaks[label] / 2**20:.1f} MiB",
             ]
@@ -186,6 +206,10 @@ def suite_hf(s: Settings) -> Section:
             ratio(timings["prefill, transformers"].median, timings["prefill, patched"].median),
             ratio(timings["generate, transformers"].median, timings["generate, patched"].median),
             ratio(shares["transformers"][0], shares["patched"][0]),
+            ratio(
+                shares["transformers"][0] / max(shares["transformers"][2], 1),
+                shares["patched"][0] / max(shares["patched"][2], 1),
+            ),
             ratio(plain_share, patched_share),
             ratio(peaks["transformers"], max(peaks["patched"], 1)),
         ]
@@ -194,7 +218,10 @@ def suite_hf(s: Settings) -> Section:
     section.intro.append(
         timing_line(s).replace(f"{s.repeats} timed", f"{s.hf_repeats} timed")
         + " The rotary columns come from one more, untimed generation of each model, with a "
-        "clock around the rotary module's forward and each rotation call."
+        "clock around the rotary module's forward and each rotation call: each kind of call "
+        "(the function, the shape it gets) counted at its median, times its number of calls "
+        "(a call the scheduler preempts counts as a typical one); the share is of the median "
+        "generate."
     )
     section.data["hf"] = {"timings": timings, "shares": shares, "peaks": peaks}
     return section

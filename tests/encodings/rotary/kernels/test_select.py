@@ -13,7 +13,13 @@ from torch import Tensor
 
 from posenc import PosencValueError
 from posenc.encodings.rotary.kernels import native, pytorch
-from posenc.encodings.rotary.kernels.select import KERNELS, Mode, Plan, select
+from posenc.encodings.rotary.kernels.select import (
+    KERNELS,
+    Mode,
+    Plan,
+    native_eager_pair,
+    select,
+)
 
 #: The kernel a float32/bfloat16 CPU tensor gets: the C kernel where it was built.
 NATIVE = "native" if native._native is not None else "torch"
@@ -125,6 +131,48 @@ def test_the_path_of_each_situation(situation: Situation, monkeypatch: pytest.Mo
     assert (got.kernel and got.kernel.name) == situation.kernel
     assert got.eager == (not situation.modes and situation.want is not TRACED)
     assert mode_only.mode is got.mode and mode_only.kernel is None
+
+
+@pytest.mark.parametrize("forced", [None, "native", "torch"])
+@pytest.mark.parametrize("situation", SITUATIONS, ids=lambda s: s.name)
+def test_native_eager_pair_is_the_selectors_answer(
+    situation: Situation, forced: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``native_eager_pair`` is True exactly where ``select`` answers the C kernel eagerly for
+    the pair turned in place by float32 tables with contiguous channels, autograd off (with
+    it on, never: in place, autograd would not see the change)."""
+    x, pair = situation.x(), situation.pair()
+    pair = x.clone() if pair is None else pair
+    for name, value in situation.modes.items():
+        owner = torch.onnx if name == "is_in_onnx_export" else torch.compiler
+        monkeypatch.setattr(owner, name, lambda value=value: value)
+    if forced is not None:
+        monkeypatch.setenv("POSENC_ROTARY_KERNEL", forced)
+    for grad in {situation.grad, False}:
+        with torch.set_grad_enabled(grad):
+            try:
+                plan = select(x, _tables(), inplace=True, pair=pair)
+            except PosencValueError:  # a forced kernel that cannot take the tensors
+                plan = None
+            got = native_eager_pair(x, pair)
+        native_plan = plan is not None and plan.mode is EAGER and plan.kernel is KERNELS["native"]
+        assert got is (native_plan and not grad)
+        if situation.name == "float32" and forced != "torch" and native._native is not None:
+            assert got is not grad  # (the answer is not always False)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+def test_native_eager_pair_is_false_in_traces_and_transforms() -> None:
+    seen: list[bool] = []
+
+    def record(x: Tensor) -> Tensor:
+        seen.append(native_eager_pair(x, x.clone()))
+        return x * 1
+
+    with torch.no_grad():
+        torch.jit.trace(record, (torch.randn(5, 8),), check_trace=False)
+        torch.func.vmap(record)(torch.randn(3, 5, 8))
+    assert seen == [False, False]
 
 
 def test_autocast_changes_nothing() -> None:

@@ -169,3 +169,46 @@ def turn_pair(
     _run_kernel(q, q_at, out_q_at, tables)
     _run_kernel(k, k_at, out_k_at, tables)
     return out_q, out_k
+
+
+def prepare_tables(cos: Tensor, sin: Tensor) -> tuple[tuple, tuple] | None:
+    """The C kernel's descriptions of the tables ``cos`` and ``sin`` (float32 CPU tensors with
+    contiguous channels), made once for every :func:`turn_pair_prepared` that turns by them
+    (or by views of them a caller describes from these); ``None`` where the kernel is not
+    built or does not take them. The caller keeps ``cos`` and ``sin`` alive while the
+    descriptions are in use."""
+    if _native is None or not (cos.is_cpu and sin.is_cpu) or not _native_tables(cos, sin):
+        return None
+    cos_at, sin_at = _native_buffer(cos, 4), _native_buffer(sin, 4)
+    if cos_at is None or sin_at is None:
+        return None
+    return cos_at, sin_at
+
+
+def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool) -> int:
+    """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
+    :func:`prepare_tables` described (or views of them), broadcasting against the leading
+    dims of each, for a caller that has checked, by :func:`~.select.native_eager_pair`, that
+    the C kernel runs eagerly on them. Returns how many turned: 2; 0, with nothing written,
+    where the pair is ruled out (dtypes that differ, an inference tensor outside inference
+    mode, ``q`` and ``k`` in one storage, an address or a shape the kernel refuses); 1 where
+    the kernel refused ``k`` after turning ``q`` (the caller then turns ``k``)."""
+    if k.dtype is not q.dtype:
+        return 0
+    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+        return 0
+    bf16 = q.dtype is torch.bfloat16
+    item = 2 if bf16 else 4
+    q_at, k_at = _native_buffer(q, item), _native_buffer(k, item)
+    if q_at is None or k_at is None or q_at[0] == k_at[0]:
+        return 0  # (one storage: whether q and k overlap is :func:`~.kernel.overlap`'s call)
+    run = (tables[0], tables[1], None, bf16, interleaved)
+    try:
+        _run_kernel(q, q_at, q_at, run)
+    except (ValueError, IndexError):
+        return 0
+    try:
+        _run_kernel(k, k_at, k_at, run)
+    except (ValueError, IndexError):
+        return 1
+    return 2

@@ -66,7 +66,15 @@ from . import native, pytorch
 from .kernel import Kernel, Tables
 from .triton_entry import TRITON
 
-__all__ = ["KERNELS", "Mode", "Plan", "select", "turn_or_fallback"]
+__all__ = [
+    "KERNELS",
+    "Mode",
+    "Plan",
+    "eager_plain",
+    "native_eager_pair",
+    "select",
+    "turn_or_fallback",
+]
 
 #: The variable that forces a kernel.
 KERNEL_VARIABLE = "POSENC_ROTARY_KERNEL"
@@ -265,6 +273,36 @@ def select(
         mode = Mode.TRACED  # (no fast kernel: inductor's fusion of the formula is faster)
         return _PLANS[None][mode.index]
     return _PLANS[chosen][mode.index]
+
+
+def eager_plain(*tensors: Tensor) -> bool:
+    """Whether a call on ``tensors`` runs eagerly on plain tensors: no ``torch.compile`` or
+    ``torch.export`` trace, no ``torch.jit.trace``, no ``torch.func`` transform, no tensor
+    subclass (the calls :func:`select` answers with an eager mode, ``EAGER``, ``FUNCTION``
+    or ``FORMULA``, by autograd alone)."""
+    return _untraced() and all(type(t) is Tensor for t in tensors)
+
+
+def _untraced() -> bool:
+    return (
+        not torch.compiler.is_compiling()
+        and torch._C._get_tracing_state() is None
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def native_eager_pair(x: Tensor, pair: Tensor) -> bool:
+    """Whether :func:`select` answers ``Plan(EAGER, native)`` for ``x`` and ``pair`` turned in
+    place by float32 tables with contiguous channels: autograd off, :func:`eager_plain`, no
+    other kernel forced, and tensors the C kernel takes. A few attribute reads, for a caller
+    that holds tables it made for the C kernel (a decode step of :mod:`posenc.hf`'s patched
+    attention), where :func:`select` itself would cost more than the rotation."""
+    if torch.is_grad_enabled() or type(x) is not Tensor or type(pair) is not Tensor:
+        return False
+    if not _untraced():
+        return False
+    forced = forced_kernel()
+    return (forced is None or forced is NATIVE) and _native_takes(x, pair, None)
 
 
 def _onnx_node() -> bool:
