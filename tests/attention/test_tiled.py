@@ -16,6 +16,7 @@ from torch.testing import assert_close
 import posenc
 from posenc.attention import tiled
 from posenc.attention.backends import AttentionCall, tiled_backend
+from tests.host_reads import host_reads
 
 B, H, N, D = 2, 2, 7, 4
 LEARNED = ["t5", "kerple", "dpb", "fire"]
@@ -140,17 +141,8 @@ def test_a_tiled_training_step_reads_nothing_on_the_host(
     monkeypatch.setattr(tiled, "TILE_ELEMENTS", B * H * 3 * N)
     attn = posenc.MultiHeadAttention(H * D, H, pe=_pe(name), causal=True, backend="tiled")
     x = torch.randn(B, N, H * D)
-    calls: list[str] = []
-    for method in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
-        real = getattr(torch.Tensor, method)
-
-        def counted(self, *args, _real=real, _name=method, **kwargs):  # type: ignore[no-untyped-def]
-            calls.append(_name)
-            return _real(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, method, counted)
-    attn(x).square().mean().backward()
-    monkeypatch.undo()
+    with host_reads(monkeypatch) as calls:
+        attn(x).square().mean().backward()
     assert attn.last_backend == "tiled"
     assert calls == [], calls
 

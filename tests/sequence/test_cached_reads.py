@@ -28,10 +28,10 @@ from torch.testing import assert_close
 import posenc
 from posenc.encodings.rotary import rope as rope_module
 from posenc.model import sampling
+from tests.host_reads import host_reads
 
 DIM, HEADS, DEPTH, PROMPT, N = 32, 2, 3, 6, 11
 #: ``Tensor`` methods through which a device value reaches the host.
-READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
 
 SCHEMES = {
     "rope": ("rope", {}),
@@ -63,26 +63,6 @@ PROMPTS = {
     },
     "packed": {"document_ids": torch.tensor([[0, 0, 0, 1, 1, 1], [5, 5, 5, 5, 7, 7]])},
 }
-
-
-@contextmanager
-def host_reads(monkeypatch: pytest.MonkeyPatch, own: bool = False) -> Iterator[list[str]]:
-    """The names of the ``Tensor`` methods that read a value on the host, one per call
-    (``own``: only posenc's calls; torch's tracing of flex's eager reference reads the 0-d
-    CPU tensors a mask_mod captures, which on CUDA it does not)."""
-    calls: list[str] = []
-    with monkeypatch.context() as patch:
-        for name in READS:
-            real = getattr(torch.Tensor, name)
-
-            def counted(self, *args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if not own or caller.startswith("posenc"):
-                    calls.append(_name)
-                return _real(self, *args, **kwargs)
-
-            patch.setattr(torch.Tensor, name, counted)
-        yield calls
 
 
 def _encoder(name: str, kwargs: dict) -> posenc.Encoder:

@@ -186,6 +186,26 @@ def resolve_bounded_positions(
     return positions, PositionBound(high, True)
 
 
+def check_grid_positions(positions: object, n: int, axes: int, batch: int) -> Tensor:
+    """``positions`` as coordinates of ``n`` grid points, ``(n, axes)`` or ``(batch or 1, n,
+    axes)``, of a real dtype; raise naming ``positions`` and what it holds otherwise."""
+    if not isinstance(positions, Tensor):
+        raise PosencTypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PosencTypeError(
+            f"positions must be an integer or float tensor, got {positions.dtype}"
+        )
+    shape = tuple(positions.shape)
+    if positions.dim() not in (2, 3) or shape[-2:] != (n, axes):
+        raise PosencValueError(
+            f"positions must be grid coordinates of shape (seq, {axes}) or "
+            f"(batch, seq, {axes}) with seq={n}, got {shape}"
+        )
+    if positions.dim() == 3 and shape[0] not in (1, batch):
+        raise PosencValueError(f"positions has batch size {shape[0]} but the input has {batch}")
+    return positions
+
+
 def check_input(x: object, dim: int, *, name: str = "x", rank: int = 3) -> Tensor:
     """Check that ``x`` is a floating tensor of rank ``rank`` whose last dimension is ``dim``."""
     if not isinstance(x, Tensor):

@@ -9,9 +9,6 @@ that the distances exceed gives NaN, never another distance's value."""
 from __future__ import annotations
 
 import copy
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,29 +16,10 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.attention.backends import Backend
+from tests.host_reads import host_reads
 
 DIM, HEADS = 16, 2
-READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
 TABLES = ["kerple", "dpb", "fire", "sandwich", "deberta", "inkling"]
-
-
-@contextmanager
-def posenc_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """``module: method`` for each ``Tensor`` method that posenc's code called to read a
-    value on the host."""
-    calls: list[str] = []
-    with monkeypatch.context() as patch:
-        for name in READS:
-            real = getattr(torch.Tensor, name)
-
-            def counted(self, *args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if caller.startswith("posenc"):
-                    calls.append(f"{caller}: {_name}")
-                return _real(self, *args, **kwargs)
-
-            patch.setattr(torch.Tensor, name, counted)
-        yield calls
 
 
 def _pair(name: str) -> tuple[posenc.MultiHeadAttention, posenc.MultiHeadAttention]:
@@ -66,7 +44,7 @@ def test_cached_steps_read_nothing_and_equal_float64(
     caches = posenc.KVCache(), posenc.KVCache()
     with torch.no_grad():
         for start, end in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 10)]:
-            with posenc_reads(monkeypatch) as calls:
+            with host_reads(monkeypatch, own=True, named=True) as calls:
                 got = attn(x[:, start:end], cache=caches[0])
             want = ref(x[:, start:end].double(), cache=caches[1])
             assert attn.last_backend == "flex"
@@ -85,7 +63,7 @@ def test_packed_documents_read_nothing_and_equal_float64(
     x = torch.randn(2, 7, DIM, generator=torch.Generator().manual_seed(2))
     ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [4, 4, 9, 9, 9, 9, 9]])
     with torch.no_grad():
-        with posenc_reads(monkeypatch) as calls:
+        with host_reads(monkeypatch, own=True, named=True) as calls:
             got = attn(x, document_ids=ids)
         want = ref(x.double(), document_ids=ids)
     assert attn.last_backend == "flex"

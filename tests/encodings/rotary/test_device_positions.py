@@ -15,9 +15,9 @@ import torch
 import posenc
 from posenc.encodings.rotary import tables
 from posenc.errors import PosencValueError
+from tests.host_reads import host_reads
 
 D = 8
-READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
 
 
 @pytest.fixture
@@ -25,16 +25,8 @@ def device_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """CPU positions treated as a GPU's; the names of the host reads made, one per read."""
     monkeypatch.setattr(tables, "CPU_IS_HOST", False)
     monkeypatch.delenv(tables.CHECK_VARIABLE, raising=False)
-    calls: list[str] = []
-    for name in READS:
-        real = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _real=real, _name=name, **kwargs):  # type: ignore[no-untyped-def]
-            calls.append(_name)
-            return _real(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    yield calls
+    with host_reads(monkeypatch) as calls:
+        yield calls
 
 
 def rope64(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import ConditionalEncoding
-from ..checks import check_input, check_positive_int, take_position_ids
+from ..checks import check_grid_positions, check_input, check_positive_int, take_position_ids
 from ..registry import register
 
 __all__ = ["PositionEncodingGenerator"]
@@ -161,22 +161,8 @@ class PositionEncodingGenerator(ConditionalEncoding):
     ) -> tuple[int, int]:
         """``(h, w)`` read from the patch rows of ``positions``, checked to be one full grid
         (one host read of the coordinates)."""
-        if not isinstance(positions, Tensor):
-            raise PosencTypeError(
-                f"positions must be a torch.Tensor, got {type(positions).__name__}"
-            )
-        if positions.dtype == torch.bool or positions.is_complex():
-            raise PosencTypeError(
-                f"positions must be an integer or float tensor, got {positions.dtype}"
-            )
+        check_grid_positions(positions, n, 2, b)
         shape = tuple(positions.shape)
-        if positions.dim() not in (2, 3) or shape[-2:] != (n, 2):
-            raise PosencValueError(
-                f"positions must be grid coordinates of shape (seq, 2) or (batch, seq, 2) with "
-                f"seq={n}, got {shape}"
-            )
-        if positions.dim() == 3 and shape[0] not in (1, b):
-            raise PosencValueError(f"positions has batch size {shape[0]} but the input has {b}")
         patches = positions.detach()[..., self.cls_tokens :, :].to("cpu", torch.float64)
         patches = patches.reshape(-1, n - self.cls_tokens, 2)  # (rows, m, 2)
         m = patches.shape[1]

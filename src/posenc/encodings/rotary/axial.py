@@ -19,6 +19,7 @@ from ...errors import PosencTypeError, PosencValueError
 from ..base import RotaryEncoding
 from ..checks import (
     check_finite,
+    check_grid_positions,
     check_positive_float,
     check_positive_int,
     compute_dtype,
@@ -245,22 +246,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
                     "would sit on one row"
                 )
             return torch.arange(n, device=device, dtype=torch.float32).unsqueeze(-1)  # (n, 1)
-        if not isinstance(positions, Tensor):
-            raise PosencTypeError(
-                f"positions must be a torch.Tensor, got {type(positions).__name__}"
-            )
-        if positions.dtype == torch.bool or positions.is_complex():
-            raise PosencTypeError(
-                f"positions must be an integer or float tensor, got {positions.dtype}"
-            )
-        shape = tuple(positions.shape)
-        if positions.dim() not in (2, 3) or shape[-2:] != (n, self.ndim):
-            raise PosencValueError(
-                f"positions must be coordinates of shape (seq, {self.ndim}) or "
-                f"(batch, seq, {self.ndim}) with seq={n}, got {shape}"
-            )
-        if positions.dim() == 3 and shape[0] not in (1, batch):
-            raise PosencValueError(f"positions has batch size {shape[0]} but the input has {batch}")
+        check_grid_positions(positions, n, self.ndim, batch)
         return check_finite("positions", positions)
 
     @staticmethod
