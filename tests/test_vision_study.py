@@ -95,7 +95,7 @@ def test_command_writes_table_json_and_figure(
     ("argv", "message"),
     [
         (["resolution", "--schemes", "rope"], "invalid choice"),
-        (["resolution", "--grid", "0"], "expected an integer in [1, 64]"),
+        (["resolution", "--grid", "0"], "expected a positive integer, got 0"),
         (["resolution", "--grid", "1"], "grid must be >= 2"),
         (["resolution", "--dim", "20"], "multiple of 4 * heads"),
         (["resolution", "--plot", "x.txt"], "must end in .png"),

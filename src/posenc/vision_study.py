@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -34,6 +34,7 @@ from .encodings.absolute.learned_2d import LearnedPositionalEncoding2D
 from .encodings.rotary.mixed import RotaryMixed
 from .errors import PosencValueError
 from .model.encoder import Encoder
+from .runs.cli import bounded_int, seed_in
 from .vision import grid_coordinates
 
 #: The schemes the study compares, in the order the table shows them.
@@ -225,28 +226,8 @@ def plot_results(results: Sequence[SchemeResult], config: StudyConfig, path: str
 # --------------------------------------------------------------------------- command
 
 
-def _bounded(limit: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-        if not 1 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"expected an integer in [1, {limit}], got {value}")
-        return value
-
-    parse.__name__ = "positive integer"
-    return parse
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value < 2**62:  # the data seeds add up to seed + 1000 + side
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**62), got {value}")
-    return value
+#: The data seeds add up to seed + 1000 + side.
+_seed = seed_in(0, 2**62)
 
 
 def _figure_path(text: str) -> str:
@@ -291,12 +272,12 @@ def add_subcommand(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES), help="schemes to compare"
     )
-    p.add_argument("--grid", type=_bounded(64), default=8, help="training grid side")
-    p.add_argument("--steps", type=_bounded(100_000), default=400, help="training steps")
-    p.add_argument("--dim", type=_bounded(1024), default=64, help="model width")
-    p.add_argument("--examples", type=_bounded(100_000), default=512, help="test examples/grid")
+    p.add_argument("--grid", type=bounded_int(64), default=8, help="training grid side")
+    p.add_argument("--steps", type=bounded_int(100_000), default=400, help="training steps")
+    p.add_argument("--dim", type=bounded_int(1024), default=64, help="model width")
+    p.add_argument("--examples", type=bounded_int(100_000), default=512, help="test examples/grid")
     p.add_argument("--seed", type=_seed, default=0, help="seed of weights and data")
-    p.add_argument("--threads", type=_bounded(256), default=1, help="torch threads")
+    p.add_argument("--threads", type=bounded_int(256), default=1, help="torch threads")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--plot", type=_figure_path, default=None, help="write the figure here")
     p.set_defaults(func=_cmd)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import PosencError, PosencValueError
+from ..runs.cli import bounded_int, seed_in
 
 EXIT_USAGE = 2
 
@@ -66,37 +67,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _positive_int(text: str, *, limit: int | None = None) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    if limit is not None and value > limit:
-        raise argparse.ArgumentTypeError(f"expected at most {limit}, got {value}")
-    return value
-
-
-def _bounded(limit: int) -> Callable[[str], int]:
-    """A positive-integer argument type with an upper bound (a size past it would only
-    exhaust memory: ``--positions`` draws n x n matrices, ``--dpi`` scales the canvas)."""
-
-    def parse(text: str) -> int:
-        return _positive_int(text, limit=limit)
-
-    parse.__name__ = "positive integer"
-    return parse
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not -(2**63) <= value < 2**63 - 1:  # torch seeds are 64-bit; analyze also uses seed + 1
-        raise argparse.ArgumentTypeError(f"expected a seed in [-2**63, 2**63 - 1), got {value}")
-    return value
+#: Torch seeds are 64-bit; analyze also uses seed + 1.
+_seed = seed_in(-(2**63), 2**63 - 1)
 
 
 #: Upper bounds of the size arguments.
@@ -301,13 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--positions",
-        type=_bounded(MAX_POSITIONS),
+        type=bounded_int(MAX_POSITIONS),
         default=100,
         help=f"positions shown (at most {MAX_POSITIONS})",
     )
-    p.add_argument("--dim", type=_bounded(MAX_DIM), default=None, help="model width")
-    p.add_argument("--heads", type=_bounded(MAX_HEADS), default=4, help="attention heads")
-    p.add_argument("--dpi", type=_bounded(MAX_DPI), default=120, help=f"at most {MAX_DPI}")
+    p.add_argument("--dim", type=bounded_int(MAX_DIM), default=None, help="model width")
+    p.add_argument("--heads", type=bounded_int(MAX_HEADS), default=4, help="attention heads")
+    p.add_argument("--dpi", type=bounded_int(MAX_DPI), default=120, help=f"at most {MAX_DPI}")
     p.add_argument(
         "--grid",
         type=_grid_shape,
@@ -324,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--length",
-        type=_bounded(MAX_LENGTH),
+        type=bounded_int(MAX_LENGTH),
         default=64,
         help=f"training length L (at most {MAX_LENGTH})",
     )

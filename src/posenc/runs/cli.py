@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import PosencTypeError, PosencValueError
@@ -192,3 +193,38 @@ def sweep_options(
     if device is not None:
         options["device"] = device
     return options
+
+
+def bounded_int(limit: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a positive integer, at most ``limit`` when given (a size past it
+    would only exhaust memory)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        if limit is not None and value > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {limit}, got {value}")
+        return value
+
+    parse.__name__ = "positive integer"
+    return parse
+
+
+def seed_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer seed in ``[low, high)``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+        if not low <= value < high:
+            raise argparse.ArgumentTypeError(f"expected a seed in [{low}, {high}), got {value}")
+        return value
+
+    parse.__name__ = "seed"
+    return parse
