@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from posenc.analysis.grid import analyze_grid
 from posenc.app.cli import main
-from posenc.grid_analysis import analyze_grid
 from posenc.plots import plot_encoding
 
 

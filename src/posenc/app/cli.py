@@ -30,7 +30,7 @@ _SUBCOMMAND_MODULES = {
     "hf": "posenc.app.hf_command",
     "conformance": "posenc.app.conformance",
     "probe": "posenc.app.probe_command",
-    "resolution": "posenc.vision_study",
+    "resolution": "posenc.extrapolate.resolution",
 }
 
 #: What the command needs beyond posenc's core (torch alone): the ``app`` extra,
@@ -169,8 +169,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from ..analysis import ANALYSIS_COLUMNS, analyze, format_analysis
+    from ..analysis.grid import GRID_COLUMNS, analyze_grid, check_grid, format_grid_analysis
     from ..encodings.registry import available, entry
-    from ..grid_analysis import GRID_COLUMNS, analyze_grid, check_grid, format_grid_analysis
 
     names = args.names or available()
     for name in names:

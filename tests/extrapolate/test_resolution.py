@@ -1,4 +1,4 @@
-"""The resolution study (posenc.vision_study) end to end at tiny sizes: the task's labels
+"""The resolution study (posenc.extrapolate.resolution) end to end at tiny sizes: the task's labels
 against a loop, the reported accuracies against the trained models' own predictions, the
 command's output, and bad settings refused."""
 
@@ -12,7 +12,7 @@ import torch
 
 from posenc.app.cli import main
 from posenc.errors import PosencValueError
-from posenc.vision_study import (
+from posenc.extrapolate.resolution import (
     MARK_A,
     MARK_B,
     SCHEMES,
@@ -119,7 +119,7 @@ def test_config_refuses_bad_values() -> None:
 def test_docs_vision_vit_example_runs() -> None:
     import re
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "vision.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "vision.md").read_text()
     section = text.split("## A ViT with RoPE-Mixed in ten lines", 1)[1]
     (block,) = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
     assert len(block.strip().splitlines()) == 10

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .analysis import contribution_matrix, grid_coordinates
-from .encodings.base import PositionalEncoding
-from .encodings.registry import build_for_model, entry
-from .errors import PosencValueError
+from ..encodings.base import PositionalEncoding
+from ..encodings.registry import build_for_model, entry
+from ..errors import PosencValueError
+from . import contribution_matrix, grid_coordinates
 
 
 def check_grid(shape: Sequence[int], axes: int) -> tuple[int, ...]:

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .attention.sdpa import scaled_dot_product_attention
-from .encodings.absolute.sinusoidal import inverse_frequencies, sinusoidal_table
-from .encodings.base import AdditiveEncoding, PositionalEncoding
-from .encodings.checks import check_positive_int
-from .encodings.registry import build_for_model, entry
-from .errors import PosencValueError, check_bytes
-from .model.encoder import Encoder
+from ..attention.sdpa import scaled_dot_product_attention
+from ..encodings.absolute.sinusoidal import inverse_frequencies, sinusoidal_table
+from ..encodings.base import AdditiveEncoding, PositionalEncoding
+from ..encodings.checks import check_positive_int
+from ..encodings.registry import build_for_model, entry
+from ..errors import PosencValueError, check_bytes
+from ..model.encoder import Encoder
 
 #: The seed tutorial's toy embeddings: three words, four dimensions.
 TOY_EMBEDDINGS: dict[str, tuple[float, ...]] = {
@@ -98,7 +98,7 @@ def permutation_test(
     x = torch.tensor([list(table[w]) for w in words], dtype=torch.float64).unsqueeze(0)
     x_shuffled = x[:, list(order)]
     if encoding is None:
-        from .encodings.absolute.sinusoidal import SinusoidalPositionalEncoding
+        from ..encodings.absolute.sinusoidal import SinusoidalPositionalEncoding
 
         encoding = SinusoidalPositionalEncoding(x.shape[-1])
 

@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .encodings.absolute.learned_2d import LearnedPositionalEncoding2D
-from .encodings.rotary.mixed import RotaryMixed
-from .errors import PosencValueError
-from .model.encoder import Encoder
-from .runs.cli import bounded_int, seed_in
-from .vision import grid_coordinates
+from ..encodings.absolute.learned_2d import LearnedPositionalEncoding2D
+from ..encodings.rotary.mixed import RotaryMixed
+from ..errors import PosencValueError
+from ..model.encoder import Encoder
+from ..runs.cli import bounded_int, seed_in
+from ..vision import grid_coordinates
 
 #: The schemes the study compares, in the order the table shows them.
 SCHEMES = ("learned-2d", "sinusoidal-2d", "rope2d", "rope-mixed", "rope-dinov3")
@@ -208,7 +208,7 @@ def plot_results(results: Sequence[SchemeResult], config: StudyConfig, path: str
     """Accuracy against the test grid's scale, one line per scheme, saved to ``path``."""
     import matplotlib.pyplot as plt
 
-    from .plots import save_figure
+    from ..plots import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
     for r in results:

@@ -1,4 +1,4 @@
-"""The grid measures (posenc.grid_analysis) against hand-made matrices and the formulas of the
+"""The grid measures (posenc.analysis.grid) against hand-made matrices and the formulas of the
 schemes they measure: rope2d's and sinusoidal-2d's contributions written out in float64."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import torch
 
 import posenc
 from posenc.analysis import grid_coordinates
-from posenc.errors import PosencValueError
-from posenc.grid_analysis import (
+from posenc.analysis.grid import (
     analyze_grid,
     axis_profiles,
     euclidean_profile,
@@ -20,6 +19,7 @@ from posenc.grid_analysis import (
     grid_shift_residual,
     isotropy_gap,
 )
+from posenc.errors import PosencValueError
 
 SHAPE = (4, 3)
 
