@@ -16,6 +16,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.attention.backends import Backend
+from posenc.sequence import documents
 from tests.host_reads import host_reads
 
 DIM, HEADS = 16, 2
@@ -52,13 +53,17 @@ def test_cached_steps_read_nothing_and_equal_float64(
             assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["cpu", "device"])
 @pytest.mark.parametrize("name", TABLES)
 def test_packed_documents_read_nothing_and_equal_float64(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, on_device: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Positions restart at each document (ids ``[0, 0, 0, 1, 1, 1, 1]``, ``[4, 4, 9, 9, 9,
-    9, 9]``): the bound is the tokens minus one, no position is read. (The ids given are
-    read once, to know whether some row holds two documents and needs their mask.)"""
+    9, 9]``): the bound is the tokens minus one, no position is read. On the CPU the runs
+    are read once, to know whether some row holds two documents and needs their mask; with
+    CPU tensors taken as a device's (``CPU_IS_HOST`` cleared) nothing is read and the mask
+    is built."""
+    monkeypatch.setattr(documents, "CPU_IS_HOST", not on_device)
     attn, ref = _pair(name)
     x = torch.randn(2, 7, DIM, generator=torch.Generator().manual_seed(2))
     ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [4, 4, 9, 9, 9, 9, 9]])
@@ -67,8 +72,29 @@ def test_packed_documents_read_nothing_and_equal_float64(
             got = attn(x, document_ids=ids)
         want = ref(x.double(), document_ids=ids)
     assert attn.last_backend == "flex"
-    assert calls == ["posenc.sequence.documents: __bool__"], calls
+    assert calls == ([] if on_device else ["posenc.sequence.documents: __bool__"]), calls
     assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_one_document_per_row_on_a_device_is_masked_as_none(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of one document each: the device path builds the document mask without reading
+    the ids, and its output equals the host path's, which builds none (and a call without
+    ids)."""
+    attn, _ = _pair(name)
+    x = torch.randn(2, 7, DIM, generator=torch.Generator().manual_seed(3))
+    ids = torch.tensor([[0] * 7, [5] * 7])
+    with torch.no_grad():
+        host = attn(x, document_ids=ids)
+        plain = attn(x)
+        monkeypatch.setattr(documents, "CPU_IS_HOST", False)
+        with host_reads(monkeypatch, own=True) as calls:
+            device = attn(x, document_ids=ids)
+    assert calls == [], calls
+    assert_close(device, host, atol=1e-6, rtol=1e-6)
+    assert_close(host, plain, atol=0, rtol=0)
 
 
 def test_the_bound_is_the_tokens_seen_and_given_positions_drop_it() -> None:
