@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..encodings.base import BiasEncoding, PositionalEncoding
 from ..encodings.checks import check_positive_int
+from ..encodings.rotary.heads import RotaryHeads
 from ..encodings.schedule import per_layer
 from ..errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
@@ -32,11 +33,13 @@ def check_heads(
 
 
 def check_attention_pe(
-    pe: object, num_heads: int, head_dim: int | None = None
+    pe: object, num_heads: int, head_dim: int | None = None, num_kv_heads: int | None = None
 ) -> PositionalEncoding | None:
     """Accept a rotary, bias or none encoding for attention; reject additive and conditional
     ones, and ones
-    sized for another head count or (when ``head_dim`` is given) another head dim."""
+    sized for another head count or (when ``head_dim`` is given) another head dim, or (when
+    ``num_kv_heads`` is given) whose ``rotary_heads`` or per-head frequencies do not fit the
+    query and key heads."""
     if pe is None:
         return None
     if not isinstance(pe, PositionalEncoding):
@@ -62,6 +65,9 @@ def check_attention_pe(
             f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
             f"head_dim={head_dim}"
         )
+    heads = getattr(pe, "heads", None)
+    if num_kv_heads is not None and isinstance(heads, RotaryHeads):
+        heads.check_counts(num_heads, num_kv_heads)
     return pe
 
 

@@ -209,7 +209,7 @@ class Encoder(nn.Module):
         # Validate the pairing now rather than at the first forward.
         for encoding in distinct:
             if encoding.family not in ("additive", "conditional"):
-                check_attention_pe(encoding, num_heads, head_dim)
+                check_attention_pe(encoding, num_heads, head_dim, att.num_kv_heads)
         if isinstance(self.pe, ConditionalEncoding):
             check_conditional(self.pe, depth, config.random_positions)
 
