@@ -10,7 +10,7 @@ from ..encodings.schedule import per_layer
 from ..errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
 
-__all__ = ["check_attention_pe", "check_heads", "check_reach"]
+__all__ = ["check_attention_pe", "check_heads", "check_reach", "check_reach_axes"]
 
 
 def check_heads(
@@ -69,6 +69,25 @@ def check_attention_pe(
     if num_kv_heads is not None and isinstance(heads, RotaryHeads):
         heads.check_counts(num_heads, num_kv_heads)
     return pe
+
+
+def check_reach_axes(pe: PositionalEncoding | None, config: object) -> None:
+    """Refuse, when an attention is built, a ``window``, ``chunk`` or ``query_scale`` of
+    ``config`` (an :class:`~posenc.AttentionConfig`) beside an encoding whose positions have
+    several axes: each reads 1-D positions, and every forward would refuse the pair."""
+    if pe is None or pe.axes == 1:
+        return
+    reads = [
+        f"{name}={value!r}"
+        for name in ("window", "chunk", "query_scale")
+        if (value := getattr(config, name, None)) is not None
+    ]
+    if reads:
+        raise PosencValueError(
+            f"{' and '.join(reads)} {'needs' if len(reads) == 1 else 'need'} a scheme with "
+            "1-D positions; "
+            f"{pe.registry_name() or type(pe).__name__} takes {pe.axes}-D positions"
+        )
 
 
 def check_reach(
