@@ -115,3 +115,16 @@ def test_analyze_grid_tells_the_schemes_apart() -> None:
         analyze_grid("rope")
     with pytest.raises(PosencValueError, match="grid must be 2 sides"):
         analyze_grid("rope2d", grid=(1, 4))
+
+
+def test_a_conditional_scheme_shows_no_positional_measures() -> None:
+    # a PEG's term reads the hidden states: the zeros of positions alone are no measure of it
+    # (a decay of 1.00 would read as monotone decay), so its rows say n/a
+    from posenc.analysis import analyze, format_analysis
+    from posenc.grid_analysis import format_grid_analysis
+
+    row = format_analysis(analyze("peg", length=4, dim=16, num_heads=2))
+    assert row[:2] == ["peg", "conditional"] and set(row[2:]) == {"n/a"}
+    grid = format_grid_analysis(analyze_grid("peg", grid=(3, 3), dim=16, num_heads=2))
+    assert grid == ["peg", "conditional", "3x3", "n/a", "n/a", "n/a"]
+    assert format_grid_analysis(analyze_grid("rope2d", grid=(3, 3), dim=16))[3] != "n/a"

@@ -38,7 +38,8 @@ def test_plot_grid_draws_the_grid_shape() -> None:
     [
         (["plot", "rope2d", "--grid", "1x4"], "expected HxW"),
         (["plot", "rope2d", "--grid", "ax4"], "expected HxW"),
-        (["plot", "rope", "--grid", "4x4"], "encode sequences"),
+        (["plot", "rope", "--grid", "4x4"], "(--grid) and kind 'grid' draw 2-D/3-D"),
+        (["plot", "rope2d", "alibi", "--grid", "4x4"], "alibi encodes sequences (1-D)"),
         (["plot", "rope2d", "--grid", "3x4x4"], "grid of 2 sides"),
         (["plot", "rope2d", "--grid", "4x4", "--kind", "heads"], "draws the kind 'grid'"),
         (["analyze", "rope2d", "--grid", "3x3x3"], "grid must be 2 sides"),

@@ -65,7 +65,7 @@ def test_learned_table_is_resampled_to_the_test_grid() -> None:
 def test_command_writes_table_json_and_figure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "r.json"
+    out = tmp_path / "new" / "r.json"  # folders are made, as posenc plot makes them
     argv = [
         "resolution",
         "--schemes",
@@ -82,13 +82,23 @@ def test_command_writes_table_json_and_figure(
         "--json",
         str(out),
         "--plot",
-        str(tmp_path / "r.png"),
+        str(tmp_path / "figs" / "r.png"),
     ]
     assert main(argv) == 0
     assert "| rope2d |" in capsys.readouterr().out
     record = json.loads(out.read_text())
     assert [r["scheme"] for r in record["results"]] == ["rope2d", "rope-dinov3"]
-    assert (tmp_path / "r.png").stat().st_size > 1000
+    assert (tmp_path / "figs" / "r.png").stat().st_size > 1000
+
+
+def test_an_output_that_cannot_be_made_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    argv = ["resolution", "--steps", "1", "--json", str(tmp_path / "file" / "r.json")]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
 
 
 @pytest.mark.parametrize(

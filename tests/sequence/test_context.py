@@ -169,6 +169,18 @@ def test_grid_schemes_refuse_caches_and_documents(name: str) -> None:
         encoder(torch.zeros(1, 3, DIM), document_ids=torch.zeros(1, 3, dtype=torch.long))
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if posenc.entry(n).cls.axes > 1])
+def test_grid_schemes_refuse_windows_when_built(name: str) -> None:
+    # every forward would refuse the pair: the encoder and the attention refuse it when built
+    with pytest.raises(posenc.PosencValueError, match=rf"^window=2 needs .*; {name} takes"):
+        posenc.Encoder(DIM, 1, HEADS, pe=name, window=2)
+    with pytest.raises(posenc.PosencValueError, match=r"^chunk=4 needs .*1-D positions"):
+        posenc.Encoder(DIM, 2, HEADS, pe=name, chunk=[None, 4])  # one layer chunked
+    if posenc.entry(name).cls.family in ("rotary", "bias"):
+        with pytest.raises(posenc.PosencValueError, match=r"^window=2 needs"):
+            posenc.MultiHeadAttention(DIM, HEADS, pe=name, window=2)
+
+
 @pytest.mark.slow
 def test_a_packed_row_of_16k_tokens_never_materialises_a_mask() -> None:
     """8 documents of 2,048 tokens in one row, ALiBi, causal, the default backend: auto picks

@@ -367,6 +367,8 @@ ANALYSIS_COLUMNS = (
 
 
 def format_analysis(row: Analysis) -> list[str]:
+    if row.family == "conditional":  # its term reads the hidden states: positions alone give 0
+        return [row.name, row.family, *["n/a"] * (len(ANALYSIS_COLUMNS) - 2)]
     drift = "n/a" if row.beyond_drift is None else f"{row.beyond_drift:.2e}"
     return [
         row.name,

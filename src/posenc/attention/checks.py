@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from ..encodings.base import BiasEncoding, PositionalEncoding
 from ..encodings.checks import check_positive_int
+from ..encodings.rotary.heads import RotaryHeads
 from ..encodings.schedule import per_layer
 from ..errors import PosencTypeError, PosencValueError
 from .query_scale import QueryScale
 
-__all__ = ["check_attention_pe", "check_heads", "check_reach"]
+__all__ = ["check_attention_pe", "check_heads", "check_reach", "check_reach_axes"]
 
 
 def check_heads(
@@ -32,11 +33,13 @@ def check_heads(
 
 
 def check_attention_pe(
-    pe: object, num_heads: int, head_dim: int | None = None
+    pe: object, num_heads: int, head_dim: int | None = None, num_kv_heads: int | None = None
 ) -> PositionalEncoding | None:
     """Accept a rotary, bias or none encoding for attention; reject additive and conditional
     ones, and ones
-    sized for another head count or (when ``head_dim`` is given) another head dim."""
+    sized for another head count or (when ``head_dim`` is given) another head dim, or (when
+    ``num_kv_heads`` is given) whose ``rotary_heads`` or per-head frequencies do not fit the
+    query and key heads."""
     if pe is None:
         return None
     if not isinstance(pe, PositionalEncoding):
@@ -62,7 +65,29 @@ def check_attention_pe(
             f"pe={type(pe).__name__} has head_dim={pe_head_dim} but attention has "
             f"head_dim={head_dim}"
         )
+    heads = getattr(pe, "heads", None)
+    if num_kv_heads is not None and isinstance(heads, RotaryHeads):
+        heads.check_counts(num_heads, num_kv_heads)
     return pe
+
+
+def check_reach_axes(pe: PositionalEncoding | None, config: object) -> None:
+    """Refuse, when an attention is built, a ``window``, ``chunk`` or ``query_scale`` of
+    ``config`` (an :class:`~posenc.AttentionConfig`) beside an encoding whose positions have
+    several axes: each reads 1-D positions, and every forward would refuse the pair."""
+    if pe is None or pe.axes == 1:
+        return
+    reads = [
+        f"{name}={value!r}"
+        for name in ("window", "chunk", "query_scale")
+        if (value := getattr(config, name, None)) is not None
+    ]
+    if reads:
+        raise PosencValueError(
+            f"{' and '.join(reads)} {'needs' if len(reads) == 1 else 'need'} a scheme with "
+            "1-D positions; "
+            f"{pe.registry_name() or type(pe).__name__} takes {pe.axes}-D positions"
+        )
 
 
 def check_reach(

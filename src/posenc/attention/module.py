@@ -42,7 +42,7 @@ from .backends import (
     learns_table,
     tiles_bias,
 )
-from .checks import check_attention_pe
+from .checks import check_attention_pe, check_reach_axes
 from .config import AttentionConfig
 from .names import padding_from_attention_mask, positions_or_ids
 from .query_scale import QueryScale, visible_keys
@@ -209,7 +209,8 @@ class MultiHeadAttention(nn.Module):
         self.softcap, self.softmax_scale = config.softcap, config.softmax_scale
         if isinstance(pe, str):
             pe = resolve_pe(pe, dim, num_heads, causal=self.causal, head_dim=head_dim)
-        self.pe = check_attention_pe(pe, num_heads, self.head_dim)
+        self.pe = check_attention_pe(pe, num_heads, self.head_dim, num_kv_heads)
+        check_reach_axes(self.pe, config)
         # one fused projection: h query heads, then g key and g value heads (3·D by default)
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * head_dim, bias=config.bias)
         self.out = nn.Linear(num_heads * head_dim, dim, bias=config.bias)

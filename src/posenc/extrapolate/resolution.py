@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -247,6 +248,9 @@ def _cmd(args: argparse.Namespace) -> int:
         seed=args.seed,
         schemes=tuple(args.schemes),
     )
+    for path in (args.json, args.plot):  # folders made now: a bad path fails before training
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     results = run_study(config, log=True)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention.backends import Backend
-from ..attention.checks import check_attention_pe
+from ..attention.checks import check_attention_pe, check_reach_axes
 from ..attention.config import AttentionConfig
 from ..attention.names import padding_from_attention_mask, positions_or_ids
 from ..attention.query_scale import QueryScale
@@ -209,7 +209,9 @@ class Encoder(nn.Module):
         # Validate the pairing now rather than at the first forward.
         for encoding in distinct:
             if encoding.family not in ("additive", "conditional"):
-                check_attention_pe(encoding, num_heads, head_dim)
+                check_attention_pe(encoding, num_heads, head_dim, att.num_kv_heads)
+            for layer in self.layers:  # the context of a forward reads the widest positions
+                check_reach_axes(encoding, layer.attn.config)
         if isinstance(self.pe, ConditionalEncoding):
             check_conditional(self.pe, depth, config.random_positions)
 

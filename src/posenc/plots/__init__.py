@@ -247,7 +247,9 @@ def plot_encoding(
         flat = [name for name, pe in encodings if pe.axes == 1]
         if flat:
             raise PosencValueError(
-                f"kind 'grid' draws grid encodings; {', '.join(flat)} encode sequences"
+                f"grid= (--grid) and kind 'grid' draw 2-D/3-D encodings; {', '.join(flat)} "
+                f"{'encodes' if len(flat) == 1 else 'encode'} sequences (1-D): drop the grid "
+                "or name a 2-D/3-D scheme"
             )
         if len(grid or ()) == 3 and any(pe.axes == 2 for _, pe in encodings):
             raise PosencValueError(f"a 2-D encoding takes a grid of 2 sides, got {list(grid)}")

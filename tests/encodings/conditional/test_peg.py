@@ -322,3 +322,15 @@ def test_a_mask_that_removes_no_patch_is_taken() -> None:
     assert torch.equal(
         encoder(x, positions=GRID, key_padding_mask=mask), encoder(x, positions=GRID)
     )
+
+
+def test_a_forgotten_class_token_is_named() -> None:
+    # positions with a class token given to a PEG built without one: the refusal says so
+    peg = PositionEncodingGenerator(4)
+    with pytest.raises(PosencValueError, match=r"cls_tokens=1, not 0\?"):
+        peg(torch.zeros(1, 7, 4), GRID)
+    with pytest.raises(PosencValueError, match=r"after cls_tokens=0"):
+        peg(torch.zeros(1, 7, 4))
+    with pytest.raises(PosencValueError) as refused:  # patches alone: no such note
+        PositionEncodingGenerator(4, cls_tokens=1)(torch.zeros(1, 7, 4), SHUFFLED)
+    assert "cls_tokens=2" not in str(refused.value)

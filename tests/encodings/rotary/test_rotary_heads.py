@@ -381,6 +381,16 @@ MISUSE = [
                                                    4, 2), ValueError, "frequencies for", 4),
     Misuse("rows-vs-heads", lambda: _forward(RotaryEmbedding(D, base=[1e1, 1e2, 1e3]), 4, 4),
            ValueError, "frequencies for", 3),
+    Misuse("attention-groups", lambda: posenc.MultiHeadAttention(
+        4 * D, 4, pe=RotaryEmbedding(D, rotary_heads=3), num_kv_heads=2), ValueError,
+           "rotary_heads", 3),
+    Misuse("encoder-rows", lambda: posenc.Encoder(4 * D, 1, 4, pe="rope", num_kv_heads=2,
+                                                  pe_kwargs={"base": [1e1, 1e2, 1e3, 1e4]}),
+           ValueError, "base=[...]", 4),
+    Misuse("encoder-rotated-rows", lambda: posenc.Encoder(
+        4 * D, 1, 4, pe="rope", num_kv_heads=2, pe_kwargs={"base": [1e1, 1e2],
+                                                           "rotary_heads": 2}),
+           ValueError, "frequencies for", 2),
     Misuse("bad-base", lambda: RotaryEmbedding(D, base=[1e4, -1.0]), ValueError, "base[1]", -1.0),
     Misuse("empty-base", lambda: RotaryEmbedding(D, base=[]), ValueError, "base", "empty"),
     Misuse("freq-shape", lambda: RotaryEmbedding(D, inv_freq=torch.ones(2, 3)), ValueError,

@@ -148,8 +148,9 @@ class PositionEncodingGenerator(ConditionalEncoding):
             if side * side != m:
                 raise PosencValueError(
                     "peg needs positions: grid coordinates of shape (seq, 2) or (batch, seq, "
-                    f"2), or grid=(h, w); without them the {m} patch tokens must form a square "
-                    f"grid, and {m} is not a square number"
+                    f"2), or grid=(h, w); without them the {m} patch tokens (the {n} tokens "
+                    f"after cls_tokens={self.cls_tokens}) must form a square grid, and {m} is "
+                    "not a square number"
                 )
             grid = (side, side)
         if grid[0] * grid[1] != m:
@@ -174,6 +175,7 @@ class PositionEncodingGenerator(ConditionalEncoding):
             raise PosencValueError(
                 f"{NEEDS}; the {m} patch rows of positions {shape} are no such grid"
                 + ("" if grid is None else f" (grid={grid} holds {grid[0] * grid[1]})")
+                + self._class_hint(patches)
             )
         expected = self.grid(*grid).to(torch.float64)  # (m, 2)
         wrong = (offsets != expected).any(dim=-1)  # (rows, m)
@@ -184,8 +186,23 @@ class PositionEncodingGenerator(ConditionalEncoding):
             raise PosencValueError(
                 f"{NEEDS}; positions {shape} has positions[..., {self.cls_tokens + token}, :] "
                 f"= {got} in batch row {row}, where a {grid[0]} x {grid[1]} grid has {want}"
+                + self._class_hint(patches)
             )
         return grid
+
+    def _class_hint(self, patches: Tensor) -> str:
+        """Where the rows taken for patches start with rows whose coordinates are all
+        negative (as :meth:`grid` marks class tokens), a note that ``cls_tokens`` may be too
+        small; else ``""``."""
+        negative = (patches[0] < 0).all(dim=-1)  # (m,)
+        leading = int(negative.long().cumprod(0).sum())
+        if leading == 0 or leading == negative.numel():
+            return ""
+        return (
+            f" (its first {leading} patch rows are negative, as grid(..., cls_tokens=...) "
+            f"marks class tokens: cls_tokens={self.cls_tokens + leading}, not "
+            f"{self.cls_tokens}?)"
+        )
 
     def generate(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         """``x`` with the PEG applied on a checked ``(h, w)`` grid (:meth:`prepare`).

@@ -202,9 +202,10 @@ class RotaryHeads:
         if self.table_heads is not None:
             if rotated % self.table_heads:
                 raise PosencValueError(
-                    f"frequencies for {self.table_heads} heads do not fit the {rotated} "
-                    f"rotated heads of {name} (one row per rotated key head; query head i of "
-                    "the rotated ones turns by row i // (query heads per key head))"
+                    f"frequencies for {self.table_heads} heads (rows of base=[...] or "
+                    f"inv_freq) do not fit the {rotated} rotated heads of {name} (one row per "
+                    "rotated key head; query head i of the rotated ones turns by row i // "
+                    "(query heads per key head))"
                 )
             repeat = rotated // self.table_heads
         return view, repeat
@@ -224,10 +225,18 @@ class RotaryHeads:
         k_view, k_repeat = self.part(k, hq // hk, "k")
         if self.table_heads is not None and k_repeat != 1:
             raise PosencValueError(
-                f"frequencies for {self.table_heads} heads: give one row per rotated key head "
+                f"frequencies for {self.table_heads} heads (rows of base=[...] or inv_freq): "
+                "give one row per rotated key head "
                 f"({k_view.shape[1]} of {hk} key heads for {hq} query heads)"
             )
         return q_view, q_repeat, k_view, k_repeat
+
+    def check_counts(self, query_heads: int, key_heads: int) -> None:
+        """Refuse, before any work, what :meth:`pair` would refuse for ``query_heads`` query
+        heads and ``key_heads`` key heads (an attention's sizes, known when it is built)."""
+        if self.trivial:
+            return
+        self.pair(torch.empty(0, query_heads, 0, 0), torch.empty(0, key_heads, 0, 0))
 
     def rows(self, tables: Tables, repeat: int) -> Tables:
         """A per-head table's rows ``(..., H, n, r/2)`` repeated ``repeat`` times each, for
