@@ -121,7 +121,7 @@ def test_a_conditional_scheme_shows_no_positional_measures() -> None:
     # a PEG's term reads the hidden states: the zeros of positions alone are no measure of it
     # (a decay of 1.00 would read as monotone decay), so its rows say n/a
     from posenc.analysis import analyze, format_analysis
-    from posenc.grid_analysis import format_grid_analysis
+    from posenc.analysis.grid import format_grid_analysis
 
     row = format_analysis(analyze("peg", length=4, dim=16, num_heads=2))
     assert row[:2] == ["peg", "conditional"] and set(row[2:]) == {"n/a"}
