@@ -331,3 +331,12 @@ def test_bad_options_are_refused_by_name(kwargs: dict, error: type, words: list[
             make()
         for word in words:
             assert word in str(caught.value), (word, str(caught.value))
+
+
+def test_a_directly_built_module_states_its_own_axes() -> None:
+    """``AxialRotaryEmbedding(d, ndim=2)`` built by hand takes 2-D positions, as ``rope2d``
+    does: a window beside it is refused by the axes it has, when the attention is built."""
+    pe = AxialRotaryEmbedding(8, ndim=2)
+    assert pe.axes == 2 and AxialRotaryEmbedding(12, ndim=3).axes == 3
+    with pytest.raises(PosencValueError, match="2-D positions"):
+        posenc.MultiHeadAttention(16, 2, pe=pe, window=2)

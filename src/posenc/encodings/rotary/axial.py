@@ -148,6 +148,7 @@ class AxialRotaryEmbedding(RotaryEncoding):
     ) -> None:
         super().__init__()
         self.ndim = check_positive_int("ndim", ndim)
+        self.axes = self.ndim  # type: ignore[misc]  # the instance's, whatever the class says
         self.head_dim = head_dim
         multiple = 2 if axes_dim is not None else 2 * ndim
         self.rotary_dim = check_rotary_dim(head_dim, rotary_dim, multiple=multiple)
