@@ -10,6 +10,8 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` positions, ``d`` head size.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -20,6 +22,9 @@ from posenc.encodings.rotary.kernels import native  # noqa: E402
 from posenc.errors import PosencValueError  # noqa: E402
 from posenc.hf import rotations  # noqa: E402
 from posenc.hf.rows import gathered, read  # noqa: E402
+
+patch_module = importlib.import_module("posenc.hf.patch")
+rows_module = importlib.import_module("posenc.hf.rows")
 
 MODELING = transformers.models.llama.modeling_llama
 HEADS, KV_HEADS, D = 4, 2, 16
@@ -209,3 +214,60 @@ def test_under_autograd_the_rotation_is_out_of_place() -> None:
     assert got[0] is not q and got[0].requires_grad
     for g, w in zip(got, want, strict=True):
         _within_one_rounding(g.detach(), w)
+
+
+@pytest.mark.parametrize("ids", POSITIONS.values(), ids=POSITIONS.keys())
+def test_the_lean_module_call_is_the_first_calls(
+    ids: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the joint table exists, the patched module takes :func:`~posenc.hf.rows.lean`:
+    the same tables bit for bit as the first call's (:func:`gathered`), marked with the same
+    descriptions as :func:`~posenc.hf.rotations.prepare` makes, and the rotation by them is
+    the selector's."""
+    model, apply = _patched(), _apply()
+    position_ids = torch.tensor(ids)
+    b, n = position_ids.shape
+    x = torch.zeros(b, n, HEADS * D)
+    leaned = []
+    inner = patch_module.lean
+    monkeypatch.setattr(patch_module, "lean", lambda *a: leaned.append(inner(*a)) or leaned[-1])
+    with torch.no_grad():
+        first = model.model.rotary_emb(x, position_ids)  # (makes the joint table)
+        cos, sin = model.model.rotary_emb(x, position_ids)
+        assert leaned[0] is None and leaned[1] is not None
+        for g, w in zip((cos, sin), first, strict=True):
+            assert g.dtype is torch.float32 and torch.equal(g, w)
+        mark = getattr(cos, rotations.PREPARED)
+        assert mark[0] is sin
+        if native._native is not None:
+            tables = native.prepare_tables(cos, sin)
+            assert mark[1] == tuple(rotations._first_half(t) for t in tables)
+        q, k = _qk(b, n, torch.float32)
+        selected = apply(q.clone(), k.clone(), cos.clone(), sin.clone())  # (unmarked tables)
+        got = apply(q, k, cos, sin)
+    for g, s in zip(got, selected, strict=True):
+        assert torch.equal(g, s)
+
+
+def test_the_lean_module_call_falls_back() -> None:
+    """int32 or 1-D positions, positions past the table, a grown table and empty
+    positions take the first path, with its values."""
+    model = _patched()
+    rope = _rope(model)
+    module = model.model.rotary_emb
+    with torch.no_grad():
+        module(torch.zeros(1, 1, HEADS * D), torch.tensor([[3]]))  # (makes the joint table)
+        joint = module.forward.__func__.__self__.joints[None]
+        size = rope.cos_cached.shape[0]
+        for position_ids in (
+            torch.tensor([[3, 9]], dtype=torch.int32),
+            torch.tensor([[size + 2]]),
+            torch.tensor([[1.0]]).long()[:, :0],
+        ):
+            assert rows_module.lean(rope, position_ids, joint) is None
+        cos, _ = module(torch.zeros(1, 2, HEADS * D), torch.tensor([[3, 9]], dtype=torch.int32))
+        assert torch.equal(cos[..., : D // 2], read(rope, torch.tensor([[3, 9]]))[0])
+        rope.reset_tables(size + 8)  # a new table: the old joint one is not read
+        assert rows_module.lean(rope, torch.tensor([[size + 2]]), joint) is None
+        cos, _ = module(torch.zeros(1, 1, HEADS * D), torch.tensor([[size + 2]]))
+        assert torch.equal(cos[..., : D // 2], read(rope, torch.tensor([[size + 2]]))[0])

@@ -47,7 +47,7 @@ from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
 from .rotations import form_of, prepare, rotation
-from .rows import gathered, read
+from .rows import gathered, lean, read
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -116,6 +116,7 @@ def patch(model: nn.Module) -> list[str]:
     form = forms.pop()
     for t in tables.values():
         t.form = form
+        t.lean = form == "cos_sin" and not t.interleaved and not t.takes_layer_type
     rotations: dict[tuple[int, str], Callable[..., Any]] = {}  # (globals, name) -> posenc's
     for key, (namespace, called) in calls.items():
         # an MLA modeling file's apply_rotary_pos_emb is Llama's (half pairs: DeepSeek-V3.2's
@@ -282,6 +283,8 @@ class _Tables:
     interleaved: bool = field(init=False)  # the tables' layout: each frequency twice
     #: layer type -> (the rope's cos table, the joint table :func:`~.rows.gathered` reads)
     joints: dict[str | None, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+    #: ``forward`` first tries :func:`~.rows.lean` (one rope, full-width ``cat(freqs, freqs)``)
+    lean: bool = False
 
     def __post_init__(self) -> None:
         self.interleaved = next(iter(self.ropes.values())).interleaved
@@ -338,6 +341,10 @@ class _Tables:
 
     def forward(self, module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
         """The patched rotary module's ``forward(x, position_ids[, layer_type])``."""
+        if self.lean and not args and not kw:
+            rows = lean(self.ropes[None], position_ids, self.joints.get(None))
+            if rows is not None:
+                return rows
         layer_type = kw.get("layer_type", args[0] if args else None)
         return self.tables(position_ids, layer_type)
 

@@ -130,15 +130,20 @@ def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
         def rotate_pair(
             q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
         ) -> tuple[Tensor, Tensor]:
-            if unsqueeze_dim == 1 and not tables and native_eager_pair(q, k):
-                prepared = getattr(cos, PREPARED, None)
-                if prepared is not None and prepared[0] is sin:  # tables the patch made
-                    turned = turn_pair_prepared(q, k, prepared[1], pairs)
-                    if turned == 2:
-                        return q, k
-                    if turned == 1:  # (q turned; the kernel refused k)
-                        c, s = _half(cos, 1, tables), _half(sin, 1, tables)
-                        return q, _turn(k, c, s, pairs, inplace=True)
+            prepared = getattr(cos, PREPARED, None)  # (tables the patch made)
+            if (
+                prepared is not None
+                and prepared[0] is sin
+                and unsqueeze_dim == 1
+                and not tables
+                and native_eager_pair(q, k)
+            ):
+                turned = turn_pair_prepared(q, k, prepared[1], pairs)
+                if turned == 2:
+                    return q, k
+                if turned == 1:  # (q turned; the kernel refused k)
+                    c, s = _half(cos, 1, tables), _half(sin, 1, tables)
+                    return q, _turn(k, c, s, pairs, inplace=True)
             c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
             return _turn_both(q, k, c, s, pairs)
 

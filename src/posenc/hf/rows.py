@@ -5,6 +5,8 @@ by them):
 * :func:`gathered`, the common case: integer CPU positions and frequencies that do not move
   (no dynamic NTK, no LongRoPE, no multimodal rows); one ``index_select`` from a table made
   once from the rope's own rows;
+* :func:`lean`, the same rows for a decode step's caller that holds a joint table already
+  made, with the C kernel's mark, and nothing else per call;
 * :func:`read`, everything else: :meth:`~posenc.RotaryEmbedding.cos_sin`, which checks the
   positions, follows the length and grows the tables.
 
@@ -18,8 +20,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..encodings.rotary.kernels.native import prepare_joint_halves
+from ..encodings.rotary.kernels.select import untraced
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
+from .rotations import PREPARED
 
 #: What :func:`gathered` keeps per rope: (the rope's cos table it was made from, the joint table)
 Joints = dict[object, tuple[Tensor, Tensor]]
@@ -67,6 +72,42 @@ def gathered(
     except IndexError:
         return None
     cos, sin = rows.view(b, n, 2, -1).unbind(2)
+    return cos, sin
+
+
+def lean(
+    rope: RotaryEmbedding, position_ids: Tensor, joint: tuple[Tensor, Tensor] | None
+) -> tuple[Tensor, Tensor] | None:
+    """What :func:`gathered` (``full``) then :func:`~.rotations.prepare` give, for ``joint``
+    the full-width joint table :func:`gathered` made for ``rope`` (``None``: not made yet),
+    with the checks that depend on the call alone: plain int64 CPU ``position_ids`` ``(b,
+    n)`` in eager mode, ``rope``'s table still the one ``joint`` was made from, positions
+    inside it. One ``index_select`` (as ``torch.embedding``), two views, and the C kernel's
+    description of their halves made from the rows' address
+    (:func:`~posenc.encodings.rotary.kernels.native.prepare_joint_halves`: the same as
+    :func:`~.rotations.prepare`'s). ``None`` where any of that does not hold (the caller then
+    takes :func:`gathered`'s path)."""
+    if (
+        joint is None
+        or type(position_ids) is not Tensor
+        or position_ids.dtype is not torch.int64
+        or position_ids.dim() != 2
+        or not position_ids.is_cpu
+        or joint[0] is not rope._buffers["cos_cached"]
+        or not untraced()
+    ):
+        return None
+    b, n = position_ids.shape
+    if not b * n:
+        return None
+    try:
+        rows = torch.embedding(joint[1], position_ids)  # (b, n, 2w): index_select, viewed
+    except IndexError:
+        return None
+    cos, sin = rows.chunk(2, -1)
+    halves = prepare_joint_halves(rows, b, n)
+    if halves is not None:
+        setattr(cos, PREPARED, (sin, halves))
     return cos, sin
 
 

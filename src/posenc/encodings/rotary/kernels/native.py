@@ -185,6 +185,21 @@ def prepare_tables(cos: Tensor, sin: Tensor) -> tuple[tuple, tuple] | None:
     return cos_at, sin_at
 
 
+def prepare_joint_halves(rows: Tensor, b: int, n: int) -> tuple[tuple, tuple] | None:
+    """What :func:`prepare_tables` would describe for the first halves of ``cos`` and ``sin``
+    ``= rows.chunk(2, -1)``, broadcast over heads as ``(b, 1, n, w/2)`` views, from ``rows``
+    alone: a float32 CPU tensor ``(b, n, 2w)`` fresh from ``index_select``
+    (contiguous, storage offset 0, so its storage is its own elements). ``None`` where the
+    kernel is not built or refuses the address (:func:`_native_buffer`)."""
+    address = rows.data_ptr()
+    if _native is None or address % 4:
+        return None
+    two_w = rows.shape[-1]
+    at = (address, 4 * b * n * two_w)
+    shape, strides = (b, 1, n, two_w // 4), (n * two_w, 0, two_w, 1)
+    return (*at, 0, shape, strides), (*at, two_w // 2, shape, strides)
+
+
 def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool) -> int:
     """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
     :func:`prepare_tables` described (or views of them), broadcasting against the leading
@@ -193,22 +208,46 @@ def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interl
     where the pair is ruled out (dtypes that differ, an inference tensor outside inference
     mode, ``q`` and ``k`` in one storage, an address or a shape the kernel refuses); 1 where
     the kernel refused ``k`` after turning ``q`` (the caller then turns ``k``)."""
-    if k.dtype is not q.dtype:
+    dtype = q.dtype
+    if k.dtype is not dtype:
         return 0
     if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
         return 0
-    bf16 = q.dtype is torch.bfloat16
+    bf16 = dtype is torch.bfloat16
     item = 2 if bf16 else 4
-    q_at, k_at = _native_buffer(q, item), _native_buffer(k, item)
-    if q_at is None or k_at is None or q_at[0] == k_at[0]:
+    # :func:`_native_buffer` of each, written out (this runs once per layer and decode step)
+    q_storage, k_storage = q.untyped_storage(), k.untyped_storage()
+    q_address, k_address = q_storage.data_ptr(), k_storage.data_ptr()
+    if q_address % item or k_address % item or q_address == k_address:
         return 0  # (one storage: whether q and k overlap is :func:`~.kernel.overlap`'s call)
-    run = (tables[0], tables[1], None, bf16, interleaved)
+    q_at = (q_address, q_storage.nbytes(), q.storage_offset(), q.shape, q.stride())
+    k_at = (k_address, k_storage.nbytes(), k.storage_offset(), k.shape, k.stride())
+    cos_at, sin_at = tables
+    threads = torch.get_num_threads()
     try:
-        _run_kernel(q, q_at, q_at, run)
+        _native(
+            q_at,
+            q_at,
+            cos_at,
+            sin_at,
+            None,
+            bf16,
+            interleaved,  # type: ignore[misc]
+            threads if q.numel() >= NATIVE_THREAD_MIN else 1,
+        )
     except (ValueError, IndexError):
         return 0
     try:
-        _run_kernel(k, k_at, k_at, run)
+        _native(
+            k_at,
+            k_at,
+            cos_at,
+            sin_at,
+            None,
+            bf16,
+            interleaved,  # type: ignore[misc]
+            threads if k.numel() >= NATIVE_THREAD_MIN else 1,
+        )
     except (ValueError, IndexError):
         return 1
     return 2

@@ -283,12 +283,17 @@ def eager_plain(*tensors: Tensor) -> bool:
     return _untraced() and all(type(t) is Tensor for t in tensors)
 
 
-def _untraced() -> bool:
+def untraced() -> bool:
+    """Whether this call runs eagerly: no ``torch.compile`` or ``torch.export`` trace, no
+    ``torch.jit.trace``, no ``torch.func`` transform."""
     return (
         not torch.compiler.is_compiling()
         and torch._C._get_tracing_state() is None
         and not torch._C._are_functorch_transforms_active()
     )
+
+
+_untraced = untraced
 
 
 def native_eager_pair(x: Tensor, pair: Tensor) -> bool:
