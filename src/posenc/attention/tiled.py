@@ -51,15 +51,7 @@ def mask_rows(spec: MaskSpec, start: int, stop: int, device: torch.device) -> Te
     ``(b|1, 1, t, nk)`` (True = attend): the rows ``start:stop`` of
     :meth:`~posenc.sequence.masks.MaskSpec.dense`, made without the others; ``None`` when
     every pair is allowed."""
-    if not spec.restricts:
-        return None
-    for t in (spec.keep, spec.q_documents, spec.q_positions):
-        if t is not None:
-            device = t.device
-    rows = torch.arange(spec.batch, device=device).view(-1, 1, 1, 1)
-    queries = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
-    keys = torch.arange(spec.nk, device=device).view(1, 1, 1, -1)
-    return spec.allows(rows, queries, keys, spec.nk - spec.nq)
+    return spec.dense(device, queries=(start, stop))
 
 
 def tiled_attention(

@@ -132,19 +132,22 @@ class MaskSpec:
         assert allowed is not None, "no rule in force: every pair is allowed"
         return allowed
 
-    def dense(self, device: torch.device | None = None) -> Tensor | None:
+    def dense(
+        self, device: torch.device | None = None, queries: tuple[int, int] | None = None
+    ) -> Tensor | None:
         """The boolean ``(b|1, 1, nq|1, nk)`` mask, True where attending is allowed
         (:meth:`allows` on every pair; an axis no rule reads stays 1); ``None`` if every pair
-        is allowed."""
+        is allowed. ``queries=(start, stop)``: only those rows, made without the others."""
         if not self.restricts:
             return None
         for t in (self.keep, self.q_documents, self.q_positions):
             if t is not None:
                 device = t.device
+        start, stop = (0, self.nq) if queries is None else queries
         rows = torch.arange(self.batch, device=device).view(-1, 1, 1, 1)
-        queries = torch.arange(self.nq, device=device).view(1, 1, -1, 1)
+        queries_at = torch.arange(start, stop, device=device).view(1, 1, -1, 1)
         keys = torch.arange(self.nk, device=device).view(1, 1, 1, -1)
-        return self.allows(rows, queries, keys, self.nk - self.nq)
+        return self.allows(rows, queries_at, keys, self.nk - self.nq)
 
     def blocks(self, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """The rules per block of ``size`` queries by ``size`` keys: ``(some, every)``, each

@@ -224,30 +224,10 @@ def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interl
     k_at = (k_address, k_storage.nbytes(), k.storage_offset(), k.shape, k.stride())
     cos_at, sin_at = tables
     threads = torch.get_num_threads()
-    try:
-        _native(
-            q_at,
-            q_at,
-            cos_at,
-            sin_at,
-            None,
-            bf16,
-            interleaved,  # type: ignore[misc]
-            threads if q.numel() >= NATIVE_THREAD_MIN else 1,
-        )
-    except (ValueError, IndexError):
-        return 0
-    try:
-        _native(
-            k_at,
-            k_at,
-            cos_at,
-            sin_at,
-            None,
-            bf16,
-            interleaved,  # type: ignore[misc]
-            threads if k.numel() >= NATIVE_THREAD_MIN else 1,
-        )
-    except (ValueError, IndexError):
-        return 1
+    for turned, (at, numel) in enumerate(((q_at, q.numel()), (k_at, k.numel()))):
+        try:
+            uses = threads if numel >= NATIVE_THREAD_MIN else 1
+            _native(at, at, cos_at, sin_at, None, bf16, interleaved, uses)  # type: ignore[misc]
+        except (ValueError, IndexError):
+            return turned  # 0: nothing written; 1: q turned, k refused
     return 2
