@@ -38,6 +38,7 @@ Dimension legend: ``b`` batch, ``h`` key/value heads, ``N`` cached tokens, ``n``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +62,11 @@ class LayerKV:
         self.window: int | None = getattr(module, "window", None)
         self.chunk: int | None = getattr(module, "chunk", None)
 
+    @property
+    def length(self) -> int:
+        """Tokens held (committed)."""
+        return self.keys.length
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return self.keys.append(k), self.values.append(v)
 
@@ -75,6 +81,50 @@ class LayerKV:
     def rollback(self) -> None:
         for part in (self.keys, self.values):
             part.rollback()
+
+
+def claim_layer(
+    cache: Any, module: nn.Module, staged: dict[int, Any], make: Callable[[nn.Module], Any]
+) -> Any:
+    """The entry ``cache`` keeps for attention layer ``module`` (``make(module)``, joining the
+    cache on commit, where it has none and holds no tokens yet), checked for this forward: a
+    layer runs once per cached call (``staged``: the layers this forward has run), a cache
+    serves the model that filled it, and no layer skipped an earlier call (its entry's
+    ``length`` is the cache's)."""
+    name, kind = type(module).__name__, type(cache).__name__
+    if id(module) in staged:
+        raise PosencValueError(
+            f"{name} ran twice in one cached call: one {kind} entry serves one attention "
+            "layer per call (give each use its own module)"
+        )
+    entry = cache._layers.get(id(module))
+    if entry is None or entry.module is not module:
+        if len(cache):
+            raise PosencValueError(
+                f"{name} has no entry in this {kind}, which already holds {len(cache)} tokens "
+                "of other layers: a cache serves the model that filled it"
+            )
+        entry = make(module)
+    if entry.length != len(cache):
+        raise PosencValueError(
+            f"{name} skipped an earlier cached call: its entry holds {entry.length} tokens, "
+            f"the cache {len(cache)}"
+        )
+    return entry
+
+
+def encoding_memo(
+    kept: dict[int, tuple[nn.Module, dict[str, Any]]],
+    memos: dict[int, tuple[nn.Module, dict[str, Any]]],
+    pe: nn.Module,
+) -> dict[str, Any]:
+    """Encoding ``pe``'s memo for one forward, kept in ``memos``: a copy of the one the cache
+    keeps in ``kept`` (which it replaces on commit), or a new one."""
+    held = memos.get(id(pe))
+    if held is None or held[0] is not pe:
+        old = kept.get(id(pe))
+        held = memos[id(pe)] = (pe, dict(old[1]) if old is not None and old[0] is pe else {})
+    return held[1]
 
 
 class CacheWrite:
@@ -134,38 +184,14 @@ class CacheWrite:
     def append_kv(self, module: nn.Module, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Stage one layer's new keys and values ``(b, h, n, d)``; return all ``(b, h, N + n,
         d)``: the cached ones first."""
-        cache = self.cache
-        if id(module) in self._layers:
-            raise PosencValueError(
-                f"{type(module).__name__} ran twice in one cached call: one KVCache entry "
-                "serves one attention layer per call (give each use its own module)"
-            )
-        entry = cache._layers.get(id(module))
-        if entry is None or entry.module is not module:
-            if len(cache):
-                raise PosencValueError(
-                    f"{type(module).__name__} has no entry in this KVCache, which already "
-                    f"holds {len(cache)} tokens of other layers: a cache serves the model "
-                    "that filled it"
-                )
-            entry = LayerKV(module)  # joins the cache on commit
-        if entry.keys.length != len(cache):
-            raise PosencValueError(
-                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
-                f"{entry.keys.length} tokens, the cache {len(cache)}"
-            )
+        entry = claim_layer(self.cache, module, self._layers, LayerKV)
         self._layers[id(module)] = entry
         return entry.append(k, v)
 
     def memo(self, pe: nn.Module) -> dict[str, Any]:
         """Encoding ``pe``'s memo for this forward: a copy of the cache's, which replaces it
         on commit."""
-        held = self._memos.get(id(pe))
-        if held is None or held[0] is not pe:
-            kept = self.cache._memos.get(id(pe))
-            start = dict(kept[1]) if kept is not None and kept[0] is pe else {}
-            held = self._memos[id(pe)] = (pe, start)
-        return held[1]
+        return encoding_memo(self.cache._memos, self._memos, pe)
 
     def commit(self, *, bound: PositionBound | None = None, keeps: bool = False) -> None:
         """End the forward: the cache counts the staged tokens and keys (``bound`` and

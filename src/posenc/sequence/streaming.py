@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from ..encodings.checks import PositionBound
 from ..errors import PosencTypeError, PosencValueError
+from .cache import claim_layer, encoding_memo
 
 __all__ = ["StreamStep", "StreamWrite", "StreamingCache"]
 
@@ -353,25 +354,7 @@ class StreamWrite:
         holds; return the ones the new queries read ``(b, g, L', d)``: the kept held ones
         first, then the new ones."""
         cache = self.cache
-        if id(module) in self._joined:
-            raise PosencValueError(
-                f"{type(module).__name__} ran twice in one cached call: one StreamingCache "
-                "entry serves one attention layer per call (give each use its own module)"
-            )
-        entry = cache._layers.get(id(module))
-        if entry is None or entry.module is not module:
-            if len(cache):
-                raise PosencValueError(
-                    f"{type(module).__name__} has no entry in this StreamingCache, which "
-                    f"already holds {len(cache)} tokens of other layers: a cache serves the "
-                    "model that filled it"
-                )
-            entry = _LayerEntry(module)  # joins the cache on commit
-        if entry.length != len(cache):
-            raise PosencValueError(
-                f"{type(module).__name__} skipped an earlier cached call: its entry holds "
-                f"{entry.length} tokens, the cache {len(cache)}"
-            )
+        entry = claim_layer(cache, module, self._joined, _LayerEntry)  # joins on commit
         step = self.step
         joined = (cache._join(entry.keys, k, step), cache._join(entry.values, v, step))
         self._joined[id(module)] = (entry, joined)
@@ -380,12 +363,7 @@ class StreamWrite:
     def memo(self, pe: nn.Module) -> dict[str, Any]:
         """Encoding ``pe``'s memo for this forward: a copy of the cache's, which replaces it
         on commit."""
-        held = self._memos.get(id(pe))
-        if held is None or held[0] is not pe:
-            kept = self.cache._memos.get(id(pe))
-            start = dict(kept[1]) if kept is not None and kept[0] is pe else {}
-            held = self._memos[id(pe)] = (pe, start)
-        return held[1]
+        return encoding_memo(self.cache._memos, self._memos, pe)
 
     def commit(self, **_: Any) -> None:
         """End the forward: the cache holds what it joined."""
