@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from ..sequence.masks import MaskSpec
 from .sdpa import fused_attention
 
-__all__ = ["TILE_ELEMENTS", "mask_rows", "tile_rows", "tiled_attention"]
+__all__ = ["TILE_ELEMENTS", "tile_rows", "tiled_attention"]
 
 #: The most elements one tile's bias ``(b, h, t, nk)`` may hold (2**26 is 256 MiB in fp32):
 #: the tiled backend's memory budget for the bias, per attention call.
@@ -44,14 +44,6 @@ def tile_rows(batch: int, heads: int, nq: int, nk: int, budget: int | None = Non
     :data:`TILE_ELEMENTS`), at least one, at most ``nq``."""
     budget = TILE_ELEMENTS if budget is None else budget
     return max(1, min(nq, budget // max(1, batch * heads * nk)))
-
-
-def mask_rows(spec: MaskSpec, start: int, stop: int, device: torch.device) -> Tensor | None:
-    """The boolean mask of queries ``start .. stop - 1`` against every key,
-    ``(b|1, 1, t, nk)`` (True = attend): the rows ``start:stop`` of
-    :meth:`~posenc.sequence.masks.MaskSpec.dense`, made without the others; ``None`` when
-    every pair is allowed."""
-    return spec.dense(device, queries=(start, stop))
 
 
 def tiled_attention(
@@ -76,7 +68,7 @@ def tiled_attention(
     records = torch.is_grad_enabled()
 
     def tile(q_tile: Tensor, k: Tensor, v: Tensor, start: int, stop: int) -> Tensor:
-        mask = mask_rows(spec, start, stop, q.device)
+        mask = spec.dense(q.device, queries=(start, stop))  # rows start:stop alone
         return fused_attention(
             q_tile, k, v, mask, bias(start, stop, q_tile), dropout_p, scale=scale, sinks=sinks
         )
