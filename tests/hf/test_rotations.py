@@ -165,8 +165,9 @@ def test_the_rotation_reads_what_the_tables_hold() -> None:
 
 @NEEDS_KERNEL
 def test_a_key_the_kernel_refuses_is_turned_on_its_own() -> None:
-    """A key of one head expanded over two (stride 0: no kernel writes it in place): q turns
-    in place, k into a new tensor."""
+    """A key of one head expanded over two (stride 0: no kernel writes it in place): the
+    prepared call, which checks both before it writes, turns neither; then q turns in place,
+    k into a new tensor."""
     model, apply = _patched(), _apply()
     with torch.no_grad():
         cos, sin = model.model.rotary_emb(torch.zeros(1, 8, HEADS * D), torch.arange(8)[None])
@@ -196,7 +197,7 @@ def test_q_and_k_in_one_storage_take_the_selected_path(monkeypatch: pytest.Monke
         q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
         want = _float64(q, k, cos, sin)
         got = apply(q, k, cos, sin)
-    assert turned == [0]
+    assert turned == [False]
     assert torch.equal(qkv[:, :, 2], v)
     for g, w in zip(got, want, strict=True):
         _within_one_rounding(g, w)

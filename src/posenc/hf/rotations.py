@@ -33,7 +33,7 @@ from torch import Tensor
 from ..encodings.rotary.kernels.native import prepare_tables, turn_pair_prepared
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from ..encodings.rotary.kernels.rotate import run_plan_pair as rotate_both
-from ..encodings.rotary.kernels.select import native_eager_pair, select
+from ..encodings.rotary.kernels.select import native_eager, select
 from ..errors import PosencValueError
 
 __all__ = ["FORMS", "form_of", "prepare", "rotation"]
@@ -136,14 +136,12 @@ def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
                 and prepared[0] is sin
                 and unsqueeze_dim == 1
                 and not tables
-                and native_eager_pair(q, k)
+                and type(q) is Tensor
+                and type(k) is Tensor
+                and native_eager()
+                and turn_pair_prepared(q, k, prepared[1], pairs)
             ):
-                turned = turn_pair_prepared(q, k, prepared[1], pairs)
-                if turned == 2:
-                    return q, k
-                if turned == 1:  # (q turned; the kernel refused k)
-                    c, s = _half(cos, 1, tables), _half(sin, 1, tables)
-                    return q, _turn(k, c, s, pairs, inplace=True)
+                return q, k
             c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
             return _turn_both(q, k, c, s, pairs)
 

@@ -7,6 +7,7 @@ strides and a table row offset included, agree with the formula bit for bit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -50,10 +51,9 @@ def kernel(
     *,
     bf16: bool = False,
     interleaved: bool = False,
-    threads: int = 1,
 ) -> None:
     """The kernel's Python-visible entry point, with x, out, cos and sin as descriptions."""
-    native._native(x, out, cos, sin, first_row, bf16, interleaved, threads)  # type: ignore[misc]
+    native._native(x, out, cos, sin, first_row, bf16, interleaved)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- valid calls
@@ -75,7 +75,7 @@ def test_a_table_row_offset_reads_the_rows_from_there(
         )
         out = torch.empty_like(x)
         kernel(describe(x), describe(out), describe(cos), describe(sin), first, bf16=bf16,
-               interleaved=interleaved, threads=3)  # fmt: skip
+               interleaved=interleaved)  # fmt: skip
         assert torch.equal(out, want)
 
 
@@ -315,6 +315,84 @@ def test_the_same_descriptions_with_the_right_numbers_are_taken() -> None:
     assert torch.equal(out, rotate.rotate_reference(x, cos[40 - N :], sin[40 - N :]))
 
 
+# --------------------------------------------------------------------------- q and k in one call
+
+
+def pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, **kw: bool):
+    """The kernel's pair entry point, tables described as rotate.py describes them."""
+    interleaved = kw.get("interleaved", False)
+    return native._native_pair(  # type: ignore[misc]
+        q, k, describe(cos), describe(sin), interleaved, torch.float32, torch.bfloat16
+    )
+
+
+def projections(dtype: torch.dtype, n: int = N) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, n, D) and k (B, 1, n, D) as a transformers attention makes them: heads-first
+    views (transposed, not contiguous) of (B, n, heads * D) projections."""
+    q = torch.randn(B, n, H * D).to(dtype).view(B, n, H, D).transpose(1, 2)
+    k = torch.randn(B, n, D).to(dtype).view(B, n, 1, D).transpose(1, 2)
+    return q, k
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_pair_entry_turns_q_and_k_in_place_as_the_formula(
+    dtype: torch.dtype, interleaved: bool
+) -> None:
+    """``rotate_pair`` reads q's and k's storage, offset, sizes and strides from the tensors
+    themselves and turns both in place, bit for bit as the formula, with tables broadcast
+    over heads ``(B, 1, N, D / 2)`` and over the batch ``(N, D / 2)``."""
+    cos, sin = tables(N)
+    for c, s in ((cos, sin), (cos.expand(B, 1, N, D // 2), sin.expand(B, 1, N, D // 2))):
+        q, k = projections(dtype)
+        want = [rotate.rotate_reference(t, c, s, interleaved=interleaved) for t in (q, k)]
+        assert pair(q, k, c, s, interleaved=interleaved) is True
+        assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
+def test_the_pair_entry_declines_what_it_does_not_take() -> None:
+    """Another dtype, two dtypes or a tensor that is not on the CPU (a meta tensor here):
+    ``False`` with nothing read or written."""
+    cos, sin = tables(N)
+    for q_dtype, k_dtype in ((torch.float16, torch.float16), (torch.float32, torch.bfloat16)):
+        q, k = projections(q_dtype)
+        k = k.to(k_dtype)
+        before = q.clone(), k.clone()
+        assert pair(q, k, cos, sin) is False
+        assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    q, _ = projections(torch.float32)
+    before = q.clone()
+    assert pair(q, torch.empty(B, 1, N, D, device="meta"), cos, sin) is False
+    assert torch.equal(q, before)
+
+
+def test_the_pair_entry_checks_both_before_writing_either() -> None:
+    """A k the kernel refuses (one head expanded: stride 0 along the heads; channels with a
+    stride of 2; q and k in one storage) raises, and q keeps every bit although it alone
+    would have been taken."""
+    cos, sin = tables(N)
+    q, k = projections(torch.float32)
+    cases = {
+        "stride 0": (k.expand(B, 2, N, D), cos, sin, ValueError, "stride 0"),
+        "strided channels": (
+            torch.randn(B, 1, N, 2 * D)[..., ::2],
+            cos,
+            sin,
+            ValueError,
+            "contiguous",
+        ),
+        "one storage": (q[:, :1], cos, sin, ValueError, "share one storage"),
+    }
+    for name, (key, c, s, error, message) in cases.items():
+        before = q.clone(), key.clone()
+        with pytest.raises(error, match=message):
+            pair(q, key, c, s)
+        assert torch.equal(q, before[0]) and torch.equal(key, before[1]), name
+    assert native.turn_pair_prepared(q, k.expand(B, 2, N, D), native.prepare_tables(cos, sin),
+                                     False) is False  # fmt: skip
+    assert pair(q.clone(), k.clone(), cos, sin) is True  # the same q, with a k it takes
+
+
 # --------------------------------------------------------------------------- the build
 
 
@@ -354,3 +432,43 @@ def test_setup_builds_the_kernel_from_the_sources_beside_it(tmp_path: Path) -> N
     kernels = tmp_path / "lib" / "posenc" / "encodings" / "rotary" / "kernels"
     built = list(kernels.glob("_rotary_native*"))
     assert len(built) == 1, sorted(p.name for p in (tmp_path / "lib").rglob("*"))
+
+
+@pytest.mark.slow
+def test_a_compiler_without_openmp_still_builds_the_kernel(tmp_path: Path) -> None:
+    """setup.py builds with ``-fopenmp`` and, where the compiler refuses it, again without:
+    here a compiler that fails on that flag alone (a wrapper around the real one). The
+    kernel built so rotates on the calling thread, and still equals the formula."""
+    real = _compiler()
+    if real is None:
+        pytest.skip("no C compiler on this machine")
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    root = Path(__file__).resolve().parents[4]
+    env = {**os.environ, "CC": str(wrapper), "LDSHARED": f"{wrapper} -shared"}
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path / "lib"),
+         "--build-temp", str(tmp_path / "tmp")],
+        cwd=root, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = list((tmp_path / "lib").rglob("_rotary_native*"))
+    assert len(built) == 1
+    linked = subprocess.run(["ldd", str(built[0])], capture_output=True, text=True).stdout
+    assert "gomp" not in linked
+    check = (
+        "import importlib.util, torch; "
+        f"spec = importlib.util.spec_from_file_location('_rotary_native', {str(built[0])!r}); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "x = torch.randn(4096, 16); c, s = torch.rand(4096, 8), torch.rand(4096, 8); "
+        "d = lambda t: (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "
+        "t.storage_offset(), t.shape, t.stride()); "
+        "o = torch.empty_like(x); m.rotate(d(x), d(o), d(c), d(s), None, False, False); "
+        "a, b = x[:, :8], x[:, 8:]; "
+        "assert torch.equal(o, torch.cat([a * c - b * s, b * c + a * s], -1))"
+    )
+    ran = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]

@@ -97,21 +97,29 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
 ) -> None:
     """Products rounded before the sum and one rounding to bfloat16, as the formula in torch
     operations: the kernel's results are identical to :func:`rotate_reference`'s, in place
-    and out of place, threaded (a tensor above ``NATIVE_THREAD_MIN``) or not."""
+    and out of place, in runs of rows that one dimension or several make; on one thread, and
+    (above the kernel's 2**15 pairs) shared among torch's 2 and 3 OpenMP threads, whose
+    shares start and end inside a run of rows (4,113 rows of runs of 1,371)."""
     if native._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
     torch.manual_seed(0)
-    for shape in [(2, 3, 5, 16), (2, 4, 1100, 16)]:  # one thread; above NATIVE_THREAD_MIN
-        x = make_x("fused", shape[0], shape[1], shape[2], shape[3], dtype)
-        angles = torch.rand(shape[2], 8, dtype=torch.float64) * 1000
-        cos, sin = angles.cos().float(), angles.sin().float()
-        want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        native._turn_c(x, out, cos, sin, interleaved)
-        assert torch.equal(out, want)
-        native._turn_c(x, x, cos, sin, interleaved)
-        assert torch.equal(x, want)
-    # three threads: shares that start and end inside a run of rows
+    threads = torch.get_num_threads()
+    try:
+        for shape, counts in (((2, 3, 5, 16), (1,)), ((1, 3, 1371, 16), (1, 2, 3))):
+            for count in counts:
+                torch.set_num_threads(count)
+                x = make_x("fused", shape[0], shape[1], shape[2], shape[3], dtype)
+                angles = torch.rand(shape[2], 8, dtype=torch.float64) * 1000
+                cos, sin = angles.cos().float(), angles.sin().float()
+                want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
+                out = torch.empty_like(x, memory_format=torch.contiguous_format)
+                native._turn_c(x, out, cos, sin, interleaved)
+                assert torch.equal(out, want)
+                native._turn_c(x, x, cos, sin, interleaved)
+                assert torch.equal(x, want)
+    finally:
+        torch.set_num_threads(threads)
+    # the kernel's own entry point, in place, rows contiguous or strided by the fused layout
     for layout in ("contiguous", "fused"):
         x = make_x(layout, 2, 3, 37, 16, dtype)
         angles = torch.rand(37, 8, dtype=torch.float64) * 1000
@@ -119,7 +127,7 @@ def test_the_native_kernel_equals_the_formula_bit_for_bit(
         want = rotate.rotate_reference(x, cos, sin, interleaved=interleaved)
         x_at = native._native_buffer(x, x.element_size())
         tables = native._kernel_tables(cos, sin, dtype is torch.bfloat16, interleaved)
-        native._native(x_at, x_at, *tables, 3)
+        native._native(x_at, x_at, *tables)
         assert torch.equal(x, want)
 
 

@@ -29,19 +29,49 @@
  *     elements read, so reads and writes stay inside the storages;
  *   - that out is x itself (in place) or shares no memory with x, cos and sin, and that no two
  *     of its rows overlap (a zero stride is refused; other overlaps are not looked for): else
- *     elements turn twice or are read after they are written, and threads race on them.
- * (The thread count needs no trust: any number is clamped to 1 to MAX_THREADS and to the rows.)
+ *     elements turn twice or are read after they are written.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "rotary_rows.h"
 
-#define MAX_THREADS 64
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* From this many values turned (rows times pairs), a rotation is shared among the threads of
+ * the OpenMP runtime the process already runs (torch's, whose workers wait on it after each of
+ * torch's parallel operators). */
+#define PARALLEL_MIN (1 << 15)
+
+/* Turn the rows of job: split among the OpenMP runtime's threads where it is built in and
+ * the rotation is large, else on the calling thread. Called without the GIL. */
+static void run_job(const Job *job)
+{
+#ifdef _OPENMP
+    const Py_ssize_t rows = job->stop - job->start;
+    const int threads = omp_get_max_threads();
+    if (threads > 1 && rows > 1 && rows * job->half >= PARALLEL_MIN) {
+#pragma omp parallel num_threads(threads)
+        {
+            const Py_ssize_t t = omp_get_thread_num(), n = omp_get_num_threads();
+            const Py_ssize_t share = rows / n, extra = rows % n; /* the first `extra` take one more */
+            Job mine = *job;
+            mine.start = job->start + share * t + (t < extra ? t : extra);
+            mine.stop = mine.start + share + (t < extra ? 1 : 0);
+            if (mine.stop > mine.start) {
+                rotary_run_rows(&mine);
+            }
+        }
+        return;
+    }
+#endif
+    rotary_run_rows(job);
+}
 
 /* ----------------------------------------------------------------- the interface and its checks */
 
@@ -114,30 +144,18 @@ static int read_dims(PyObject *seq, Py_ssize_t *dst, Py_ssize_t pad, const char 
     return (int)n;
 }
 
-/* Read the description of one buffer and check what can be checked of it alone. */
-static int read_buffer(PyObject *desc, const char *name, Py_ssize_t item, Buffer *b)
+/* Fill b from the numbers that describe one buffer and check what can be checked of it alone;
+ * sizes and strides are kept (borrowed) for messages. */
+static int fill_buffer(Buffer *b, const char *name, Py_ssize_t item, unsigned long long address,
+                       Py_ssize_t nbytes, Py_ssize_t offset, PyObject *sizes, PyObject *strides)
 {
     b->name = name;
     b->item = item;
-    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 5) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s must be a tuple (address, nbytes, offset, sizes, strides)", name);
-        return -1;
-    }
-    b->address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(desc, 0));
-    if (b->address == (unsigned long long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    b->nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 1));
-    if (b->nbytes == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    b->offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 2));
-    if (b->offset == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    b->sizes = PyTuple_GET_ITEM(desc, 3);
-    b->strides = PyTuple_GET_ITEM(desc, 4);
+    b->address = address;
+    b->nbytes = nbytes;
+    b->offset = offset;
+    b->sizes = sizes;
+    b->strides = strides;
     int n = read_dims(b->sizes, b->size, 1, name, "sizes");
     if (n < 0) {
         return -1;
@@ -174,6 +192,74 @@ static int read_buffer(PyObject *desc, const char *name, Py_ssize_t item, Buffer
         return -1;
     }
     return 0;
+}
+
+/* Read the description (address, nbytes, offset, sizes, strides) of one buffer. */
+static int read_buffer(PyObject *desc, const char *name, Py_ssize_t item, Buffer *b)
+{
+    if (!PyTuple_Check(desc) || PyTuple_GET_SIZE(desc) != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a tuple (address, nbytes, offset, sizes, strides)", name);
+        return -1;
+    }
+    unsigned long long address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(desc, 0));
+    if (address == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 1));
+    if (nbytes == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(desc, 2));
+    if (offset == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return fill_buffer(b, name, item, address, nbytes, offset, PyTuple_GET_ITEM(desc, 3),
+                       PyTuple_GET_ITEM(desc, 4));
+}
+
+/* The interned names of the tensor methods and attributes read here. */
+static PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_storage_offset, *s_shape,
+    *s_stride, *s_is_cpu, *s_dtype;
+
+/* An int that a method of obj returns, or -1 with an exception set. */
+static long long call_int(PyObject *obj, PyObject *method)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(obj, method);
+    if (r == NULL) {
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return v;
+}
+
+/* What a torch tensor t says of itself, read as rotate.py's descriptions are: the address and
+ * size of t.untyped_storage(), t.storage_offset(), t.shape, t.stride(). The sizes and strides
+ * are new references in owned[0] and owned[1], which the caller releases. */
+static int read_tensor(PyObject *t, const char *name, Py_ssize_t item, Buffer *b,
+                       PyObject **owned)
+{
+    PyObject *storage = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    if (storage == NULL) {
+        return -1;
+    }
+    long long address = call_int(storage, s_data_ptr);
+    long long nbytes = address == -1 && PyErr_Occurred() ? -1 : call_int(storage, s_nbytes);
+    Py_DECREF(storage);
+    if (nbytes == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    long long offset = call_int(t, s_storage_offset);
+    if (offset == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if ((owned[0] = PyObject_GetAttr(t, s_shape)) == NULL
+        || (owned[1] = PyObject_CallMethodNoArgs(t, s_stride)) == NULL) {
+        return -1;
+    }
+    return fill_buffer(b, name, item, (unsigned long long)address, (Py_ssize_t)nbytes,
+                       (Py_ssize_t)offset, owned[0], owned[1]);
 }
 
 static int same_sizes(const Buffer *a, const Buffer *b)
@@ -219,189 +305,265 @@ static int check_extent(const Buffer *b, Py_ssize_t start, const Py_ssize_t *siz
     return 0;
 }
 
-/* rotate(x, out, cos, sin, first_row, bf16, interleaved, threads): x, out, cos and sin each a
- * tuple (storage address, storage size in bytes, offset, sizes, strides) with the offset and
- * strides in elements, as a tensor t gives them: t.untyped_storage().data_ptr(),
- * .nbytes(), t.storage_offset(), t.shape, t.stride(). Turns the first 2 * half channels of
- * every row of x into out (x itself, or a tensor of x's sizes), half = cos's last size. The
- * tables' leading dimensions broadcast against x's (right-aligned; a size of 1 repeats); with
- * first_row (an int, not None), the tables' outermost leading dimension is read from row
- * first_row on, as cos[first_row : first_row + n] would view it (n: x's size along it).
- * Checks everything it can first (see the top of this file). Releases the GIL. */
-static PyObject *rotate(PyObject *self, PyObject *args)
+/* Check x, out, cos and sin against each other (the top of this file) and fill job with the
+ * rows to turn, all of them (start 0, stop the number of rows: 0 where nothing is to be read
+ * or written, and then nothing else of job is set); -1 with an exception set, and job unusable, where a check fails. */
+static int plan_job(const Buffer *x, const Buffer *out, const Buffer *cos, const Buffer *sin,
+                    Py_ssize_t first_row, int bf16, int interleaved, Job *job)
 {
-    (void)self;
-    PyObject *x_desc, *out_desc, *cos_desc, *sin_desc, *first_obj;
-    int bf16, interleaved, threads;
-    if (!PyArg_ParseTuple(args, "OOOOOppi", &x_desc, &out_desc, &cos_desc, &sin_desc,
-                          &first_obj, &bf16, &interleaved, &threads)) {
-        return NULL;
-    }
-    const Py_ssize_t item = bf16 ? 2 : 4;
-    Buffer x, out, cos, sin;
-    if (read_buffer(x_desc, "x", item, &x) < 0 || read_buffer(out_desc, "out", item, &out) < 0
-        || read_buffer(cos_desc, "cos", sizeof(float), &cos) < 0
-        || read_buffer(sin_desc, "sin", sizeof(float), &sin) < 0) {
-        return NULL;
-    }
-    Py_ssize_t first_row = -1; /* none: the tables broadcast as they are */
-    if (first_obj != Py_None) {
-        first_row = PyLong_AsSsize_t(first_obj);
-        if (first_row == -1 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (first_row < 0) {
-            PyErr_Format(PyExc_IndexError, "first_row %zd: rows count from 0", first_row);
-            return NULL;
-        }
-    }
-
+    job->start = job->stop = 0;
     /* the shapes */
-    if (!same_sizes(&out, &x)) {
-        PyErr_Format(PyExc_ValueError, "out has sizes %R, x %R", out.sizes, x.sizes);
-        return NULL;
+    if (!same_sizes(out, x)) {
+        PyErr_Format(PyExc_ValueError, "out has sizes %R, x %R", out->sizes, x->sizes);
+        return -1;
     }
-    if (!same_sizes(&sin, &cos)) {
-        PyErr_Format(PyExc_ValueError, "sin has sizes %R, cos %R", sin.sizes, cos.sizes);
-        return NULL;
+    if (!same_sizes(sin, cos)) {
+        PyErr_Format(PyExc_ValueError, "sin has sizes %R, cos %R", sin->sizes, cos->sizes);
+        return -1;
     }
-    if (cos.dims > x.dims) {
+    if (cos->dims > x->dims) {
         PyErr_Format(PyExc_ValueError, "the tables (sizes %R) have more dimensions than x (%R)",
-                     cos.sizes, x.sizes);
-        return NULL;
+                     cos->sizes, x->sizes);
+        return -1;
     }
-    const Py_ssize_t half = cos.size[LAST];
-    if (half > x.size[LAST] / 2) {
+    const Py_ssize_t half = cos->size[LAST];
+    if (half > x->size[LAST] / 2) {
         PyErr_Format(PyExc_ValueError,
                      "tables of %zd pairs need 2 * %zd channels, x has %zd (sizes %R)", half, half,
-                     x.size[LAST], x.sizes);
-        return NULL;
+                     x->size[LAST], x->sizes);
+        return -1;
     }
-    const Buffer *each[4] = {&x, &out, &cos, &sin};
+    const Buffer *each[4] = {x, out, cos, sin};
     for (int i = 0; i < 4; i++) { /* the channels read: 2 * half of x and out, half of the tables */
         Py_ssize_t channels = i < 2 ? 2 * half : half;
         if (channels > 1 && each[i]->stride[LAST] != 1) {
             PyErr_Format(PyExc_ValueError,
                          "%s: its channels must be contiguous (stride 1), got strides %R",
                          each[i]->name, each[i]->strides);
-            return NULL;
+            return -1;
         }
     }
 
     /* the leading dimensions, the tables' broadcast against x's, and where each buffer starts */
-    Job job;
-    Py_ssize_t cos_start = cos.offset, sin_start = sin.offset, rows = 1;
-    const int outer = MAX_DIMS - cos.dims; /* the tables' outermost dimension */
+    Py_ssize_t cos_start = cos->offset, sin_start = sin->offset, rows = 1;
+    const int outer = MAX_DIMS - cos->dims; /* the tables' outermost dimension */
     if (first_row >= 0 && outer == LAST) {
         PyErr_Format(PyExc_ValueError, "first_row needs tables with rows, got cos of sizes %R",
-                     cos.sizes);
-        return NULL;
+                     cos->sizes);
+        return -1;
     }
     for (int k = 0; k < MAX_LEAD; k++) {
-        job.sizes[k] = x.size[k];
-        job.xs[k] = x.stride[k];
-        job.os[k] = out.stride[k];
-        if (x.size[k] > 1 && out.stride[k] == 0) {
+        job->sizes[k] = x->size[k];
+        job->xs[k] = x->stride[k];
+        job->os[k] = out->stride[k];
+        if (x->size[k] > 1 && out->stride[k] == 0) {
             PyErr_Format(PyExc_ValueError,
                          "out: stride 0 along a dimension of %zd elements (sizes %R, strides %R) "
-                         "would write each element more than once", x.size[k], out.sizes,
-                         out.strides);
-            return NULL;
+                         "would write each element more than once", x->size[k], out->sizes,
+                         out->strides);
+            return -1;
         }
-        if (!mul_ok(rows, x.size[k], &rows)) {
-            PyErr_Format(PyExc_ValueError, "x: %R rows overflow", x.sizes);
-            return NULL;
+        if (!mul_ok(rows, x->size[k], &rows)) {
+            PyErr_Format(PyExc_ValueError, "x: %R rows overflow", x->sizes);
+            return -1;
         }
         if (first_row >= 0 && k == outer) { /* rows first_row to first_row + n - 1 */
-            if (first_row > cos.size[k] - x.size[k]) {
+            if (first_row > cos->size[k] - x->size[k]) {
                 PyErr_Format(PyExc_IndexError,
                              "first_row %zd: x needs %zd rows from there, the tables have %zd "
-                             "(cos sizes %R)", first_row, x.size[k], cos.size[k], cos.sizes);
-                return NULL;
+                             "(cos sizes %R)", first_row, x->size[k], cos->size[k], cos->sizes);
+                return -1;
             }
             Py_ssize_t cos_skip, sin_skip;
-            if (!mul_ok(first_row, cos.stride[k], &cos_skip)
-                || !mul_ok(first_row, sin.stride[k], &sin_skip)
+            if (!mul_ok(first_row, cos->stride[k], &cos_skip)
+                || !mul_ok(first_row, sin->stride[k], &sin_skip)
                 || !add_ok(cos_start, cos_skip, &cos_start)
                 || !add_ok(sin_start, sin_skip, &sin_start)) {
                 PyErr_Format(PyExc_ValueError,
                              "first_row %zd: its address overflows (cos strides %R, sin %R)",
-                             first_row, cos.strides, sin.strides);
-                return NULL;
+                             first_row, cos->strides, sin->strides);
+                return -1;
             }
-            job.cs[k] = cos.stride[k];
-            job.ss[k] = sin.stride[k];
-        } else if (cos.size[k] == 1) { /* the tables repeat along it (or have no such dim) */
-            job.cs[k] = job.ss[k] = 0;
-        } else if (cos.size[k] == x.size[k]) {
-            job.cs[k] = cos.stride[k];
-            job.ss[k] = sin.stride[k];
+            job->cs[k] = cos->stride[k];
+            job->ss[k] = sin->stride[k];
+        } else if (cos->size[k] == 1) { /* the tables repeat along it (or have no such dim) */
+            job->cs[k] = job->ss[k] = 0;
+        } else if (cos->size[k] == x->size[k]) {
+            job->cs[k] = cos->stride[k];
+            job->ss[k] = sin->stride[k];
         } else {
             PyErr_Format(PyExc_ValueError, "the tables (sizes %R) do not broadcast against x (%R)",
-                         cos.sizes, x.sizes);
-            return NULL;
+                         cos->sizes, x->sizes);
+            return -1;
         }
     }
     if (rows == 0 || half == 0) {
-        Py_RETURN_NONE; /* nothing to read or write */
+        return 0; /* nothing to read or write */
     }
-    if (check_extent(&x, x.offset, job.sizes, job.xs, 2 * half) < 0
-        || check_extent(&out, out.offset, job.sizes, job.os, 2 * half) < 0
-        || check_extent(&cos, cos_start, job.sizes, job.cs, half) < 0
-        || check_extent(&sin, sin_start, job.sizes, job.ss, half) < 0) {
-        return NULL;
+    if (check_extent(x, x->offset, job->sizes, job->xs, 2 * half) < 0
+        || check_extent(out, out->offset, job->sizes, job->os, 2 * half) < 0
+        || check_extent(cos, cos_start, job->sizes, job->cs, half) < 0
+        || check_extent(sin, sin_start, job->sizes, job->ss, half) < 0) {
+        return -1;
     }
     /* (each start lies between the lowest and the highest element checked) */
-    job.x = (char *)(uintptr_t)x.address + x.offset * item;
-    job.out = (char *)(uintptr_t)out.address + out.offset * item;
-    job.cos = (const float *)(uintptr_t)cos.address + cos_start;
-    job.sin = (const float *)(uintptr_t)sin.address + sin_start;
-    job.bf16 = bf16;
-    job.interleaved = interleaved;
-    job.half = half;
-    rotary_coalesce(&job);
+    job->x = (char *)(uintptr_t)x->address + x->offset * x->item;
+    job->out = (char *)(uintptr_t)out->address + out->offset * out->item;
+    job->cos = (const float *)(uintptr_t)cos->address + cos_start;
+    job->sin = (const float *)(uintptr_t)sin->address + sin_start;
+    job->bf16 = bf16;
+    job->interleaved = interleaved;
+    job->half = half;
+    rotary_coalesce(job);
+    job->start = 0;
+    job->stop = rows;
+    return 0;
+}
 
-    if (threads < 1) {
-        threads = 1;
+/* Read the first_row argument: -1 for None (the tables broadcast as they are). */
+static int read_first_row(PyObject *first_obj, Py_ssize_t *first_row)
+{
+    *first_row = -1;
+    if (first_obj == Py_None) {
+        return 0;
     }
-    if (threads > MAX_THREADS) {
-        threads = MAX_THREADS;
+    *first_row = PyLong_AsSsize_t(first_obj);
+    if (*first_row == -1 && PyErr_Occurred()) {
+        return -1;
     }
-    if ((Py_ssize_t)threads > rows) {
-        threads = (int)rows;
+    if (*first_row < 0) {
+        PyErr_Format(PyExc_IndexError, "first_row %zd: rows count from 0", *first_row);
+        return -1;
     }
-    Job jobs[MAX_THREADS];
-    pthread_t ids[MAX_THREADS];
-    int started = 0;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t share = rows / threads, extra = rows % threads; /* the first `extra` take one more */
-    for (int t = 0; t < threads; t++) {
-        jobs[t] = job;
-        jobs[t].start = share * t + (t < extra ? t : extra);
-        jobs[t].stop = jobs[t].start + share + (t < extra ? 1 : 0);
+    return 0;
+}
+
+/* rotate(x, out, cos, sin, first_row, bf16, interleaved): x, out, cos and sin each a tuple
+ * (storage address, storage size in bytes, offset, sizes, strides) with the offset and strides
+ * in elements, as a tensor t gives them: t.untyped_storage().data_ptr(), .nbytes(),
+ * t.storage_offset(), t.shape, t.stride(). Turns the first 2 * half channels of every row of
+ * x into out (x itself, or a tensor of x's sizes), half = cos's last size. The tables' leading
+ * dimensions broadcast against x's (right-aligned; a size of 1 repeats); with first_row (an
+ * int, not None), the tables' outermost leading dimension is read from row first_row on, as
+ * cos[first_row : first_row + n] would view it (n: x's size along it). Checks everything it
+ * can first (see the top of this file), then turns the rows on the calling thread with the GIL
+ * released. */
+static PyObject *rotate(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *x_desc, *out_desc, *cos_desc, *sin_desc, *first_obj;
+    int bf16, interleaved;
+    if (!PyArg_ParseTuple(args, "OOOOOpp", &x_desc, &out_desc, &cos_desc, &sin_desc,
+                          &first_obj, &bf16, &interleaved)) {
+        return NULL;
     }
-    for (int t = 1; t < threads; t++) { /* this thread takes the first share */
-        if (pthread_create(&ids[t], NULL, rotary_run_rows_thread, &jobs[t]) != 0) {
-            break;
-        }
-        started = t;
+    const Py_ssize_t item = bf16 ? 2 : 4;
+    Buffer x, out, cos, sin;
+    Py_ssize_t first_row;
+    Job job;
+    if (read_buffer(x_desc, "x", item, &x) < 0 || read_buffer(out_desc, "out", item, &out) < 0
+        || read_buffer(cos_desc, "cos", sizeof(float), &cos) < 0
+        || read_buffer(sin_desc, "sin", sizeof(float), &sin) < 0
+        || read_first_row(first_obj, &first_row) < 0
+        || plan_job(&x, &out, &cos, &sin, first_row, bf16, interleaved, &job) < 0) {
+        return NULL;
     }
-    rotary_run_rows(&jobs[0]);
-    for (int t = 1; t <= started; t++) {
-        pthread_join(ids[t], NULL);
+    if (job.stop > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        run_job(&job);
+        Py_END_ALLOW_THREADS
     }
-    for (int t = started + 1; t < threads; t++) { /* shares no thread could be started for */
-        rotary_run_rows(&jobs[t]);
-    }
-    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+/* Which dtype the torch tensor t holds where the kernel takes it: 0 for float32 (f32), 1 for
+ * bfloat16 (bf16), both on the CPU; 2 where it does not take it (another dtype or device); -1
+ * with an exception set where t does not answer. */
+static int tensor_dtype(PyObject *t, PyObject *f32, PyObject *bf16)
+{
+    PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
+    if (is_cpu == NULL) {
+        return -1;
+    }
+    int cpu = is_cpu == Py_True;
+    Py_DECREF(is_cpu);
+    PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+    if (dtype == NULL) {
+        return -1;
+    }
+    int code = !cpu ? 2 : dtype == f32 ? 0 : dtype == bf16 ? 1 : 2;
+    Py_DECREF(dtype);
+    return code;
+}
+
+/* rotate_pair(q, k, cos, sin, interleaved, float32, bfloat16): the torch tensors q and k
+ * turned in place by the tables cos and sin, described as rotate takes them, broadcast
+ * against each; float32 and bfloat16 are torch's dtype objects. False, with nothing done,
+ * where q and k are not both CPU tensors of one of those dtypes, the same one; else each is
+ * described from its own methods (read_tensor) and both are checked before either is written:
+ * a failed check raises with nothing written; q and k in one storage are refused (whether
+ * they overlap is not looked for). True once both are turned. */
+static PyObject *rotate_pair(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *q_obj, *k_obj, *cos_desc, *sin_desc, *f32, *bf16_dtype;
+    int interleaved;
+    if (!PyArg_ParseTuple(args, "OOOOpOO", &q_obj, &k_obj, &cos_desc, &sin_desc, &interleaved,
+                          &f32, &bf16_dtype)) {
+        return NULL;
+    }
+    int bf16 = tensor_dtype(q_obj, f32, bf16_dtype);
+    if (bf16 < 0) {
+        return NULL;
+    }
+    int k_dtype = tensor_dtype(k_obj, f32, bf16_dtype);
+    if (k_dtype < 0) {
+        return NULL;
+    }
+    if (bf16 == 2 || k_dtype != bf16) {
+        Py_RETURN_FALSE;
+    }
+    const Py_ssize_t item = bf16 ? 2 : 4;
+    Buffer q, k, cos, sin;
+    PyObject *owned[4] = {NULL, NULL, NULL, NULL};
+    Job jobs[2];
+    int ok = read_buffer(cos_desc, "cos", sizeof(float), &cos) == 0
+             && read_buffer(sin_desc, "sin", sizeof(float), &sin) == 0
+             && read_tensor(q_obj, "q", item, &q, owned) == 0
+             && read_tensor(k_obj, "k", item, &k, owned + 2) == 0;
+    if (ok && q.address == k.address) {
+        PyErr_SetString(PyExc_ValueError, "q and k share one storage");
+        ok = 0;
+    }
+    ok = ok && plan_job(&q, &q, &cos, &sin, -1, bf16, interleaved, &jobs[0]) == 0
+         && plan_job(&k, &k, &cos, &sin, -1, bf16, interleaved, &jobs[1]) == 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; i < 2; i++) {
+            if (jobs[i].stop > 0) {
+                run_job(&jobs[i]);
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 0; i < 4; i++) {
+        Py_XDECREF(owned[i]);
+    }
+    if (!ok) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
 }
 
 static PyMethodDef methods[] = {
     {"rotate", rotate, METH_VARARGS,
-     "rotate(x, out, cos, sin, first_row, bf16, interleaved, threads): eq. 34 on the storages "
-     "described by x, out, cos and sin, each (address, nbytes, offset, sizes, strides); checks "
-     "that every element addressed lies inside them (see posenc.encodings.rotary.kernels.rotate)."},
+     "rotate(x, out, cos, sin, first_row, bf16, interleaved): eq. 34 on the storages described "
+     "by x, out, cos and sin, each (address, nbytes, offset, sizes, strides); checks that every "
+     "element addressed lies inside them (see posenc.encodings.rotary.kernels.rotate)."},
+    {"rotate_pair", rotate_pair, METH_VARARGS,
+     "rotate_pair(q, k, cos, sin, interleaved, float32, bfloat16): the CPU tensors q and k "
+     "turned in place by the tables described by cos and sin, both checked before either is "
+     "written; False where their device or dtype is not the kernel's."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -413,5 +575,17 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__rotary_native(void)
 {
+    struct {
+        PyObject **name;
+        const char *text;
+    } names[] = {{&s_untyped_storage, "untyped_storage"}, {&s_data_ptr, "data_ptr"},
+                 {&s_nbytes, "nbytes"}, {&s_storage_offset, "storage_offset"},
+                 {&s_shape, "shape"}, {&s_stride, "stride"}, {&s_is_cpu, "is_cpu"},
+                 {&s_dtype, "dtype"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if ((*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL) {
+            return NULL;
+        }
+    }
     return PyModule_Create(&module);
 }

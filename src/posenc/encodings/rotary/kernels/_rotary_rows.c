@@ -278,9 +278,3 @@ void rotary_coalesce(Job *job)
         job->ss[k] = j < 0 ? 0 : ss[j];
     }
 }
-
-void *rotary_run_rows_thread(void *arg)
-{
-    rotary_run_rows((const Job *)arg);
-    return NULL;
-}

@@ -26,14 +26,12 @@ from .pytorch import turn_tiled
 
 #: Leading dims (all but the channels) the native kernel takes; more go to the torch path.
 NATIVE_MAX_LEAD = 4
-#: From this many elements the native kernel splits the rows over torch's thread count
-#: (below it, starting threads costs more than it saves: a decode step is one thread).
-NATIVE_THREAD_MIN = 1 << 16
 
 try:  # built at install time from _rotary_native.c; absent where no C compiler was found
     from ._rotary_native import rotate as _native
+    from ._rotary_native import rotate_pair as _native_pair
 except ImportError:  # pragma: no cover - depends on the build
-    _native = None
+    _native = _native_pair = None
 
 
 #: The dtypes the native kernel rotates (float32 arithmetic, one rounding for bfloat16).
@@ -92,10 +90,12 @@ def _kernel_tables(
 def _run_kernel(x: Tensor, x_at: tuple, out_at: tuple, tables: tuple) -> None:
     """The native kernel on ``x`` (described by ``x_at``) into ``out`` (``out_at``: ``x``
     itself, or contiguous) with :func:`_kernel_tables`'s arguments (the tables broadcast
-    against ``x.shape[:-1]`` inside the kernel, as ``expand`` would). Tensors of
-    :data:`NATIVE_THREAD_MIN` elements or more are split over torch's thread count."""
-    threads = torch.get_num_threads() if x.numel() >= NATIVE_THREAD_MIN else 1
-    _native(x_at, out_at, *tables, threads)  # type: ignore[misc]
+    against ``x.shape[:-1]`` inside the kernel, as ``expand`` would). A large rotation is
+    shared among the threads of torch's own OpenMP runtime (``torch.get_num_threads()`` of
+    them), whose workers wait for work after each of torch's parallel operators; threads the
+    kernel started itself would fight those waiting workers for the cores (setup.py,
+    ``benchmarks/hf.md``)."""
+    _native(x_at, out_at, *tables)  # type: ignore[misc]
 
 
 def _turn_c(x: Tensor, out: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> bool:
@@ -200,34 +200,20 @@ def prepare_joint_halves(rows: Tensor, b: int, n: int) -> tuple[tuple, tuple] | 
     return (*at, 0, shape, strides), (*at, two_w // 2, shape, strides)
 
 
-def turn_pair_prepared(q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool) -> int:
+def turn_pair_prepared(
+    q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool
+) -> bool:
     """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
     :func:`prepare_tables` described (or views of them), broadcasting against the leading
-    dims of each, for a caller that has checked, by :func:`~.select.native_eager_pair`, that
-    the C kernel runs eagerly on them. Returns how many turned: 2; 0, with nothing written,
-    where the pair is ruled out (dtypes that differ, an inference tensor outside inference
-    mode, ``q`` and ``k`` in one storage, an address or a shape the kernel refuses); 1 where
-    the kernel refused ``k`` after turning ``q`` (the caller then turns ``k``)."""
-    dtype = q.dtype
-    if k.dtype is not dtype:
-        return 0
+    dims of each, for a caller that has checked, by :func:`~.select.native_eager`, that the
+    C kernel would run eagerly: one call into the kernel, which checks the tensors (CPU,
+    float32 or bfloat16, one dtype), describes them from their own methods and checks both
+    before it writes either. ``False``, with nothing written, where the pair is ruled out:
+    a device or dtype the kernel does not take, an inference tensor outside inference mode,
+    ``q`` and ``k`` in one storage, an address or a shape the kernel refuses."""
     if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
-        return 0
-    bf16 = dtype is torch.bfloat16
-    item = 2 if bf16 else 4
-    # :func:`_native_buffer` of each, written out (this runs once per layer and decode step)
-    q_storage, k_storage = q.untyped_storage(), k.untyped_storage()
-    q_address, k_address = q_storage.data_ptr(), k_storage.data_ptr()
-    if q_address % item or k_address % item or q_address == k_address:
-        return 0  # (one storage: whether q and k overlap is :func:`~.kernel.overlap`'s call)
-    q_at = (q_address, q_storage.nbytes(), q.storage_offset(), q.shape, q.stride())
-    k_at = (k_address, k_storage.nbytes(), k.storage_offset(), k.shape, k.stride())
-    cos_at, sin_at = tables
-    threads = torch.get_num_threads()
-    for turned, (at, numel) in enumerate(((q_at, q.numel()), (k_at, k.numel()))):
-        try:
-            uses = threads if numel >= NATIVE_THREAD_MIN else 1
-            _native(at, at, cos_at, sin_at, None, bf16, interleaved, uses)  # type: ignore[misc]
-        except (ValueError, IndexError):
-            return turned  # 0: nothing written; 1: q turned, k refused
-    return 2
+        return False
+    try:
+        return _native_pair(q, k, *tables, interleaved, *_NATIVE_DTYPES)  # type: ignore[misc]
+    except (ValueError, IndexError):
+        return False

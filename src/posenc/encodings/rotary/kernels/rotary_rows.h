@@ -9,7 +9,7 @@
 /* The leading dimensions (everything but the channels) a call may have. */
 #define MAX_LEAD 4
 
-/* One thread's share of a rotation: its rows and how to reach them. */
+/* A rotation: its rows and how to reach them. */
 typedef struct {
     char *x, *out;            /* the rows, in their dtype */
     const float *cos, *sin;   /* the tables, float32 */
@@ -17,7 +17,7 @@ typedef struct {
     Py_ssize_t half;
     Py_ssize_t sizes[MAX_LEAD];
     Py_ssize_t xs[MAX_LEAD], os[MAX_LEAD], cs[MAX_LEAD], ss[MAX_LEAD];
-    Py_ssize_t start, stop;   /* flat row range of one thread */
+    Py_ssize_t start, stop;   /* the flat rows turned: [start, stop) */
 } Job;
 
 /* Rotate rows [start, stop) of the leading index space (row-major over `sizes`), one call per
@@ -27,8 +27,5 @@ void rotary_run_rows(const Job *job);
 /* Merge neighbouring dimensions that every operand walks as one, so that runs are as long as
  * the memory allows; the dimensions stay right-aligned, padded with size 1. */
 void rotary_coalesce(Job *job);
-
-/* rotary_run_rows for pthread_create. */
-void *rotary_run_rows_thread(void *arg);
 
 #endif

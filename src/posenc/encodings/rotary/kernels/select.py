@@ -71,6 +71,7 @@ __all__ = [
     "Mode",
     "Plan",
     "eager_plain",
+    "native_eager",
     "native_eager_pair",
     "select",
     "turn_or_fallback",
@@ -296,18 +297,27 @@ def untraced() -> bool:
 _untraced = untraced
 
 
-def native_eager_pair(x: Tensor, pair: Tensor) -> bool:
-    """Whether :func:`select` answers ``Plan(EAGER, native)`` for ``x`` and ``pair`` turned in
-    place by float32 tables with contiguous channels: autograd off, :func:`eager_plain`, no
-    other kernel forced, and tensors the C kernel takes. A few attribute reads, for a caller
-    that holds tables it made for the C kernel (a decode step of :mod:`posenc.hf`'s patched
-    attention), where :func:`select` itself would cost more than the rotation."""
-    if torch.is_grad_enabled() or type(x) is not Tensor or type(pair) is not Tensor:
-        return False
-    if not _untraced():
+def native_eager() -> bool:
+    """Whether the call's state lets :func:`select` answer ``Plan(EAGER, native)`` for plain
+    tensors turned in place: autograd off, no trace or transform (:func:`untraced`), no other
+    kernel forced, the C kernel built. What the tensors themselves must be (plain, on the
+    CPU, a dtype and layout the kernel takes) is :func:`native_eager_pair`'s, or the C
+    kernel's own check where a caller hands it the tensors
+    (:func:`~.native.turn_pair_prepared`)."""
+    if torch.is_grad_enabled() or not _untraced() or native._native is None:
         return False
     forced = forced_kernel()
-    return (forced is None or forced is NATIVE) and _native_takes(x, pair, None)
+    return forced is None or forced is NATIVE
+
+
+def native_eager_pair(x: Tensor, pair: Tensor) -> bool:
+    """Whether :func:`select` answers ``Plan(EAGER, native)`` for ``x`` and ``pair`` turned in
+    place by float32 tables with contiguous channels: :func:`native_eager`, plain tensors the
+    C kernel takes. A few attribute reads, for a caller that holds tables it made for the C
+    kernel, where :func:`select` itself would cost more than the rotation."""
+    if type(x) is not Tensor or type(pair) is not Tensor or not native_eager():
+        return False
+    return _native_takes(x, pair, None)
 
 
 def _onnx_node() -> bool:
