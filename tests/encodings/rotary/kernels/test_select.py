@@ -17,6 +17,7 @@ from posenc.encodings.rotary.kernels.select import (
     KERNELS,
     Mode,
     Plan,
+    native_eager,
     native_eager_pair,
     select,
 )
@@ -328,3 +329,27 @@ def test_the_public_modules_obey_it(monkeypatch: pytest.MonkeyPatch) -> None:
             posenc.apply_rotary(q, *rope.cos_sin(None, 6, dtype=torch.float32)), want[0]
         )
         assert set(ran) == {name}
+
+
+def test_native_eager_is_the_pair_answer_before_the_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``native_eager`` answers for the call's state alone: False under autograd, in a
+    trace, with another kernel forced or none built; where it is True, ``native_eager_pair``
+    adds only what the tensors must be."""
+    x = torch.randn(2, 3, 4, 8)
+    with torch.no_grad():
+        assert native_eager() is (native._native is not None)
+        assert native_eager_pair(x, x.clone()) is native_eager()
+        assert native_eager_pair(x.half(), x.half()) is False  # (the tensors' part)
+        monkeypatch.setenv("POSENC_ROTARY_KERNEL", "torch")
+        assert native_eager() is False
+        monkeypatch.setenv("POSENC_ROTARY_KERNEL", "native")
+        assert native_eager() is (native._native is not None)
+        monkeypatch.setattr(native, "_native", None)
+        assert native_eager() is False
+    assert native_eager() is False  # autograd on
+    seen: list[bool] = []
+    with torch.no_grad():
+        torch.func.vmap(lambda t: seen.append(native_eager()) or t * 1)(torch.randn(3, 4))
+    assert seen == [False]
