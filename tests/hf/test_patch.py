@@ -130,7 +130,7 @@ def test_the_patched_attention_rotates_with_posencs_kernel(
     by the tables the rotary module prepared for the C kernel, or (tables not prepared) by
     the selector's plan."""
     rotations = importlib.import_module("posenc.hf.rotations")
-    name = "turn_pair_prepared" if prepared else "rotate_both"
+    name = "turn_prepared_pair" if prepared else "rotate_both"
     calls = []
     inner = getattr(rotations, name)
 

@@ -186,9 +186,9 @@ def test_q_and_k_in_one_storage_take_the_selected_path(monkeypatch: pytest.Monke
     selector's path turns both, and the values beside them stay as they were."""
     model, apply = _patched(), _apply()
     turned = []
-    inner = rotations.turn_pair_prepared
+    inner = rotations.turn_prepared_pair
     monkeypatch.setattr(
-        rotations, "turn_pair_prepared", lambda *a: turned.append(inner(*a)) or turned[-1]
+        rotations, "turn_prepared_pair", lambda *a: turned.append(inner(*a)) or turned[-1]
     )
     with torch.no_grad():
         cos, sin = model.model.rotary_emb(torch.zeros(1, 8, HEADS * D), torch.arange(8)[None])

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..encodings.rotary.kernels.native import prepare_tables, turn_pair_prepared
+from ..encodings.rotary.kernels.native import prepare_tables
 from ..encodings.rotary.kernels.rotate import apply_rotary, apply_rotary_
 from ..encodings.rotary.kernels.rotate import run_plan_pair as rotate_both
-from ..encodings.rotary.kernels.select import native_eager, select
+from ..encodings.rotary.kernels.select import select, turn_prepared_pair
 from ..errors import PosencValueError
 
 __all__ = ["FORMS", "form_of", "prepare", "rotation"]
@@ -136,10 +136,7 @@ def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
                 and prepared[0] is sin
                 and unsqueeze_dim == 1
                 and not tables
-                and type(q) is Tensor
-                and type(k) is Tensor
-                and native_eager()
-                and turn_pair_prepared(q, k, prepared[1], pairs)
+                and turn_prepared_pair(q, k, prepared[1], pairs)
             ):
                 return q, k
             c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from posenc import PosencValueError
-from posenc.encodings.rotary.kernels import native, pytorch
+from posenc.encodings.rotary.kernels import native, pytorch, rotate
 from posenc.encodings.rotary.kernels.select import (
     KERNELS,
     Mode,
@@ -20,6 +20,7 @@ from posenc.encodings.rotary.kernels.select import (
     native_eager,
     native_eager_pair,
     select,
+    turn_prepared_pair,
 )
 
 #: The kernel a float32/bfloat16 CPU tensor gets: the C kernel where it was built.
@@ -336,20 +337,36 @@ def test_native_eager_is_the_pair_answer_before_the_tensors(
 ) -> None:
     """``native_eager`` answers for the call's state alone: False under autograd, in a
     trace, with another kernel forced or none built; where it is True, ``native_eager_pair``
-    adds only what the tensors must be."""
+    adds only what the tensors must be. ``turn_prepared_pair`` (its checks written out) turns
+    q and k exactly where ``native_eager`` holds, and otherwise writes nothing."""
     x = torch.randn(2, 3, 4, 8)
+    angles = torch.rand(4, 4, dtype=torch.float64)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    prepared = native.prepare_tables(cos, sin)
+
+    def turns() -> bool:
+        q, k = x.clone(), x[:, :1].clone()
+        answer = turn_prepared_pair(q, k, prepared, False) if prepared else False
+        want = [rotate.rotate_reference(t, cos, sin) for t in (x, x[:, :1])]
+        if answer:
+            assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+        else:
+            assert torch.equal(q, x) and torch.equal(k, x[:, :1])
+        return answer
+
     with torch.no_grad():
-        assert native_eager() is (native._native is not None)
+        assert native_eager() is (native._native is not None) is turns()
         assert native_eager_pair(x, x.clone()) is native_eager()
         assert native_eager_pair(x.half(), x.half()) is False  # (the tensors' part)
         monkeypatch.setenv("POSENC_ROTARY_KERNEL", "torch")
-        assert native_eager() is False
+        assert native_eager() is False is turns()
         monkeypatch.setenv("POSENC_ROTARY_KERNEL", "native")
-        assert native_eager() is (native._native is not None)
+        assert native_eager() is (native._native is not None) is turns()
         monkeypatch.setattr(native, "_native", None)
         assert native_eager() is False
-    assert native_eager() is False  # autograd on
+    assert native_eager() is False is turns()  # autograd on
     seen: list[bool] = []
     with torch.no_grad():
         torch.func.vmap(lambda t: seen.append(native_eager()) or t * 1)(torch.randn(3, 4))
-    assert seen == [False]
+        torch.func.vmap(lambda t: seen.append(turns()) or t * 1)(torch.randn(3, 4))
+    assert seen == [False, False]

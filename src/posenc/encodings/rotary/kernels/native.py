@@ -205,13 +205,13 @@ def turn_pair_prepared(
 ) -> bool:
     """``q`` and ``k`` turned in place by the tables ``(cos, sin)`` that
     :func:`prepare_tables` described (or views of them), broadcasting against the leading
-    dims of each, for a caller that has checked, by :func:`~.select.native_eager`, that the
-    C kernel would run eagerly: one call into the kernel, which checks the tensors (CPU,
+    dims of each, for a caller that has checked that the C kernel would run eagerly
+    (:func:`~.select.turn_prepared_pair`): one call into the kernel, which checks the tensors (CPU,
     float32 or bfloat16, one dtype), describes them from their own methods and checks both
     before it writes either. ``False``, with nothing written, where the pair is ruled out:
     a device or dtype the kernel does not take, an inference tensor outside inference mode,
     ``q`` and ``k`` in one storage, an address or a shape the kernel refuses."""
-    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+    if not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         return False
     try:
         return _native_pair(q, k, *tables, interleaved, *_NATIVE_DTYPES)  # type: ignore[misc]

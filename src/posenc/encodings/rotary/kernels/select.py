@@ -75,6 +75,7 @@ __all__ = [
     "native_eager_pair",
     "select",
     "turn_or_fallback",
+    "turn_prepared_pair",
 ]
 
 #: The variable that forces a kernel.
@@ -302,12 +303,38 @@ def native_eager() -> bool:
     tensors turned in place: autograd off, no trace or transform (:func:`untraced`), no other
     kernel forced, the C kernel built. What the tensors themselves must be (plain, on the
     CPU, a dtype and layout the kernel takes) is :func:`native_eager_pair`'s, or the C
-    kernel's own check where a caller hands it the tensors
-    (:func:`~.native.turn_pair_prepared`)."""
+    kernel's own check where a caller hands it the tensors (:func:`turn_prepared_pair`)."""
     if torch.is_grad_enabled() or not _untraced() or native._native is None:
         return False
     forced = forced_kernel()
     return forced is None or forced is NATIVE
+
+
+def turn_prepared_pair(
+    q: Tensor, k: Tensor, tables: tuple[tuple, tuple], interleaved: bool
+) -> bool:
+    """``q`` and ``k`` turned in place by the C kernel where :func:`select` would have it turn
+    them eagerly (:func:`native_eager`, plain tensors), by the tables ``(cos, sin)`` that
+    :func:`~.native.prepare_tables` described (or views of them), broadcast against the
+    leading dims of each (:func:`~.native.turn_pair_prepared`); ``False``, with nothing
+    written, wherever that does not hold. The checks of :func:`native_eager` are written out:
+    a decode step of :mod:`posenc.hf`'s patched attention calls this once per layer, where
+    each call costs about as much as the rotation."""
+    if (
+        torch.is_grad_enabled()
+        or type(q) is not Tensor
+        or type(k) is not Tensor
+        or torch.compiler.is_compiling()
+        or torch._C._get_tracing_state() is not None
+        or torch._C._are_functorch_transforms_active()
+        or native._native_pair is None
+    ):
+        return False
+    if _ENVIRON is None or _KEY is None or _ENVIRON.get(_KEY) is not None:
+        forced = forced_kernel()  # (set, or unreadable: the whole answer)
+        if forced is not None and forced is not NATIVE:
+            return False
+    return native.turn_pair_prepared(q, k, tables, interleaved)
 
 
 def native_eager_pair(x: Tensor, pair: Tensor) -> bool:
