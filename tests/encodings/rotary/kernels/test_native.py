@@ -416,6 +416,22 @@ def test_the_native_kernel_is_built_where_a_compiler_is() -> None:
     assert Path(built.__file__).parent == Path(native.__file__).parent
 
 
+def test_the_kernel_shares_torchs_openmp_runtime() -> None:
+    """Where the kernel is built with OpenMP, the process holds one OpenMP runtime, torch's:
+    the loader handed the kernel the ``libgomp.so.1`` torch had loaded, so a large rotation
+    runs on torch's waiting workers, not on a second team fighting them for the cores."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("no /proc/self/maps to read the loaded libraries from")
+    built = sys.modules["posenc.encodings.rotary.kernels._rotary_native"].__file__
+    linked = subprocess.run(["ldd", built], capture_output=True, text=True).stdout
+    if "gomp" not in linked:
+        pytest.skip("the kernel was built without OpenMP (the compiler has none)")
+    loaded = {line.split()[-1] for line in maps.read_text().splitlines() if "gomp" in line}
+    assert len(loaded) == 1, loaded
+    assert Path(next(iter(loaded))).parent.parent == Path(torch.__file__).parent, loaded
+
+
 @pytest.mark.slow
 def test_setup_builds_the_kernel_from_the_sources_beside_it(tmp_path: Path) -> None:
     """``setup.py build_ext`` compiles the C sources where they lie now into the dotted name
