@@ -244,8 +244,13 @@ static int read_tensor(PyObject *t, const char *name, Py_ssize_t item, Buffer *b
     if (storage == NULL) {
         return -1;
     }
-    long long address = call_int(storage, s_data_ptr);
-    long long nbytes = address == -1 && PyErr_Occurred() ? -1 : call_int(storage, s_nbytes);
+    unsigned long long address = (unsigned long long)-1;
+    PyObject *at = PyObject_CallMethodNoArgs(storage, s_data_ptr);
+    if (at != NULL) {
+        address = PyLong_AsUnsignedLongLong(at);
+        Py_DECREF(at);
+    }
+    long long nbytes = PyErr_Occurred() ? -1 : call_int(storage, s_nbytes);
     Py_DECREF(storage);
     if (nbytes == -1 && PyErr_Occurred()) {
         return -1;
@@ -258,8 +263,8 @@ static int read_tensor(PyObject *t, const char *name, Py_ssize_t item, Buffer *b
         || (owned[1] = PyObject_CallMethodNoArgs(t, s_stride)) == NULL) {
         return -1;
     }
-    return fill_buffer(b, name, item, (unsigned long long)address, (Py_ssize_t)nbytes,
-                       (Py_ssize_t)offset, owned[0], owned[1]);
+    return fill_buffer(b, name, item, address, (Py_ssize_t)nbytes, (Py_ssize_t)offset, owned[0],
+                       owned[1]);
 }
 
 static int same_sizes(const Buffer *a, const Buffer *b)
