@@ -26,6 +26,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
+from posenc.encodings import checks
 from posenc.encodings.rotary import rope as rope_module
 from posenc.model import sampling
 from tests.host_reads import host_reads
@@ -317,7 +318,10 @@ def test_a_flex_call_with_a_mask_reads_nothing_on_the_host(
 ) -> None:
     """flex attention with a causal mask (its block mask, its mask_mod's offset) and the
     scheme's score_mod: posenc reads no value on the host; the output equals the math
-    backend's. (``benchmarks/gpu_first.py`` runs the same call in CUDA's sync debug mode.)"""
+    backend's. (``benchmarks/gpu_first.py`` runs the same call in CUDA's sync debug mode.)
+    CPU positions walk a GPU's path (``CPU_IS_HOST`` cleared: on the CPU, ``gather_fn``
+    reads whether they are one run, for index arithmetic in place of a load)."""
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
     torch.manual_seed(0)
     attn = posenc.MultiHeadAttention(16, 2, pe=pe, causal=True, backend="flex").eval()
     attn.compile_flex = False

@@ -38,6 +38,7 @@ from .checks import (
     PositionBound,
     check_input,
     compute_dtype,
+    reads_values,
     resolve_positions,
     take_position_ids,
 )
@@ -248,11 +249,14 @@ class BiasEncoding(PositionalEncoding):
         return cls(num_heads, **kwargs)
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> PositionState | None:
-        """The positions, validated once; the bias is made at the first layer's request.
-        Default positions, ``arange(n)``, bound every distance by ``n - 1`` without a read."""
+        """The positions, validated once (their values where the host reads them:
+        :func:`~posenc.encodings.checks.reads_values`); the bias is made at the first layer's
+        request. Default positions, ``arange(n)``, bound every distance by ``n - 1`` without
+        a read."""
         b, n = x.shape[0], x.shape[1]
         bound = n - 1 if positions is None and self.axes == 1 else None
-        resolved = resolve_positions(positions, n, batch=b, device=x.device)
+        values = reads_values(positions)
+        resolved = resolve_positions(positions, n, batch=b, device=x.device, values=values)
         return BiasState(self, resolved, distance_bound=bound)
 
     def context_state(

@@ -7,6 +7,7 @@ Dimension legend: ``b`` batch, ``n`` sequence, ``d`` model or head dim.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -72,6 +73,29 @@ def check_finite(name: str, values: Tensor) -> Tensor:
     return values
 
 
+#: The variable that has positions on a GPU read and checked as on the CPU (``1``).
+CHECK_VARIABLE = "POSENC_CHECK_POSITIONS"
+#: Whether the values of CPU positions are read on the host by the checks here and the bias
+#: family (they cost no synchronisation there); the tests clear it to send CPU positions
+#: down the path a GPU's take. (The rotary tables keep their own flag:
+#: :data:`posenc.encodings.rotary.tables.CPU_IS_HOST`.)
+CPU_IS_HOST = True
+
+
+def reads_values(positions: object) -> bool:
+    """Whether the values of ``positions`` are read on the host (checked, or a table sized
+    from them): on the CPU, or anywhere under ``POSENC_CHECK_POSITIONS=1``; never inside
+    ``torch.compile``/export nor on the meta device. Anything but a tensor: True (a check
+    refuses it, naming it). Elsewhere a read would synchronise the host with the device in
+    every eager call: tables are sized from host-known bounds, or the bias formed per score,
+    and the value checks are skipped."""
+    if not isinstance(positions, Tensor):
+        return True
+    if not _eager() or positions.device.type == "meta":
+        return False
+    return (CPU_IS_HOST and positions.is_cpu) or os.environ.get(CHECK_VARIABLE) == "1"
+
+
 def _eager() -> bool:
     """True outside ``torch.compile`` / export tracing, where data-dependent checks are free."""
     return not torch.compiler.is_compiling()
@@ -108,9 +132,10 @@ def resolve_positions(
 
     Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
     Positions must be finite, in ``[0, 2**53]`` (:func:`check_position_range`, both ends in
-    one read) and, with ``integer=True``, whole numbers. ``values=False``: the caller checks
-    the values itself (:func:`resolve_bounded_positions`), or leaves them unread (positions
-    on a GPU, whose reads would synchronise: see :mod:`posenc.encodings.rotary.tables`).
+    one read) and, with ``integer=True``, whole numbers. ``values=False``: none of these
+    value checks: the caller checks the values itself (:func:`resolve_bounded_positions`),
+    or leaves them unread (positions on a GPU, whose reads would synchronise:
+    :func:`reads_values`).
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
@@ -132,7 +157,7 @@ def resolve_positions(
     if values:
         check_finite(name, positions)
     checkable = _eager() and positions.device.type != "meta"
-    needs_whole_check = integer and checkable and positions.is_floating_point()
+    needs_whole_check = integer and values and checkable and positions.is_floating_point()
     if needs_whole_check and not torch.equal(positions, positions.round()):
         bad = positions[positions != positions.round()].flatten()[0].item()
         raise PosencValueError(f"{name} must hold whole numbers for this encoding, got {bad}")

@@ -8,6 +8,12 @@ fused kernel instead. Schemes that depend only on the distance ``q_pos - k_pos``
 integer positions need just one value per head and distance, ``h · (2n - 1)`` floats, which
 :func:`distance_table_score_mod` looks up inside the kernel.
 
+Positions whose values the host does not read (:func:`~posenc.encodings.checks.reads_values`:
+on a GPU, a read would synchronise) are never read here: a table by distance is sized from a
+host bound (``distance_bound``, or where the bias stops changing), and without one the bias
+is formed from the distances themselves (:meth:`DistanceBias.formula_score_mod`); the value
+checks (finite, whole numbers) run only where the values are read.
+
 Dimension legend: ``b`` batch, ``h`` heads, ``nq``/``nk`` query/key length, ``R`` distinct
 distances.
 """
@@ -22,7 +28,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import BiasEncoding, ScoreMod
-from ..checks import check_finite, compute_dtype
+from ..checks import check_finite, compute_dtype, reads_values
 
 #: ``at(b, idx) -> position`` inside a score_mod.
 _Gather = Callable[[Tensor, Tensor], Tensor]
@@ -30,7 +36,8 @@ _Gather = Callable[[Tensor, Tensor], Tensor]
 
 def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tensor, Tensor]:
     """Validate query and key positions for a bias: each ``(n,)`` or ``(b, n)``, integer or
-    float, with batch sizes that broadcast (equal, or one of them 1 or absent)."""
+    float (finite, where the values are read: :func:`~posenc.encodings.checks.reads_values`),
+    with batch sizes that broadcast (equal, or one of them 1 or absent)."""
     for name, pos in (("q_positions", q_positions), ("k_positions", k_positions)):
         if not isinstance(pos, Tensor):
             raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(pos).__name__}")
@@ -42,7 +49,8 @@ def check_pair_positions(q_positions: object, k_positions: object) -> tuple[Tens
             raise PosencValueError(
                 f"{name} must have shape (seq,) or (batch, seq), got {tuple(pos.shape)}"
             )
-        check_finite(name, pos)
+        if reads_values(pos):
+            check_finite(name, pos)
     assert isinstance(q_positions, Tensor) and isinstance(k_positions, Tensor)
     if q_positions.dim() == 2 and k_positions.dim() == 2:
         bq, bk = q_positions.shape[0], k_positions.shape[0]
@@ -82,19 +90,21 @@ def relative_distance(q_positions: Tensor, k_positions: Tensor, dtype: torch.dty
 
 
 def is_integral(positions: Tensor) -> bool:
-    """True for integer dtypes, and for float tensors holding whole numbers (checked eagerly)."""
+    """True for integer dtypes, and for float tensors holding whole numbers, checked where
+    their values are read (:func:`~posenc.encodings.checks.reads_values`); float positions
+    that are not read (on a GPU, inside ``torch.compile``, on the meta device): False."""
     if not positions.is_floating_point():
         return True
-    if torch.compiler.is_compiling() or positions.device.type == "meta":
+    if not reads_values(positions):
         return False
     return bool(torch.equal(positions, positions.round()))
 
 
 def require_integral(name: str, positions: Tensor, scheme: str) -> None:
-    """Raise unless ``positions`` hold whole numbers. Where the values cannot be read (meta
-    tensors, inside ``torch.compile``/export) nothing is checked."""
-    unreadable = torch.compiler.is_compiling() or positions.device.type == "meta"
-    if positions.is_floating_point() and not unreadable and not is_integral(positions):
+    """Raise unless ``positions`` hold whole numbers, checked where their values are read
+    (:func:`~posenc.encodings.checks.reads_values`); elsewhere nothing is checked, and the
+    schemes take float positions as whole."""
+    if positions.is_floating_point() and reads_values(positions) and not is_integral(positions):
         bad = positions[positions != positions.round()].flatten()[0].item()
         raise PosencValueError(
             f"{name} must hold whole numbers for {scheme} (its table is indexed by distance), "
@@ -113,9 +123,10 @@ def work_dtype(q: Tensor | None, module: nn.Module) -> torch.dtype:
 
 
 def _is_shifted_arange(positions: Tensor) -> bool:
-    """True when ``positions == positions[0] + arange(n)``, checked eagerly on the CPU only:
-    elsewhere reading the answer would synchronise the host with the device (False there)."""
-    if not positions.numel() or torch.compiler.is_compiling() or positions.device.type != "cpu":
+    """True when ``positions == positions[0] + arange(n)``, checked where the values are read
+    (:func:`~posenc.encodings.checks.reads_values`): elsewhere reading the answer would
+    synchronise the host with the device (False there)."""
+    if not positions.numel() or not reads_values(positions):
         return False
     steps = torch.arange(positions.shape[0], device=positions.device, dtype=positions.dtype)
     return bool(torch.equal(positions, positions[0] + steps))
@@ -154,7 +165,8 @@ def table_reader(table: Tensor) -> _Gather:
 def distance_range(q_positions: Tensor, k_positions: Tensor) -> tuple[int, int]:
     """The smallest and largest ``q_pos - k_pos`` over the pairs a score reads, a query and a
     key of one batch row (positions ``(n,)`` or ``(b, n)``): a table over them grows with
-    each row's span, never with the gap between rows. Read eagerly: one host sync."""
+    each row's span, never with the gap between rows. Read on the host: called only where
+    the values are read (:func:`~posenc.encodings.checks.reads_values`)."""
     q_pos, k_pos = q_positions.long(), k_positions.long()
     lows = q_pos.amin(-1) - k_pos.amax(-1)  # (b,) or ()
     highs = q_pos.amax(-1) - k_pos.amin(-1)
@@ -191,6 +203,7 @@ def distance_table_score_mod(
     *,
     span: int | None = None,
     bound: int | None = None,
+    whole: bool | None = None,
 ) -> ScoreMod | None:
     """A score_mod adding ``table_fn(d)[h]`` at ``d = q_pos[i] - k_pos[j]``, built from one
     table over every distance that occurs: ``table_fn(arange(lo, hi + 1))`` is ``(h, R)``.
@@ -198,14 +211,19 @@ def distance_table_score_mod(
     ``-span .. span`` and the distances are clamped to it: nothing is read from the positions.
     ``bound``: no distance of the forward exceeds it (a host number, see
     :func:`bounded_table`): the table covers ``-bound .. bound`` and nothing is read. Without
-    either, the distances' range is read once (:func:`distance_range`).
+    either, the distances' range is read once (:func:`distance_range`): only for positions
+    whose values the host reads (:meth:`DistanceBias.score_mod` sends the others elsewhere).
+    ``whole``: the positions hold whole numbers (default: :func:`is_integral` of both; a
+    scheme that requires them passes True, their check having run where values are read).
 
     Returns ``None`` for fractional positions (no finite table covers them) or empty inputs.
     The table is computed here, eagerly; the kernel only indexes it.
     """
     if not (q_positions.numel() and k_positions.numel()):
         return None
-    if not (is_integral(q_positions) and is_integral(k_positions)):
+    if whole is None:
+        whole = is_integral(q_positions) and is_integral(k_positions)
+    if not whole:
         return None
     q_pos, k_pos = q_positions.long(), k_positions.long()
     if bound is not None and span is None:
@@ -262,10 +280,13 @@ class DistanceBias(BiasEncoding):
     def fused_at(self, q_positions: Tensor, k_positions: Tensor) -> bool:
         """A table by distance covers whole-number positions only: integer dtypes, or float
         ones holding whole numbers (read once; a scheme with :attr:`integer_positions`
-        refuses the others in :meth:`score_mod` and :meth:`bias` alike)."""
+        refuses the others in :meth:`score_mod` and :meth:`bias` alike). Positions whose
+        values are not read take :meth:`formula_score_mod`, at any values."""
         if not super().fused_at(q_positions, k_positions):
             return False
         if not self.table_score_mod or self.integer_positions:
+            return True
+        if not (reads_values(q_positions) and reads_values(k_positions)):
             return True
         return is_integral(q_positions) and is_integral(k_positions)
 
@@ -306,14 +327,61 @@ class DistanceBias(BiasEncoding):
     ) -> ScoreMod | None:
         """One table by distance read in the kernel (:func:`distance_table_score_mod`),
         sized from ``distance_bound`` (a host number no ``|q_pos - k_pos|`` exceeds) or
-        from :attr:`saturates_at` without a read; else from the distances' range, read."""
+        from :attr:`saturates_at` without a read; else, for positions whose values the host
+        reads (:func:`~posenc.encodings.checks.reads_values`), from the distances' range,
+        read; for the others, :meth:`formula_score_mod` (nothing read)."""
         q_pos, k_pos = self._check(q_positions, k_positions)
-
+        if not (q_pos.numel() and k_pos.numel()):
+            return None
         dtype = work_dtype(q, self)
+        whole = self.integer_positions or (is_integral(q_pos) and is_integral(k_pos))
+        sized = self.saturates_at is not None or (distance_bound is not None and whole)
+        if not sized and not (reads_values(q_pos) and reads_values(k_pos)):
+            return self.formula_score_mod(q_pos, k_pos, dtype)
 
         def table_fn(distances: Tensor) -> Tensor:
             return self.distance_bias(distances.to(dtype))
 
         return distance_table_score_mod(
-            table_fn, q_pos, k_pos, span=self.saturates_at, bound=distance_bound
+            table_fn, q_pos, k_pos, span=self.saturates_at, bound=distance_bound, whole=whole
         )
+
+    def formula_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> ScoreMod:
+        """The fused form where no table by distance can be sized without reading the
+        positions: :meth:`distance_bias` of every pair's distance (``relative_distance``,
+        as :meth:`bias` forms it), read once per score. Its cost and memory grow with ``h ·
+        nq · nk``, never with a position's value; a scheme with a closed form per distance
+        (KERPLE, Sandwich) computes it in the kernel instead."""
+        check_bias_bytes(q_pos, k_pos, self.num_heads + 2)
+        values = self.distance_bias(relative_distance(q_pos, k_pos, dtype))
+        if values.dim() == 4 and values.shape[1] == 1:  # (h, 1, nq, nk): one row for all
+            values = values[:, 0]
+        if values.dim() == 3:  # (h, nq, nk)
+            per_pair = values
+
+            def pairs(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+                return score + per_pair[h, q_idx, kv_idx].to(score.dtype)
+
+            return pairs
+        per_row = values.transpose(0, 1)  # (b, h, nq, nk)
+
+        def row_pairs(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            return score + per_row[b, h, q_idx, kv_idx].to(score.dtype)
+
+        return row_pairs
+
+
+def distance_reader(
+    q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """``d(b, q_idx, kv_idx) = q_pos[i] - k_pos[j]`` in ``dtype`` inside a score_mod, as a
+    table by distance holds it: integer positions subtracted exactly, then converted; float
+    ones in ``dtype``. Nothing is read from the positions."""
+    kind = torch.long if is_integral(q_pos) and is_integral(k_pos) else dtype
+    # (two tensors even where the positions are one: flex's guards break on aliases)
+    at_q, at_k = gather_fn(q_pos.to(kind)), gather_fn(k_pos.to(kind).clone())
+
+    def distance(b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (at_q(b, q_idx) - at_k(b, kv_idx)).to(dtype)
+
+    return distance

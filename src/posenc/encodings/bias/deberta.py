@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import BiasEncoding, ScoreMod
-from ..checks import check_bool, check_positive_int
+from ..checks import check_bool, check_positive_int, reads_values
 from ..registry import register
 from .common import (
     check_bias_bytes,
@@ -221,17 +221,18 @@ class DeBERTa(BiasEncoding):
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, int]:
         """Checked positions; ``q · K^r`` ``(b, h, nq, m)`` and ``k · Q^r`` ``(b, h, nk, m)``
         (scaled; ``None`` for a term not used) over the rows ``lo .. lo + m - 1`` of ``P``
-        that the pairs read (read on the CPU; every row elsewhere, or with ``every_row``),
-        and ``lo``."""
+        that the pairs read (where the host reads the positions' values:
+        :func:`~posenc.encodings.checks.reads_values`; every row elsewhere, or with
+        ``every_row``), and ``lo``."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         require_integral("q_positions", q_pos, "DeBERTa")
         require_integral("k_positions", k_pos, "DeBERTa")
         q, k = _need("q", q, "DeBERTa"), _need("k", k, "DeBERTa")
         _check_qk(q, self.num_heads, self.head_dim, "DeBERTa", seq=q_pos.shape[-1])
         _check_qk(k, self.num_heads, self.head_dim, "DeBERTa", "k", seq=k_pos.shape[-1])
-        lo, hi = 0, 2 * self.span - 1  # every row of P; on the CPU only the rows read
-        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling() and not every_row
-        if cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync the device)
+        lo, hi = 0, 2 * self.span - 1  # every row of P; on the host only the rows read
+        readable = reads_values(q_pos) and reads_values(k_pos) and not every_row
+        if readable and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync)
             q_long, k_long = q_pos.long(), k_pos.long()
             ends = torch.stack(  # the smallest and largest i - j, then their indices
                 [
@@ -292,13 +293,19 @@ class DeBERTa(BiasEncoding):
         """Adds ``c2p[b, h, i, δ] + p2c[b, h, j, δ]`` inside the kernel, ``δ`` read from a
         table over the distances ``i - j`` (bucketed as :meth:`index` does): those within
         ``distance_bound`` (a host bound on ``|i - j|``: nothing read; NaN past it), else
-        the range that occurs, read once."""
+        the range that occurs, read once where the host reads the positions' values
+        (:func:`~posenc.encodings.checks.reads_values`); elsewhere ``δ`` is :meth:`index`
+        of each score's distance, formed in the kernel (nothing read: the buckets are at
+        most ``2k``, whatever the distance)."""
         bounded = distance_bound is not None
+        readable = reads_values(q_positions) and reads_values(k_positions)
         q_pos, k_pos, c2p, p2c, lo = self._tiles(
-            q_positions, k_positions, q, k, layer, every_row=bounded
+            q_positions, k_positions, q, k, layer, every_row=bounded or not readable
         )
         if not (q_pos.numel() and k_pos.numel()):
             return None
+        if not bounded and not readable:
+            return self._bucket_score_mod(q_pos, k_pos, c2p, p2c)
         if distance_bound is not None:
             near, far = -distance_bound, distance_bound
         else:
@@ -319,6 +326,24 @@ class DeBERTa(BiasEncoding):
                 term = term + p2c[b, h, kv_idx, delta].to(score.dtype)
             if bounded:  # a distance past the bound: NaN, never another distance's value
                 term = torch.where((shifted >= 0) & (shifted <= last), term, float("nan"))
+            return score + term
+
+        return disentangled
+
+    def _bucket_score_mod(
+        self, q_pos: Tensor, k_pos: Tensor, c2p: Tensor | None, p2c: Tensor | None
+    ) -> ScoreMod:
+        """:meth:`score_mod` with ``δ = index(i - j)`` per score over every row of ``P``."""
+        # (two tensors even where the positions are one: flex's guards break on aliases)
+        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long().clone())
+
+        def disentangled(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            delta = self.index(at_q(b, q_idx) - at_k(b, kv_idx))
+            term = torch.zeros_like(score)
+            if c2p is not None:
+                term = term + c2p[b, h, q_idx, delta].to(score.dtype)
+            if p2c is not None:
+                term = term + p2c[b, h, kv_idx, delta].to(score.dtype)
             return score + term
 
         return disentangled

@@ -29,7 +29,13 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import BiasEncoding, ScoreMod
-from ..checks import check_bool, check_positive_float, check_positive_int, compute_dtype
+from ..checks import (
+    check_bool,
+    check_positive_float,
+    check_positive_int,
+    compute_dtype,
+    reads_values,
+)
 from ..registry import register
 from .common import (
     check_bias_bytes,
@@ -154,11 +160,11 @@ class Inkling(BiasEncoding):
         if x is None:
             raise PosencValueError("Inkling.bias needs x= (the (b, n, D) input of attention)")
         states = self.relative_states(x, q_pos)
-        m = self.extent  # every distance the window holds; on the CPU only those that occur
-        cpu = q_pos.device.type == "cpu" and not torch.compiler.is_compiling()
+        m = self.extent  # every distance the window holds; on the host only those that occur
+        readable = reads_values(q_pos) and reads_values(k_pos)
         if distance_bound is not None:
             m = max(1, min(m, distance_bound + 1))
-        elif cpu and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync)
+        elif readable and q_pos.numel() and k_pos.numel():  # (a read elsewhere would sync)
             m = max(1, min(m, distance_range(q_pos, k_pos)[1] + 1))
         tile = states @ self.proj[:, :m].to(states.dtype)  # (b, h, nq, m)
         return q_pos, k_pos, tile, m

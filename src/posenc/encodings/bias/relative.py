@@ -22,6 +22,7 @@ from .common import (
     DistanceBias,
     check_bias_bytes,
     check_pair_positions,
+    distance_reader,
     gather_fn,
     is_integral,
     relative_distance,
@@ -82,6 +83,26 @@ class KERPLE(DistanceBias):
         # |d| ** r2 with a zero (and a finite gradient for r2) at d = 0
         safe = torch.where(d > 0, d, torch.ones_like(d))
         return -r1 * torch.where(d > 0, torch.exp(r2 * torch.log(safe)), torch.zeros_like(d))
+
+    def formula_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> ScoreMod:
+        """The kernel's equation per score, at ``d = q_pos[i] - k_pos[j]`` formed in the
+        kernel (:func:`~posenc.encodings.bias.common.distance_reader`): nothing sized,
+        nothing read from the positions, ``r1[h]`` and ``r2[h]`` read once per score."""
+        r1, r2 = (p.to(dtype) for p in self.kernel_parameters())  # (h,) each
+        distance = distance_reader(q_pos, k_pos, dtype)
+        log = self.kernel == "log"
+
+        def kerple(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            d = distance(b, q_idx, kv_idx).abs()
+            if log:
+                value = -r1[h] * torch.log1p(r2[h] * d)
+            else:  # (as distance_bias: a zero, and a finite gradient for r2, at d = 0)
+                safe = torch.where(d > 0, d, torch.ones_like(d))
+                power = torch.exp(r2[h] * torch.log(safe))
+                value = -r1[h] * torch.where(d > 0, power, torch.zeros_like(d))
+            return score + value.to(score.dtype)
+
+        return kerple
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, kernel={self.kernel!r}"

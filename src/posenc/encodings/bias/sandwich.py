@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencValueError
-from ..base import BiasEncoding
+from ..base import BiasEncoding, ScoreMod
 from ..checks import check_positive_float, check_positive_int
 from ..registry import register
-from .common import DistanceBias, check_bias_bytes
+from .common import DistanceBias, check_bias_bytes, distance_reader
 
 PAPER = "Chi et al. 2023, Dissecting Transformer Length Extrapolation (Sandwich), ACL, §5"
 
@@ -97,6 +97,25 @@ class Sandwich(DistanceBias):
         total -= self.head_dim // 2
         scales = self.head_scales(d.device).view(-1, *([1] * d.dim()))  # (h, 1, ...)
         return (total / scales).to(distance.dtype)
+
+    def formula_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> ScoreMod:
+        """:meth:`distance_bias` per score, at ``d = q_pos[i] - k_pos[j]`` formed in the
+        kernel (:func:`~posenc.encodings.bias.common.distance_reader`): ``K`` cosines in
+        float64 per score, nothing sized, nothing read from the positions."""
+        omegas = self.frequencies(q_pos.device).unbind()  # K 0-d float64 tensors
+        scales = self.head_scales(q_pos.device)  # (h,)
+        half = self.head_dim // 2
+        distance = distance_reader(q_pos, k_pos, dtype)
+
+        def sandwich(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
+            d = distance(b, q_idx, kv_idx).to(torch.float64)
+            total = torch.zeros_like(d)
+            for omega in omegas:
+                total = total + torch.cos(d * omega)
+            value = ((total - half) / scales[h]).to(dtype)
+            return score + value.to(score.dtype)
+
+        return sandwich
 
     def extra_repr(self) -> str:
         text = f"num_heads={self.num_heads}, head_dim={self.head_dim}"

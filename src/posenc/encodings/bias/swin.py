@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import BiasEncoding, ScoreMod
-from ..checks import check_bool, check_finite, check_positive_int, compute_dtype
+from ..checks import check_bool, check_finite, check_positive_int, compute_dtype, reads_values
 from ..registry import register
 from ..state import BiasState
 from .common import check_bias_bytes, require_integral
@@ -86,11 +86,12 @@ class GridBias(BiasEncoding):
                 f"{name} must be coordinates of shape (seq, 2) or (batch, seq, 2), "
                 f"got {tuple(coords.shape)}"
             )
-        if coords.is_floating_point():
+        # the values are checked where the host reads them (a read elsewhere would sync)
+        readable = reads_values(coords)
+        if coords.is_floating_point() and readable:
             check_finite(name, coords)
             require_integral(name, coords, type(self).__name__)
         coords = coords.long()
-        readable = not torch.compiler.is_compiling() and coords.device.type != "meta"
         if self.cls_token and readable and coords.numel():
             marked = (coords == CLS).all(-1, keepdim=True)
             if bool(((coords < 0) & ~marked).any()):
@@ -280,10 +281,8 @@ def log_spaced_offsets(offsets: Tensor, reference: tuple[int, int]) -> Tensor:
     As transformers does, nothing is divided when ``reference[0] = 1``, and an axis of width 1
     (whose offsets are all 0) is divided by 1."""
     u = offsets.to(torch.float64)
-    if reference[0] > 1:
-        u = u / torch.tensor(
-            [reference[0] - 1, max(reference[1] - 1, 1)], dtype=u.dtype, device=u.device
-        )
+    if reference[0] > 1:  # (by numbers, not a tensor: no copy from the host)
+        u = torch.stack([u[..., 0] / (reference[0] - 1), u[..., 1] / max(reference[1] - 1, 1)], -1)
     u = u * 8
     return torch.sign(u) * torch.log2(u.abs() + 1.0) / math.log2(8)
 
@@ -305,7 +304,10 @@ class SwinV2ContinuousBias(GridBias):
     The MLP is ``continuous_position_bias_mlp`` with transformers' layout
     (``Linear(2, mlp_dim)``, ``ReLU``, ``Linear(mlp_dim, num_heads, bias=False)``). Positions
     are integer coordinates ``(n, 2)`` / ``(b, n, 2)``, required. The MLP is evaluated once
-    per distinct offset in the coordinates' span, and the bias reads that table.
+    per distinct offset in the coordinates' span, and the bias reads that table. The span is
+    read from coordinates whose values the host reads
+    (:func:`~posenc.encodings.checks.reads_values`); elsewhere (a GPU) it is the window's,
+    ``|Δ| <= W - 1`` per axis, and an offset past it is NaN, never another offset's value.
     """
 
     paper: ClassVar[str] = "Liu et al. 2022 (Swin Transformer V2), §3.3"
@@ -351,16 +353,21 @@ class SwinV2ContinuousBias(GridBias):
         values = self.continuous_position_bias_mlp(coords).to(dtype)  # (R, h)
         return (16 * torch.sigmoid(values)).t()
 
-    def _span(self, q_pos: Tensor, k_pos: Tensor) -> tuple[tuple[int, int], tuple[int, int]]:
-        """The smallest and largest offset on each axis over the pairs of one batch row (read
-        on the host; on the meta device, where there are no values, ``(0, 0)``)."""
+    def _span(self, q_pos: Tensor, k_pos: Tensor) -> tuple[tuple[int, int], tuple[int, int], bool]:
+        """The smallest and largest offset on each axis over the pairs of one batch row, and
+        whether some offset may lie outside: read where the host reads the coordinates'
+        values; elsewhere the window's, ``-(W - 1) .. W - 1`` (on the meta device, where there
+        are no values, ``(0, 0)``)."""
         if q_pos.device.type == "meta":
-            return (0, 0), (0, 0)
+            return (0, 0), (0, 0), False
+        if not (reads_values(q_pos) and reads_values(k_pos)):
+            (wy, wx) = self.window
+            return (1 - wy, 1 - wx), (wy - 1, wx - 1), True
         lows = q_pos.amin(-2) - k_pos.amax(-2)  # (..., 2)
         highs = q_pos.amax(-2) - k_pos.amin(-2)
         lo = lows.reshape(-1, 2).amin(0).tolist()
         hi = highs.reshape(-1, 2).amax(0).tolist()
-        return (lo[0], lo[1]), (hi[0], hi[1])
+        return (lo[0], lo[1]), (hi[0], hi[1]), False
 
     def bias(
         self,
@@ -377,11 +384,18 @@ class SwinV2ContinuousBias(GridBias):
         if not (q_pos.numel() and k_pos.numel()):
             shape = (*torch.broadcast_shapes(q_pos.shape[:-2], k_pos.shape[:-2]), self.num_heads)
             return torch.zeros(*shape, q_pos.shape[-2], k_pos.shape[-2], dtype=dtype)
-        lo, hi = self._span(q_pos, k_pos)
+        lo, hi, past = self._span(q_pos, k_pos)
         table = self.offset_table(lo, hi, dtype)  # (h, R)
         delta = q_pos.unsqueeze(-2) - k_pos.unsqueeze(-3)  # (..., nq, nk, 2)
-        index = (delta[..., 0] - lo[0]) * (hi[1] - lo[1] + 1) + (delta[..., 1] - lo[1])
-        return table[:, index].movedim(0, -3)  # (..., h, nq, nk)
+        dy, dx = delta[..., 0], delta[..., 1]
+        if not past:
+            index = (dy - lo[0]) * (hi[1] - lo[1] + 1) + (dx - lo[1])
+            return table[:, index].movedim(0, -3)  # (..., h, nq, nk)
+        inside = (dy.abs() <= hi[0]) & (dx.abs() <= hi[1])  # (the window's span)
+        dy, dx = dy.clamp(lo[0], hi[0]), dx.clamp(lo[1], hi[1])
+        index = (dy - lo[0]) * (hi[1] - lo[1] + 1) + (dx - lo[1])
+        values = torch.where(inside, table[:, index], float("nan"))
+        return values.movedim(0, -3)  # (..., h, nq, nk)
 
     def score_mod(
         self,
@@ -391,12 +405,13 @@ class SwinV2ContinuousBias(GridBias):
         q: Tensor | None = None,
         k: Tensor | None = None,
     ) -> ScoreMod | None:
-        """The MLP's table over the offsets that occur, read once per score in the kernel."""
+        """The MLP's table over the offsets that occur (the window's where the coordinates
+        are not read: see the class), read once per score in the kernel."""
         q_pos, k_pos = self._pair_check(q_positions, k_positions)
         if not (q_pos.numel() and k_pos.numel()):
             return None
         dtype = torch.float32 if q is None else compute_dtype(q.dtype)
-        lo, hi = self._span(q_pos, k_pos)
+        lo, hi, past = self._span(q_pos, k_pos)
         table = self.offset_table(lo, hi, dtype)  # (h, R)
         width = hi[1] - lo[1] + 1
         at_q, at_k = _coordinate_reader(q_pos), _coordinate_reader(k_pos)
@@ -406,8 +421,13 @@ class SwinV2ContinuousBias(GridBias):
         ) -> Tensor:
             qy, qx = at_q(b, q_idx)
             ky, kx = at_k(b, kv_idx)
-            index = (qy - ky - lo[0]) * width + (qx - kx - lo[1])
-            return score + table[h, index].to(score.dtype)
+            dy, dx = qy - ky, qx - kx
+            if not past:
+                return score + table[h, (dy - lo[0]) * width + (dx - lo[1])].to(score.dtype)
+            inside = (dy.abs() <= hi[0]) & (dx.abs() <= hi[1])  # (the window's span)
+            index = (dy.clamp(lo[0], hi[0]) - lo[0]) * width + (dx.clamp(lo[1], hi[1]) - lo[1])
+            value = torch.where(inside, table[h, index], float("nan"))
+            return score + value.to(score.dtype)
 
         return swinv2_cpb
 

@@ -40,7 +40,13 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import MemoryBudgetError, check_bytes
-from ..checks import MAX_POSITION, PositionBound, check_position_range, resolve_positions
+from ..checks import (
+    CHECK_VARIABLE,
+    MAX_POSITION,
+    PositionBound,
+    check_position_range,
+    resolve_positions,
+)
 from .common import unsqueeze_heads
 from .kernels.rotate import pair_node
 from .kernels.select import Mode, Plan
@@ -64,8 +70,6 @@ FEW_POSITIONS = 16
 #: ``(smallest, largest, one run)`` of integer positions; from a bound
 #: (:func:`bounded_positions`), ``(0, the bound, False)``: every position lies in between.
 Extent = tuple[int, int, bool]
-#: The variable that has positions on a GPU read and checked as on the CPU (``1``).
-CHECK_VARIABLE = "POSENC_CHECK_POSITIONS"
 #: Whether positions on the CPU are read on the host (their values cost no synchronisation);
 #: the tests clear it to send CPU positions down the path a GPU's take.
 CPU_IS_HOST = True
