@@ -294,10 +294,6 @@ def test_sampling_a_token_copies_nothing_from_the_host(monkeypatch: pytest.Monke
 
 # --------------------------------------------------------------------------- flex and training
 
-#: Table schemes whose fused form still reads its distance range from the positions (one
-#: read per forward, kept for the layers): the table is sized from it.
-RANGE_READ = "the table by distance is sized from the positions, read once per forward"
-
 
 @pytest.mark.parametrize(
     "pe",
@@ -336,7 +332,7 @@ def test_a_flex_call_with_a_mask_reads_nothing_on_the_host(
     assert calls == [], calls
 
 
-@pytest.mark.parametrize("pe", ["none", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("pe", ["none", "rope", "alibi", "t5", "kerple"])
 def test_a_training_step_reads_nothing_on_the_host(
     pe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -153,7 +153,8 @@ class Inkling(BiasEncoding):
     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Checked positions, and the tile ``states · P[:, :m]`` ``(b, h, nq, m)`` over the
         ``m = min(R, largest distance + 1)`` distances that occur (``distance_bound``: a
-        host bound on the largest, read nowhere)."""
+        host bound on the largest, read nowhere; without it the largest is read where the
+        host reads the positions' values, and elsewhere ``m = R``)."""
         q_pos, k_pos = check_pair_positions(q_positions, k_positions)
         require_integral("q_positions", q_pos, "Inkling")
         require_integral("k_positions", k_pos, "Inkling")

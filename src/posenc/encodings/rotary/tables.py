@@ -52,7 +52,6 @@ from .kernels.rotate import pair_node
 from .kernels.select import Mode, Plan
 
 __all__ = [
-    "CHECK_VARIABLE",
     "FEW_POSITIONS",
     "RotaryTables",
     "bounded_positions",
