@@ -85,8 +85,9 @@ class BiasState(PositionState):
             known without reading the device (default positions count tokens: ``n - 1``
             in a plain forward, the tokens seen minus one in a cached or packed one), or
             ``None``. A scheme that sizes a table by distance
-            (``reads_distance_bound``) receives it in :meth:`score_mod` and then reads
-            nothing from the positions.
+            (``reads_distance_bound``) receives it in :meth:`score_mod`, one whose
+            materialised bias does (``bias_reads_distance_bound``: Transformer-XL) in
+            :meth:`bias`, and then reads nothing from the positions.
     """
 
     def __init__(
@@ -147,6 +148,8 @@ class BiasState(PositionState):
         if getattr(self.pe, "needs_layer", False):
             reads["layer"] = self.layer
         if name == "score_mod" and getattr(self.pe, "reads_distance_bound", False):
+            reads["distance_bound"] = self.distance_bound
+        if name == "bias" and getattr(self.pe, "bias_reads_distance_bound", False):
             reads["distance_bound"] = self.distance_bound
         return self.keep((name, k.shape[-2]), lambda: hook(q_pos, k_pos, **reads))
 

@@ -16,6 +16,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.attention.backends import Backend
+from posenc.encodings import checks
 from posenc.sequence import documents
 from tests.host_reads import host_reads
 
@@ -145,3 +146,44 @@ def test_distances_past_a_broken_bound_are_nan(name: str) -> None:
     assert got[:, far].isnan().all()
     want = pe.bias(positions, positions)
     assert_close(got[:, ~far], want[:, ~far], rtol=1e-12, atol=1e-12)
+
+
+def test_transformer_xl_over_a_bound_reads_nothing_and_equals_float64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Transformer-XL's materialised bias takes the bound too: a plain forward, a prompt and
+    steps through a cache on a GPU's path (``CPU_IS_HOST`` cleared) read nothing and equal
+    the float64 math backend's on the reading path."""
+    torch.manual_seed(0)
+    attn = posenc.MultiHeadAttention(DIM, HEADS, pe="xl", causal=True).eval()
+    ref = copy.deepcopy(attn).double()
+    ref.backend = Backend.MATH
+    x = torch.randn(2, 8, DIM, generator=torch.Generator().manual_seed(4))
+    caches = posenc.KVCache(), posenc.KVCache()
+    with torch.no_grad():
+        for start, end, cache in [(0, 8, None), (0, 5, 0), (5, 6, 0), (6, 8, 0)]:
+            pair = (None, None) if cache is None else caches
+            want = ref(x[:, start:end].double(), cache=pair[1])
+            with monkeypatch.context() as patch:
+                patch.setattr(checks, "CPU_IS_HOST", False)
+                with host_reads(monkeypatch, own=True, named=True) as calls:
+                    got = attn(x[:, start:end], cache=pair[0])
+            assert calls == [], (start, calls)
+            assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_transformer_xl_distances_past_a_broken_bound_are_nan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pe = posenc.build_for_model("xl", DIM, HEADS).double()
+    n, bound = 6, 3
+    positions = torch.arange(n)
+    q, k = torch.randn(2, 1, HEADS, n, DIM // HEADS, dtype=torch.float64).unbind(0)
+    want = pe.bias(positions, positions, q=q, k=k)  # (1, h, n, n), the range read
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
+    with host_reads(monkeypatch, own=True) as calls:
+        got = pe.bias(positions, positions, q=q, k=k, distance_bound=bound)
+    assert calls == [], calls
+    far = (positions.view(-1, 1) - positions.view(1, -1)).abs() > bound  # (n, n)
+    assert got[:, :, far].isnan().all()
+    assert_close(got[:, :, ~far], want[:, :, ~far], atol=1e-12, rtol=1e-12)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ...errors import PosencTypeError, PosencValueError
 from ..absolute.sinusoidal import sinusoidal_encode
 from ..base import BiasEncoding, ScoreMod
-from ..checks import check_positive_float, check_positive_int
+from ..checks import check_positive_float, check_positive_int, reads_values
 from ..registry import register
 from .common import (
     check_bias_bytes,
@@ -231,6 +231,8 @@ class TransformerXLRelativeBias(BiasEncoding):
     paper: ClassVar[str] = "Dai et al. 2019, Transformer-XL, §3.3"
     needs_qk: ClassVar[bool] = True
     has_score_mod: ClassVar[bool] = False  # terms (b) + (d): one value per query and distance
+    #: :meth:`bias` takes ``distance_bound=`` (see :class:`~posenc.encodings.state.BiasState`).
+    bias_reads_distance_bound: ClassVar[bool] = True
 
     def __init__(
         self, num_heads: int, head_dim: int, *, rel_dim: int | None = None, base: float = 10000.0
@@ -265,9 +267,15 @@ class TransformerXLRelativeBias(BiasEncoding):
         *,
         q: Tensor | None = None,
         k: Tensor | None = None,
+        distance_bound: int | None = None,
     ) -> Tensor:
         """``(b, h, nq, nk)``; needs ``q`` and ``k`` (``k`` with ``h`` heads, or grouped: ``g``
-        dividing ``h``, key head ``i // (h / g)`` serving query head ``i``)."""
+        dividing ``h``, key head ``i // (h / g)`` serving query head ``i``).
+
+        ``W_R R_t`` is formed over the distances ``t`` that occur, their range read where the
+        host reads the positions' values (:func:`~posenc.encodings.checks.reads_values`);
+        elsewhere over ``-distance_bound .. distance_bound`` (a host bound on ``|t|``: nothing
+        read, NaN past it), and without that bound the range is read (one sync)."""
         q, k = (
             _need("q", q, "TransformerXLRelativeBias"),
             _need("k", k, "TransformerXLRelativeBias"),
@@ -286,6 +294,8 @@ class TransformerXLRelativeBias(BiasEncoding):
         elif q_pos.is_meta or k_pos.is_meta:
             # no values to read: any distance range gives the right shapes
             lo, hi = 1 - k_pos.shape[-1], q_pos.shape[-1] - 1
+        elif distance_bound is not None and not (reads_values(q_pos) and reads_values(k_pos)):
+            lo, hi = -distance_bound, distance_bound
         else:
             lo = int(q_pos.min()) - int(k_pos.max())
             hi = int(q_pos.max()) - int(k_pos.min())
@@ -299,7 +309,10 @@ class TransformerXLRelativeBias(BiasEncoding):
         b, h, nq, _ = bd.shape
         nk = k.shape[2]
         index = (index.unsqueeze(-3) if index.dim() == 3 else index).expand(b, h, nq, nk)
-        return (bd.gather(-1, index) + c.unsqueeze(-2)) / math.sqrt(self.head_dim)
+        inside = (index >= 0) & (index <= hi - lo)  # (all, but where a bound was broken)
+        terms = bd.gather(-1, index.clamp(0, max(hi - lo, 0)))
+        terms = torch.where(inside, terms, float("nan"))
+        return (terms + c.unsqueeze(-2)) / math.sqrt(self.head_dim)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, rel_dim={self.rel_dim}"
