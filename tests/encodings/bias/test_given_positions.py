@@ -89,7 +89,8 @@ def test_fractional_positions_on_a_device_are_fused_exactly(
 
 def test_value_checks_run_only_where_values_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fractional positions for T5 (whole numbers required) and NaN positions: refused on
-    the CPU, unread (and unchecked) on a device."""
+    the CPU, unread (and unchecked) on a device, refused there too under
+    ``POSENC_CHECK_POSITIONS=1``."""
     attn, _ = _pair("t5", "flex")
     x = torch.randn(1, 3, DIM)
     cases = [([[0.0, 1.5, 2.0]], "whole numbers"), ([[0.0, float("nan"), 2.0]], "finite")]
@@ -100,6 +101,9 @@ def test_value_checks_run_only_where_values_are_read(monkeypatch: pytest.MonkeyP
     with torch.no_grad(), host_reads(monkeypatch, own=True) as calls:
         attn(x, positions=torch.tensor([[0.0, 1.5, 2.0]]))
     assert calls == [], calls
+    monkeypatch.setenv(checks.CHECK_VARIABLE, "1")  # a GPU's positions read and checked
+    with pytest.raises(posenc.PosencValueError, match="whole numbers"), torch.no_grad():
+        attn(x, positions=torch.tensor([[0.0, 1.5, 2.0]]))
 
 
 # --------------------------------------------------------------------------- Swin
