@@ -151,6 +151,38 @@ def test_explicit_positions_cost_one_read_per_forward_not_per_layer(
         assert torch.equal(bounded, read)
 
 
+@pytest.mark.parametrize("pe", ["rope", "alibi", "kerple"])
+def test_explicit_positions_on_a_device_read_nothing_in_a_cached_decode(
+    pe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt and decode steps with positions given every call (as transformers passes
+    ``position_ids``), then a step with default positions, through a cache, with CPU tensors
+    walking a GPU's path: no host read in any call (the cache's bound stays unknown and the
+    rotary tables are sized ahead), and every output equal to the path that reads."""
+    x = torch.randn(2, N, DIM)
+    steps = [(0, PROMPT), *((i, i + 1) for i in range(PROMPT, N - 1))]
+    outs = {}
+    for on_device in (False, True):
+        encoder, cache = _encoder(pe, {}), posenc.KVCache()
+        got, reads = [], []
+        with torch.no_grad(), monkeypatch.context() as patch:
+            patch.setattr(checks, "CPU_IS_HOST", not on_device)
+            for start, end in steps:
+                positions = torch.arange(start, end).expand(2, -1) + torch.tensor([[0], [3]])
+                with host_reads(monkeypatch) as calls:
+                    got.append(encoder(x[:, start:end], cache=cache, positions=positions))
+                reads.append(len(calls))
+            with host_reads(monkeypatch) as calls:  # default positions: the next ones
+                got.append(encoder(x[:, N - 1 :], cache=cache))
+            reads.append(len(calls))
+        outs[on_device] = torch.cat(got, dim=1)
+        if on_device:
+            assert reads == [0] * len(reads), reads
+        else:
+            assert sum(reads) > 0  # (the reading path reads: the count can fail)
+    assert_close(outs[True], outs[False], atol=1e-6, rtol=1e-6)
+
+
 def test_the_bound_sizes_the_tables_and_far_positions_take_the_formula() -> None:
     """No row outside the tables: they grow to the bound; a position past what a table may
     grow to (10^9, given explicitly) takes the float64 formula, equal to a fresh module's."""

@@ -75,11 +75,16 @@ def check_finite(name: str, values: Tensor) -> Tensor:
 
 #: The variable that has positions on a GPU read and checked as on the CPU (``1``).
 CHECK_VARIABLE = "POSENC_CHECK_POSITIONS"
-#: Whether the values of CPU positions are read on the host by the checks here and the bias
-#: family (they cost no synchronisation there); the tests clear it to send CPU positions
-#: down the path a GPU's take. (The rotary tables keep their own flag:
-#: :data:`posenc.encodings.rotary.tables.CPU_IS_HOST`.)
+#: Whether the values of CPU tensors (positions, document runs) are read on the host where
+#: that costs no synchronisation: by the checks here, the bias family, the rotary tables and
+#: the sequence context. The tests clear it to send CPU tensors down the path a GPU's take.
 CPU_IS_HOST = True
+
+
+def on_host(t: Tensor) -> bool:
+    """Whether reading ``t``'s values costs no synchronisation: a CPU tensor
+    (:data:`CPU_IS_HOST`)."""
+    return CPU_IS_HOST and t.is_cpu
 
 
 def reads_values(positions: object) -> bool:
@@ -93,7 +98,7 @@ def reads_values(positions: object) -> bool:
         return True
     if not _eager() or positions.device.type == "meta":
         return False
-    return (CPU_IS_HOST and positions.is_cpu) or os.environ.get(CHECK_VARIABLE) == "1"
+    return on_host(positions) or os.environ.get(CHECK_VARIABLE) == "1"
 
 
 def _eager() -> bool:
@@ -132,10 +137,10 @@ def resolve_positions(
 
     Accepted shapes are ``(n,)`` and ``(b, n)`` (with ``b`` equal to ``batch`` when given).
     Positions must be finite, in ``[0, 2**53]`` (:func:`check_position_range`, both ends in
-    one read) and, with ``integer=True``, whole numbers. ``values=False``: none of these
-    value checks: the caller checks the values itself (:func:`resolve_bounded_positions`),
-    or leaves them unread (positions on a GPU, whose reads would synchronise:
-    :func:`reads_values`).
+    one read) and, with ``integer=True``, whole numbers, where their values are read
+    (:func:`reads_values`: on the CPU, or under ``POSENC_CHECK_POSITIONS=1``; a GPU's are
+    left unread, a read would synchronise). ``values=False``: none of these value checks
+    (the caller checks the values itself: :func:`resolve_bounded_positions`).
     """
     if positions is None:
         return torch.arange(seq_len, device=device)
@@ -154,6 +159,7 @@ def resolve_positions(
         raise PosencValueError(
             f"{name} has batch size {positions.shape[0]} but the input has batch size {batch}"
         )
+    values = values and reads_values(positions)  # (a GPU's: unread, see reads_values)
     if values:
         check_finite(name, positions)
     checkable = _eager() and positions.device.type != "meta"
@@ -191,15 +197,16 @@ class PositionBound(NamedTuple):
 def resolve_bounded_positions(
     positions: Tensor, seq_len: int, *, batch: int, device: torch.device | None, name: str
 ) -> tuple[Tensor, PositionBound | None]:
-    """:func:`resolve_positions` for given ``positions``, and for integer ones read in eager
-    mode their largest value: the range check and the largest in one transfer (the one read
-    an explicit position tensor costs a forward). ``None`` where nothing was read."""
+    """:func:`resolve_positions` for given ``positions``, and for integer ones whose values
+    are read (:func:`reads_values`) their largest value: the range check and the largest in
+    one transfer (the one read an explicit position tensor costs a forward on the CPU).
+    ``None`` where nothing was read (a GPU's positions: the rotary tables are then sized
+    ahead, see :mod:`posenc.encodings.rotary.tables`)."""
     readable = (
         isinstance(positions, Tensor)
         and not (positions.is_floating_point() or positions.is_complex())
         and positions.dtype != torch.bool
-        and _eager()
-        and positions.device.type != "meta"
+        and reads_values(positions)
     )
     positions = resolve_positions(
         positions, seq_len, batch=batch, device=device, name=name, values=not readable

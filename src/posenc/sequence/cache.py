@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..encodings.checks import PositionBound
+from ..encodings.checks import PositionBound, reads_values
 from ..errors import PosencValueError
 from .growing import Growing
 
@@ -309,11 +309,13 @@ class KVCache:
         whether some row's equals it: the largest position of a call continuing the cache
         with ``n`` default positions is at most ``largest + n - 1`` (exactly that where
         ``exact``). Kept up by :meth:`commit` from the bounds of each call's positions, so it
-        costs no read; where one was unknown (float positions), it is read here once in eager
-        mode (``None`` inside a captured graph)."""
+        costs no read; where one was unknown (float positions, or positions a GPU holds
+        given explicitly), it is read here once where the values are read
+        (:func:`~posenc.encodings.checks.reads_values`), else ``None`` (a captured graph, a
+        GPU's positions: the rotary tables are then sized ahead)."""
         following = self.next_position
         if self._bound is None and following is not None:
-            if torch.compiler.is_compiling() or following.is_meta:
+            if not reads_values(following):
                 return None
             top = float(following.max())
             self._bound = PositionBound(math.ceil(top), math.ceil(top) == top)

@@ -15,6 +15,7 @@ from ..encodings.checks import (
     MAX_POSITION,
     PositionBound,
     check_position_range,
+    on_host,
     resolve_bounded_positions,
 )
 from ..errors import PosencTypeError, PosencValueError
@@ -54,11 +55,6 @@ def check_document_ids(document_ids: object, batch: int, seq: int) -> Tensor | N
     return document_ids
 
 
-#: Whether a CPU tensor's values may be read for free. Cleared, CPU tensors take the path a
-#: GPU's do (the tests' stand-in for CUDA).
-CPU_IS_HOST = True
-
-
 def has_splits(runs: Tensor) -> bool:
     """Whether some row holds more than one document run (runs only grow along a row).
 
@@ -67,7 +63,7 @@ def has_splits(runs: Tensor) -> bool:
     of one document each it masks nothing."""
     if not runs.numel():
         return False
-    if not (CPU_IS_HOST and runs.is_cpu):
+    if not on_host(runs):
         return True
     return bool((runs[:, -1] != runs[:, 0]).any())
 

@@ -17,7 +17,6 @@ from torch.testing import assert_close
 import posenc
 from posenc.attention.backends import Backend
 from posenc.encodings import checks
-from posenc.sequence import documents
 from tests.host_reads import host_reads
 
 DIM, HEADS = 16, 2
@@ -64,7 +63,7 @@ def test_packed_documents_read_nothing_and_equal_float64(
     are read once, to know whether some row holds two documents and needs their mask; with
     CPU tensors taken as a device's (``CPU_IS_HOST`` cleared) nothing is read and the mask
     is built."""
-    monkeypatch.setattr(documents, "CPU_IS_HOST", not on_device)
+    monkeypatch.setattr(checks, "CPU_IS_HOST", not on_device)
     attn, ref = _pair(name)
     x = torch.randn(2, 7, DIM, generator=torch.Generator().manual_seed(2))
     ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [4, 4, 9, 9, 9, 9, 9]])
@@ -90,7 +89,7 @@ def test_one_document_per_row_on_a_device_is_masked_as_none(
     with torch.no_grad():
         host = attn(x, document_ids=ids)
         plain = attn(x)
-        monkeypatch.setattr(documents, "CPU_IS_HOST", False)
+        monkeypatch.setattr(checks, "CPU_IS_HOST", False)
         with host_reads(monkeypatch, own=True) as calls:
             device = attn(x, document_ids=ids)
     assert calls == [], calls

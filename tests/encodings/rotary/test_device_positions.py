@@ -1,7 +1,7 @@
 """Positions on a GPU are not read on the host (issue #43 item 2): the rotary tables are sized
 ahead, a position outside them turns its row by NaN, and the value checks run only under
 ``POSENC_CHECK_POSITIONS=1``. The GPU is played by the CPU: with
-:data:`~posenc.encodings.rotary.tables.CPU_IS_HOST` cleared, CPU positions take the path a
+:data:`~posenc.encodings.checks.CPU_IS_HOST` cleared, CPU positions take the path a
 CUDA tensor takes, and every host read of a tensor value is counted (as
 ``tests/sequence/test_cached_reads.py`` counts them)."""
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.encodings import checks
 from posenc.encodings.rotary import tables
 from posenc.errors import PosencValueError
 from tests.host_reads import host_reads
@@ -23,7 +24,7 @@ D = 8
 @pytest.fixture
 def device_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """CPU positions treated as a GPU's; the names of the host reads made, one per read."""
-    monkeypatch.setattr(tables, "CPU_IS_HOST", False)
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
     monkeypatch.delenv(tables.CHECK_VARIABLE, raising=False)
     with host_reads(monkeypatch) as calls:
         yield calls
@@ -95,7 +96,7 @@ def test_other_schemes_read_no_device_positions(device_reads: list[str], name: s
     device_reads.clear()
     got = pe(q, k, positions)
     assert device_reads == []
-    tables.CPU_IS_HOST = True  # (restored by the fixture's monkeypatch)
+    checks.CPU_IS_HOST = True  # (restored by the fixture's monkeypatch)
     want = pe(q, k, positions)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

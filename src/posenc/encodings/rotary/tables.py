@@ -45,6 +45,7 @@ from ..checks import (
     MAX_POSITION,
     PositionBound,
     check_position_range,
+    on_host,
     resolve_positions,
 )
 from .common import unsqueeze_heads
@@ -69,15 +70,12 @@ FEW_POSITIONS = 16
 #: ``(smallest, largest, one run)`` of integer positions; from a bound
 #: (:func:`bounded_positions`), ``(0, the bound, False)``: every position lies in between.
 Extent = tuple[int, int, bool]
-#: Whether positions on the CPU are read on the host (their values cost no synchronisation);
-#: the tests clear it to send CPU positions down the path a GPU's take.
-CPU_IS_HOST = True
 
 
 def reads_values(positions: Tensor) -> bool:
     """Whether the values of ``positions`` are read on the host: on the CPU, or anywhere
     under ``POSENC_CHECK_POSITIONS=1``."""
-    return (CPU_IS_HOST and positions.is_cpu) or os.environ.get(CHECK_VARIABLE) == "1"
+    return on_host(positions) or os.environ.get(CHECK_VARIABLE) == "1"
 
 
 def _extent(positions: Tensor) -> Extent:
@@ -113,9 +111,7 @@ def read_positions(
     if positions is None:
         return None, None
     if (  # a GPU's positions, unread: the tables are sized ahead
-        type(positions) is Tensor
-        and not (CPU_IS_HOST and positions.is_cpu)
-        and not reads_values(positions)
+        type(positions) is Tensor and not on_host(positions) and not reads_values(positions)
     ):
         return resolve_positions(positions, n, batch=batch, device=device, values=False), None
     if (  # a decode step: a few 1-D positions, read in one transfer

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 import posenc
+from posenc.encodings import checks
 from posenc.encodings.rotary.kernels import triton_launch
 from posenc.encodings.rotary.kernels.rotate import rotate_reference
 
@@ -303,7 +304,7 @@ def test_unread_positions_are_indexed_by_the_kernel(
     table turns by NaN, the others by the formula."""
     from posenc.encodings.rotary import tables
 
-    monkeypatch.setattr(tables, "CPU_IS_HOST", False)
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
     monkeypatch.delenv(tables.CHECK_VARIABLE, raising=False)
     torch.manual_seed(7)
     rope = posenc.RotaryEmbedding(D).to(DEVICE)
