@@ -179,3 +179,44 @@ def test_swinv2_offsets_past_the_window_are_nan_on_a_device(
     for values in (got, fused):
         assert values[:, far].isnan().all()
         assert_close(values[:, ~far], want[:, ~far], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        POSITIONS,
+        POSITIONS[1],
+        POSITIONS * 100_003 + 10**9,  # far apart, far out: the angle sums in float64
+        torch.tensor([[0.5, 1.25, 2.0, 7.5, 8.0]]),  # not whole: nothing is indexed by them
+    ],
+    ids=["rows", "one-row", "far", "fractional"],
+)
+def test_transformer_xl_given_positions_read_nothing_and_equal_float64(
+    positions: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Transformer-XL with positions given on a GPU's path (no host bound): terms (b) + (d)
+    by angle sums, with no read, equal to the paper's equation (the sinusoid ``R_t`` of each
+    pair's distance) written out in float64."""
+    torch.manual_seed(0)
+    pe = posenc.build_for_model("xl", DIM, HEADS, rel_dim=11).double()  # (odd: a lone sine)
+    b, n, d = 2, 5, DIM // HEADS
+    q, k = torch.randn(b, HEADS, n, d, dtype=torch.float64), torch.randn(b, 1, n, d).double()
+    pos = positions.double() if positions.is_floating_point() else positions
+    t = pos.unsqueeze(-1) - pos.unsqueeze(-2)  # (nq, nk) | (b, nq, nk)
+    r = posenc.encodings.absolute.sinusoidal.sinusoidal_encode(t, 11, dtype=torch.float64)
+    wr = torch.einsum("...r,xr->...x", r, pe.pos_proj.weight).unflatten(-1, (HEADS, d))
+    wr = wr if wr.dim() == 5 else wr.expand(b, *wr.shape)  # (b, nq, nk, h, d)
+    qv = q + pe.v.unsqueeze(1)
+    want = (
+        torch.einsum("bhid,bijhd->bhij", qv, wr)
+        + torch.einsum("hd,bjd->bhj", pe.u, k[:, 0])[:, :, None]
+    )
+    want = want / d**0.5
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
+    with torch.no_grad(), host_reads(monkeypatch, own=True, named=True) as calls:
+        got = pe.bias(positions, positions, q=q, k=k)
+    assert calls == [], calls
+    # each angle p·ω of a position near 10^9 is off by up to |p|·2^-53 ≈ 1e-7 in float64 (the
+    # reference's distances are exact), below float32's rounding of the bias
+    tolerance = 2e-7 if positions.abs().max() > 10**6 else 1e-9
+    assert_close(got, want, atol=tolerance, rtol=0)

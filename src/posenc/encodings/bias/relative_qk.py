@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...errors import PosencTypeError, PosencValueError
-from ..absolute.sinusoidal import sinusoidal_encode
+from ...errors import PosencTypeError, PosencValueError, check_bytes
+from ..absolute.sinusoidal import inverse_frequencies, sinusoidal_encode
 from ..base import BiasEncoding, ScoreMod
 from ..checks import check_positive_float, check_positive_int, reads_values
 from ..registry import register
@@ -166,7 +166,8 @@ class ShawRelativeBias(BiasEncoding):
         require_integral("q_positions", q_pos, "ShawRelativeBias")
         require_integral("k_positions", k_pos, "ShawRelativeBias")
         terms = self._query_terms(q)  # (b, h, nq, 2K+1)
-        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long())
+        # (two tensors even where the positions are one: flex's guards break on aliases)
+        at_q, at_k = gather_fn(q_pos.long()), gather_fn(k_pos.long().clone())
         # a tensor: no recompile per K; filled on the device, not copied from the host
         K = torch.full((), self.max_distance, device=q.device)
 
@@ -223,7 +224,9 @@ class TransformerXLRelativeBias(BiasEncoding):
         rel_dim: width of ``R`` (default ``h · d``, the model width, as in the paper).
         base: the sinusoid base.
 
-    Positions must be whole numbers: ``W_R R_t`` is formed once per distance ``t`` that occurs.
+    Positions must be whole numbers where their values are read (the CPU): ``W_R R_t`` is
+    formed once per distance ``t`` that occurs. On a GPU, without a host bound on the
+    distances, terms (b) + (d) come from angle sums instead, for any real positions.
     Terms (b) + (d) need one value per query and distance, ``(b, h, nq, R)``, so this scheme
     has no memory-saving score_mod; attention materialises its bias.
     """
@@ -275,7 +278,8 @@ class TransformerXLRelativeBias(BiasEncoding):
         ``W_R R_t`` is formed over the distances ``t`` that occur, their range read where the
         host reads the positions' values (:func:`~posenc.encodings.checks.reads_values`);
         elsewhere over ``-distance_bound .. distance_bound`` (a host bound on ``|t|``: nothing
-        read, NaN past it), and without that bound the range is read (one sync)."""
+        read, NaN past it), and without that bound by angle sums
+        (:meth:`_angle_sum_bias`: nothing read)."""
         q, k = (
             _need("q", q, "TransformerXLRelativeBias"),
             _need("k", k, "TransformerXLRelativeBias"),
@@ -288,13 +292,17 @@ class TransformerXLRelativeBias(BiasEncoding):
         require_integral("q_positions", q_pos, "TransformerXLRelativeBias")
         require_integral("k_positions", k_pos, "TransformerXLRelativeBias")
         work = work_dtype(q, self)
+        unread = not (reads_values(q_pos) and reads_values(k_pos))  # (a GPU's positions)
+        if unread and distance_bound is None and q_pos.numel() and k_pos.numel():
+            return self._angle_sum_bias(q_pos, k_pos, q, k, work)  # (nothing to size a table by)
         q_pos, k_pos = q_pos.long(), k_pos.long()
         if not (q_pos.numel() and k_pos.numel()):
             lo, hi = 0, -1  # no pairs, no distances
         elif q_pos.is_meta or k_pos.is_meta:
             # no values to read: any distance range gives the right shapes
             lo, hi = 1 - k_pos.shape[-1], q_pos.shape[-1] - 1
-        elif distance_bound is not None and not (reads_values(q_pos) and reads_values(k_pos)):
+        elif unread:
+            assert distance_bound is not None  # (else the angle sums above)
             lo, hi = -distance_bound, distance_bound
         else:
             lo = int(q_pos.min()) - int(k_pos.max())
@@ -302,9 +310,7 @@ class TransformerXLRelativeBias(BiasEncoding):
         r = self.relative_keys(torch.arange(lo, hi + 1, device=q.device), work)  # (h, R, d)
         qv = q.to(work) + self.v.to(work).unsqueeze(1)  # (b, h, nq, d)
         bd = torch.einsum("bhid,hrd->bhir", qv, r)  # (b, h, nq, R): terms (b) + (d)
-        g = k.shape[1]  # key heads: grouped heads read in place, never repeated
-        u = self.u.to(work).view(g, self.num_heads // g, self.head_dim)  # (g, G, d)
-        c = torch.einsum("gGd,bgjd->bgGj", u, k.to(work)).flatten(1, 2)  # (b, h, nk): term (c)
+        c = self._term_c(k, work)  # (b, h, nk): term (c)
         index = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)) - lo  # (nq, nk) | (b, nq, nk)
         b, h, nq, _ = bd.shape
         nk = k.shape[2]
@@ -313,6 +319,57 @@ class TransformerXLRelativeBias(BiasEncoding):
         terms = bd.gather(-1, index.clamp(0, max(hi - lo, 0)))
         terms = torch.where(inside, terms, float("nan"))
         return (terms + c.unsqueeze(-2)) / math.sqrt(self.head_dim)
+
+    def _term_c(self, k: Tensor, work: torch.dtype) -> Tensor:
+        """Term (c), ``u·k_j`` per query head: ``(b, h, nk)``; grouped key heads read in
+        place, never repeated."""
+        g = k.shape[1]
+        u = self.u.to(work).view(g, self.num_heads // g, self.head_dim)  # (g, G, d)
+        return torch.einsum("gGd,bgjd->bgGj", u, k.to(work)).flatten(1, 2)
+
+    def _angle_sum_bias(
+        self, q_pos: Tensor, k_pos: Tensor, q: Tensor, k: Tensor, work: torch.dtype
+    ) -> Tensor:
+        """:meth:`bias` for positions whose distances have no host bound and whose values are
+        not read (whole numbers or not: nothing is indexed by them): terms (b) + (d) by the
+        angle sums ``sin(tω) = sin(iω) cos(jω) - cos(iω)
+        sin(jω)``, ``cos(tω) = cos(iω) cos(jω) + sin(iω) sin(jω)`` (``t = i - j``), so that
+        ``(q_i + v)·W_R R_t`` is one product of a feature per query with one per key:
+        ``Σ_f cos(jω_f) (a_f sin(iω_f) + c_f cos(iω_f)) + sin(jω_f) (c_f sin(iω_f) - a_f
+        cos(iω_f))``, with ``a_f``, ``c_f`` the query's product with ``W_R``'s sine and
+        cosine columns. Angles in float64, rounded once to the work dtype (each off by up to
+        ``|p| · 2**-53`` where a distance's own angle would not be: 1e-7 at ``p = 10**9``,
+        below float32's rounding); cost ``b · h · nq · nk · rel_dim``, never growing with a
+        position's value."""
+        b, h, nq, d = q.shape
+        check_bytes(
+            "q_positions x rel_dim",
+            f"{nq} x {self.rel_dim} (batch {b}, {h} heads)",
+            b * h * nq * self.rel_dim * torch.empty((), dtype=work).element_size(),
+            device=q.device,
+        )
+        weight = self.pos_proj.weight.to(work).view(h, d, self.rel_dim)  # W_R per head
+        qv = q.to(work) + self.v.to(work).unsqueeze(1)  # (b, h, nq, d)
+        proj = torch.einsum("bhid,hdr->bhir", qv, weight)  # (b, h, nq, rel)
+        a = proj[..., 0::2]  # (b, h, nq, F): sine columns
+        c = F.pad(proj[..., 1::2], (0, a.shape[-1] - proj[..., 1::2].shape[-1]))  # cosine
+        inv_freq = inverse_frequencies(self.rel_dim, self.base, device=q.device)  # (F,)
+
+        def sin_cos(pos: Tensor) -> tuple[Tensor, Tensor]:
+            angles = pos.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., n, F)
+            return angles.sin().to(work), angles.cos().to(work)
+
+        sin_i, cos_i = sin_cos(q_pos)  # (nq, F) | (b, nq, F)
+        sin_j, cos_j = sin_cos(k_pos)
+        if sin_i.dim() == 3:
+            sin_i, cos_i = sin_i.unsqueeze(1), cos_i.unsqueeze(1)  # (b, 1, nq, F)
+        left = torch.cat((a * sin_i + c * cos_i, c * sin_i - a * cos_i), -1)  # (b, h, nq, 2F)
+        right = torch.cat((cos_j, sin_j), -1)  # (nk, 2F) | (b, nk, 2F)
+        if right.dim() == 2:
+            bd = torch.einsum("bhif,jf->bhij", left, right)
+        else:
+            bd = torch.einsum("bhif,bjf->bhij", left, right)
+        return (bd + self._term_c(k, work).unsqueeze(-2)) / math.sqrt(self.head_dim)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, rel_dim={self.rel_dim}"
