@@ -15,7 +15,7 @@ from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from x_transformers.x_transformers import AlibiPositionalBias
 
 from posenc.encodings.bias.alibi import ALiBi, alibi_slopes
-from tests.encodings.bias.test_common import _eval_score_mod
+from tests.encodings.bias.scores import on_grid
 from tests.misuse import Misuse, cases, check
 
 
@@ -220,9 +220,7 @@ def test_alibi_given_slopes_match_x_transformers(alibi_heads: int) -> None:
     pe = ALiBi(4, alibi_heads=alibi_heads, slopes=slopes)
     pos = torch.arange(10)
     assert _relative_error(pe.bias(pos, pos), peer.forward_custom_pos(pos, pos)) <= 2e-5
-    assert_close(
-        _eval_score_mod(pe.score_mod(pos, pos), 1, 4, 10, 10)[0], pe.bias(pos, pos).double()
-    )
+    assert_close(on_grid(pe.score_mod(pos, pos), 1, 4, 10, 10)[0], pe.bias(pos, pos).double())
 
 
 def test_alibi_options_survive_casts_and_show_in_repr() -> None:

@@ -14,6 +14,7 @@ from posenc.encodings.bias.alibi import ALiBi
 from posenc.encodings.bias.relative import KERPLE, DynamicPositionBias
 from posenc.encodings.bias.t5 import T5RelativeBias
 from posenc.errors import MemoryBudgetError
+from tests.encodings.bias.scores import on_grid
 from tests.misuse import MISSING, Misuse, cases, check
 from tests.schemes import BIAS, FACTS, qk, reads
 
@@ -21,16 +22,6 @@ NEEDS_QK = [name for name in BIAS if posenc.entry(name).cls.needs_qk]
 
 
 # --------------------------------------------------------------------------- score_mod
-
-
-def _eval_score_mod(mod, b: int, h: int, nq: int, nk: int) -> torch.Tensor:
-    grid = (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(nq).view(1, 1, nq, 1),
-        torch.arange(nk).view(1, 1, 1, nk),
-    )
-    return mod(torch.zeros(b, h, nq, nk, dtype=torch.float64), *grid)
 
 
 @pytest.mark.parametrize("name", BIAS)
@@ -48,13 +39,13 @@ def test_score_mod_equals_bias(name: str, batched: bool) -> None:
         assert mod is None  # these read every pair: attention materialises their bias
         return
     assert mod is not None
-    assert_close(_eval_score_mod(mod, 2, 4, 9, 9), want, rtol=1e-6, atol=1e-7)
+    assert_close(on_grid(mod, 2, 4, 9, 9), want, rtol=1e-6, atol=1e-7)
 
 
 def test_alibi_score_mod_handles_fractional_positions() -> None:
     pe = ALiBi(2)
     pos = torch.tensor([0.0, 0.5, 2.25])
-    got = _eval_score_mod(pe.score_mod(pos, pos), 1, 2, 3, 3)
+    got = on_grid(pe.score_mod(pos, pos), 1, 2, 3, 3)
     assert_close(got, pe.bias(pos, pos).double().unsqueeze(0), rtol=1e-6, atol=1e-7)
 
 

@@ -17,6 +17,7 @@ from torch.testing import assert_close
 import posenc
 from posenc.attention.backends import Backend
 from posenc.encodings import checks
+from tests.encodings.bias.scores import on_grid
 from tests.host_reads import host_reads
 
 DIM, HEADS = 16, 2
@@ -134,13 +135,7 @@ def test_distances_past_a_broken_bound_are_nan(name: str) -> None:
     positions = torch.arange(n)
     mod = pe.score_mod(positions, positions, distance_bound=bound)
     assert mod is not None
-    grid = (
-        torch.zeros(1, 1, 1, 1, dtype=torch.long),
-        torch.arange(HEADS).view(1, HEADS, 1, 1),
-        torch.arange(n).view(1, 1, n, 1),
-        torch.arange(n).view(1, 1, 1, n),
-    )
-    got = mod(torch.zeros(1, HEADS, n, n, dtype=torch.float64), *grid)[0]
+    got = on_grid(mod, 1, HEADS, n)[0]
     far = (positions.view(-1, 1) - positions.view(1, -1)).abs() > bound  # (n, n)
     assert got[:, far].isnan().all()
     want = pe.bias(positions, positions)

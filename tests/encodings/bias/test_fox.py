@@ -14,7 +14,7 @@ from x_transformers.x_transformers import DataDependentAlibi
 
 import posenc
 from posenc.encodings.bias.fox import FoX
-from tests.encodings.bias.test_common import _eval_score_mod
+from tests.encodings.bias.scores import on_grid
 from tests.misuse import MISSING, Misuse, cases, check
 
 D, H, N = 12, 3, 7
@@ -91,7 +91,7 @@ def test_a_cached_steps_score_mod_equals_its_bias(causal: bool) -> None:
     want = pe.bias(qp, kp, gates=gates)
     full = pe.bias(kp, kp, gates=gates)
     assert_close(want, full[:, :, 3:])
-    got = _eval_score_mod(pe.score_mod(qp, kp, gates=gates), 2, H, 2, 5)
+    got = on_grid(pe.score_mod(qp, kp, gates=gates), 2, H, 2, 5)
     assert_close(got, want, rtol=0, atol=1e-12)
 
 

@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.attention.backends import Request
+from tests.encodings.bias.scores import on_grid
 from tests.schemes import FACTS, of_family, qk, reads
 
 ALL_BIAS = of_family("bias")
@@ -33,17 +34,6 @@ def _positions(name: str, fractional: bool = False) -> torch.Tensor:
 def _scheme(name: str) -> Any:
     torch.manual_seed(0)
     return posenc.build_for_model(name, H * D, H).double()
-
-
-def _on_grid(mod: Any) -> torch.Tensor:
-    """The score_mod on broadcast index tensors, as flex's eager reference evaluates it."""
-    grid = (
-        torch.arange(B).view(B, 1, 1, 1),
-        torch.arange(H).view(1, H, 1, 1),
-        torch.arange(N).view(1, 1, N, 1),
-        torch.arange(N).view(1, 1, 1, N),
-    )
-    return mod(torch.zeros(B, H, N, N, dtype=torch.float64), *grid)
 
 
 @pytest.mark.parametrize("name", ALL_BIAS)
@@ -66,7 +56,7 @@ def test_score_mod_exists_exactly_where_declared_and_equals_the_bias(name: str) 
     assert (mod is not None) is pe.has_score_mod, name
     if mod is not None:
         want = pe.bias(positions, positions, **kwargs).expand(B, H, N, N)
-        assert_close(_on_grid(mod), want, rtol=1e-12, atol=1e-12)
+        assert_close(on_grid(mod, B, H, N), want, rtol=1e-12, atol=1e-12)
     empty = positions[:0]
     assert not pe.fused_at(empty, positions) and not pe.fused_at(positions, empty)
 
@@ -118,11 +108,5 @@ def test_t5s_fixed_table_covers_distances_past_max_distance(bidirectional: bool)
     n = 20
     positions = torch.stack([torch.arange(n), torch.arange(n) + 37])  # (2, n)
     mod = pe.score_mod(positions, positions)
-    grid = (
-        torch.arange(2).view(2, 1, 1, 1),
-        torch.arange(H).view(1, H, 1, 1),
-        torch.arange(n).view(1, 1, n, 1),
-        torch.arange(n).view(1, 1, 1, n),
-    )
-    got = mod(torch.zeros(2, H, n, n, dtype=torch.float64), *grid)
+    got = on_grid(mod, 2, H, n)
     assert_close(got, pe.bias(positions, positions), rtol=0, atol=0)

@@ -18,6 +18,7 @@ import posenc
 from posenc.attention.backends import Backend
 from posenc.encodings import checks
 from posenc.encodings.bias.swin import window_coordinates
+from tests.encodings.bias.scores import on_grid
 from tests.host_reads import host_reads
 
 DIM, HEADS = 16, 2
@@ -166,13 +167,7 @@ def test_swinv2_offsets_past_the_window_are_nan_on_a_device(
         mod = pe.score_mod(coords, coords, q=q)
     assert calls == [], calls
     assert mod is not None
-    grid = (
-        torch.zeros(1, 1, 1, 1, dtype=torch.long),
-        torch.arange(HEADS).view(1, HEADS, 1, 1),
-        torch.arange(n).view(1, 1, n, 1),
-        torch.arange(n).view(1, 1, 1, n),
-    )
-    fused = mod(torch.zeros(1, HEADS, n, n, dtype=torch.float64), *grid)[0]
+    fused = on_grid(mod, 1, HEADS, n)[0]
     delta = (coords.unsqueeze(1) - coords.unsqueeze(0)).abs()  # (n, n, 2)
     far = (delta > 2).any(-1)
     assert far.any() and (~far).any()

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc.encodings.bias.sandwich import Sandwich
-from tests.encodings.bias.test_common import _eval_score_mod
+from tests.encodings.bias.scores import on_grid
 from tests.misuse import Misuse, cases, check
 
 
@@ -71,7 +71,7 @@ def test_sandwich_score_mod_equals_bias_and_long_distances_keep_float64() -> Non
     pos = torch.tensor([[0, 1, 2, 3, 4], [5000, 5001, 5002, 9000, 20000]])
     q = torch.zeros(2, 4, 5, 32)
     want = pe.bias(pos, pos, q=q)
-    got = _eval_score_mod(pe.score_mod(pos, pos, q=q), 2, 4, 5, 5).float()
+    got = on_grid(pe.score_mod(pos, pos, q=q), 2, 4, 5, 5).float()
     assert torch.equal(got, want)
     exact = torch.stack([_formula(row.tolist(), row.tolist(), 4, 32, 1e4) for row in pos])
     assert (want.double() - exact).abs().max() / exact.abs().max() <= 2e-6

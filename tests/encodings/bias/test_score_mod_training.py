@@ -12,7 +12,6 @@ structural test below makes it on the CPU: it traces each ``score_mod`` with a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from torch.testing import assert_close
 import posenc
 from posenc.encodings.bias.common import DistanceBias
 from posenc.encodings.bias.relative import FIRE
+from tests.encodings.bias.scores import on_grid
 from tests.schemes import BIAS, FACTS, qk, reads
 
 FUSED = [name for name in BIAS if FACTS[name].score_mod]
@@ -59,17 +59,6 @@ def _scheme(name: str) -> tuple[Any, dict[str, Any]]:
     return pe, kwargs
 
 
-def _on_grid(mod: Callable[..., torch.Tensor], b: int, h: int, n: int) -> torch.Tensor:
-    """The score_mod on broadcast index tensors, as flex's eager reference evaluates it."""
-    grid = (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(n).view(1, 1, n, 1),
-        torch.arange(n).view(1, 1, 1, n),
-    )
-    return mod(torch.zeros(b, h, n, n, dtype=torch.float64), *grid)
-
-
 @pytest.mark.parametrize(("name", "where"), _cases())
 def test_score_mod_values_and_gradients_equal_the_bias(name: str, where: str) -> None:
     pe, kwargs = _scheme(name)
@@ -80,7 +69,7 @@ def test_score_mod_values_and_gradients_equal_the_bias(name: str, where: str) ->
         assert isinstance(pe, DistanceBias) and pe.table_score_mod
         assert not pe.fused_at(positions, positions)  # declared: attention materialises it
         return
-    got = _on_grid(mod, 2, 4, 9)
+    got = on_grid(mod, 2, 4, 9)
     want = pe.bias(positions, positions, **kwargs).expand(2, 4, 9, 9)
     assert_close(got, want, rtol=1e-12, atol=1e-12)
 

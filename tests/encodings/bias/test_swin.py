@@ -20,6 +20,7 @@ import posenc
 from posenc import SwinRelativeBias, SwinV2ContinuousBias
 from posenc.encodings.bias.swin import window_coordinates
 from posenc.errors import PosencTypeError, PosencValueError
+from tests.encodings.bias.scores import on_grid
 from tests.encodings.bias.test_score_mod_training import _captured, _Reads
 from tests.misuse import Misuse, cases, check
 from tests.schemes import GRID_BIAS
@@ -140,16 +141,6 @@ def test_relative_and_float_whole_numbers() -> None:
     assert torch.equal(pe.bias(coords.double(), coords.double()), pe.bias(coords, coords))
 
 
-def _on_grid(mod, b: int, h: int, nq: int, nk: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    grid = (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(nq).view(1, 1, nq, 1),
-        torch.arange(nk).view(1, 1, 1, nk),
-    )
-    return mod(torch.zeros(b, h, nq, nk, dtype=torch.float64), *grid)
-
-
 @pytest.mark.parametrize("cls_token", [False, True])
 @pytest.mark.parametrize("batched", [False, True])
 def test_score_mod_values_and_gradients_equal_the_bias(cls_token: bool, batched: bool) -> None:
@@ -161,7 +152,7 @@ def test_score_mod_values_and_gradients_equal_the_bias(cls_token: bool, batched:
     n = coords.shape[-2]
     mod = pe.score_mod(coords, coords)
     assert mod is not None
-    got = _on_grid(mod, 2, HEADS, n, n)
+    got = on_grid(mod, 2, HEADS, n, n)
     want = pe.bias(coords, coords).expand(2, HEADS, n, n)
     assert_close(got, want, rtol=0, atol=0)
     weight = torch.randn(2, HEADS, n, n, dtype=torch.float64)
@@ -278,7 +269,7 @@ def test_cpb_score_mod_values_and_gradients_equal_the_bias(batched: bool) -> Non
     q = torch.zeros(2, HEADS, 9, 4, dtype=torch.float64)
     mod = pe.score_mod(coords, coords, q=q)
     assert mod is not None
-    got = _on_grid(mod, 2, HEADS, 9, 9)
+    got = on_grid(mod, 2, HEADS, 9, 9)
     want = pe.bias(coords, coords, q=q).expand(2, HEADS, 9, 9)
     assert_close(got, want, rtol=0, atol=0)
     weight = torch.randn(2, HEADS, 9, 9, dtype=torch.float64)
