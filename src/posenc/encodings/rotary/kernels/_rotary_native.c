@@ -39,40 +39,6 @@
 
 #include "rotary_rows.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-/* From this many values turned (rows times pairs), a rotation is shared among the threads of
- * the OpenMP runtime the process already runs (torch's, whose workers wait on it after each of
- * torch's parallel operators). */
-#define PARALLEL_MIN (1 << 15)
-
-/* Turn the rows of job: split among the OpenMP runtime's threads where it is built in and
- * the rotation is large, else on the calling thread. Called without the GIL. */
-static void run_job(const Job *job)
-{
-#ifdef _OPENMP
-    const Py_ssize_t rows = job->stop - job->start;
-    const int threads = omp_get_max_threads();
-    if (threads > 1 && rows > 1 && rows * job->half >= PARALLEL_MIN) {
-#pragma omp parallel num_threads(threads)
-        {
-            const Py_ssize_t t = omp_get_thread_num(), n = omp_get_num_threads();
-            const Py_ssize_t share = rows / n, extra = rows % n; /* the first `extra` take one more */
-            Job mine = *job;
-            mine.start = job->start + share * t + (t < extra ? t : extra);
-            mine.stop = mine.start + share + (t < extra ? 1 : 0);
-            if (mine.stop > mine.start) {
-                rotary_run_rows(&mine);
-            }
-        }
-        return;
-    }
-#endif
-    rotary_run_rows(job);
-}
-
 /* ----------------------------------------------------------------- the interface and its checks */
 
 #define MAX_DIMS (MAX_LEAD + 1) /* the leading dimensions and the channels */
@@ -475,7 +441,7 @@ static PyObject *rotate(PyObject *self, PyObject *args)
     }
     if (job.stop > 0) {
         Py_BEGIN_ALLOW_THREADS
-        run_job(&job);
+        rotary_run_job(&job);
         Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;
@@ -546,7 +512,7 @@ static PyObject *rotate_pair(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < 2; i++) {
             if (jobs[i].stop > 0) {
-                run_job(&jobs[i]);
+                rotary_run_job(&jobs[i]);
             }
         }
         Py_END_ALLOW_THREADS

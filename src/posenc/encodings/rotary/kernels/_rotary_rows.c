@@ -11,15 +11,19 @@
  * function is also compiled for AVX2 and AVX-512 and the loader picks the widest the CPU has
  * (GCC's target_clones). Where the build fails the package falls back to pure torch.
  *
- * This file holds the arithmetic and the scheduling of rows (rotary_run_rows, rotary_coalesce);
- * the Python interface and its bounds checks are in _rotary_native.c (both include
- * rotary_rows.h).
+ * This file holds the arithmetic and the scheduling of rows (rotary_run_rows, rotary_coalesce,
+ * rotary_run_job: on torch's OpenMP threads where built with OpenMP); the Python interface and
+ * its bounds checks are in _rotary_native.c (both include rotary_rows.h).
  */
 
 #include <stdint.h>
 #include <string.h>
 
 #include "rotary_rows.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define WIDEST __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -277,4 +281,32 @@ void rotary_coalesce(Job *job)
         job->cs[k] = j < 0 ? 0 : cs[j];
         job->ss[k] = j < 0 ? 0 : ss[j];
     }
+}
+
+/* From this many values turned (rows times pairs), a rotation is shared among the threads of
+ * the OpenMP runtime the process already runs (torch's, whose workers wait on it after each of
+ * torch's parallel operators). */
+#define PARALLEL_MIN (1 << 15)
+
+void rotary_run_job(const Job *job)
+{
+#ifdef _OPENMP
+    const Py_ssize_t rows = job->stop - job->start;
+    const int threads = omp_get_max_threads();
+    if (threads > 1 && rows > 1 && rows * job->half >= PARALLEL_MIN) {
+#pragma omp parallel num_threads(threads)
+        {
+            const Py_ssize_t t = omp_get_thread_num(), n = omp_get_num_threads();
+            const Py_ssize_t share = rows / n, extra = rows % n; /* the first `extra` take one more */
+            Job mine = *job;
+            mine.start = job->start + share * t + (t < extra ? t : extra);
+            mine.stop = mine.start + share + (t < extra ? 1 : 0);
+            if (mine.stop > mine.start) {
+                rotary_run_rows(&mine);
+            }
+        }
+        return;
+    }
+#endif
+    rotary_run_rows(job);
 }

@@ -24,6 +24,11 @@ typedef struct {
  * run along the innermost dimension. */
 void rotary_run_rows(const Job *job);
 
+/* Turn the rows of job: shared among the threads of the OpenMP runtime where the kernel is
+ * built with it and the rotation is large (torch's runtime, whose workers wait for work after
+ * each of torch's parallel operators), else on the calling thread. Called without the GIL. */
+void rotary_run_job(const Job *job);
+
 /* Merge neighbouring dimensions that every operand walks as one, so that runs are as long as
  * the memory allows; the dimensions stay right-aligned, padded with size 1. */
 void rotary_coalesce(Job *job);
