@@ -38,7 +38,6 @@ from .checks import (
     PositionBound,
     check_input,
     compute_dtype,
-    reads_values,
     resolve_positions,
     take_position_ids,
 )
@@ -255,8 +254,7 @@ class BiasEncoding(PositionalEncoding):
         a read."""
         b, n = x.shape[0], x.shape[1]
         bound = n - 1 if positions is None and self.axes == 1 else None
-        values = reads_values(positions)
-        resolved = resolve_positions(positions, n, batch=b, device=x.device, values=values)
+        resolved = resolve_positions(positions, n, batch=b, device=x.device)
         return BiasState(self, resolved, distance_bound=bound)
 
     def context_state(

@@ -73,16 +73,19 @@ class KERPLE(DistanceBias):
         r2 = self.r2.clamp(min=self.eps, max=2.0 if self.kernel == "power" else None)
         return r1, r2
 
-    def distance_bias(self, distance: Tensor) -> Tensor:
-        r1, r2 = (
-            p.to(distance.dtype).view(-1, *([1] * distance.dim())) for p in self.kernel_parameters()
-        )
-        d = distance.abs().unsqueeze(0)  # (1, *S)
+    def _kernel_at(self, r1: Tensor, r2: Tensor, d: Tensor) -> Tensor:
+        """The kernel at distances ``d >= 0``, ``r1`` and ``r2`` broadcasting against them."""
         if self.kernel == "log":
             return -r1 * torch.log1p(r2 * d)
         # |d| ** r2 with a zero (and a finite gradient for r2) at d = 0
         safe = torch.where(d > 0, d, torch.ones_like(d))
         return -r1 * torch.where(d > 0, torch.exp(r2 * torch.log(safe)), torch.zeros_like(d))
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        r1, r2 = (
+            p.to(distance.dtype).view(-1, *([1] * distance.dim())) for p in self.kernel_parameters()
+        )
+        return self._kernel_at(r1, r2, distance.abs().unsqueeze(0))  # (h, *S)
 
     def formula_score_mod(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> ScoreMod:
         """The kernel's equation per score, at ``d = q_pos[i] - k_pos[j]`` formed in the
@@ -90,16 +93,9 @@ class KERPLE(DistanceBias):
         nothing read from the positions, ``r1[h]`` and ``r2[h]`` read once per score."""
         r1, r2 = (p.to(dtype) for p in self.kernel_parameters())  # (h,) each
         distance = distance_reader(q_pos, k_pos, dtype)
-        log = self.kernel == "log"
 
         def kerple(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
-            d = distance(b, q_idx, kv_idx).abs()
-            if log:
-                value = -r1[h] * torch.log1p(r2[h] * d)
-            else:  # (as distance_bias: a zero, and a finite gradient for r2, at d = 0)
-                safe = torch.where(d > 0, d, torch.ones_like(d))
-                power = torch.exp(r2[h] * torch.log(safe))
-                value = -r1[h] * torch.where(d > 0, power, torch.zeros_like(d))
+            value = self._kernel_at(r1[h], r2[h], distance(b, q_idx, kv_idx).abs())
             return score + value.to(score.dtype)
 
         return kerple

@@ -88,13 +88,18 @@ class Sandwich(DistanceBias):
         check_bias_bytes(q_pos, k_pos, 2 * self.num_heads + 5, q)
         return super().bias(q_pos, k_pos, q=q, k=k)
 
+    def _centred_sum(self, d: Tensor, omegas: tuple[Tensor, ...]) -> Tensor:
+        """``sum_k cos(d ω_k) - K`` at float64 distances ``d``, in K passes (no ``(..., K)``
+        temporary)."""
+        total = torch.zeros_like(d)
+        for omega in omegas:
+            total = total + torch.cos(d * omega)
+        return total - self.head_dim // 2
+
     def distance_bias(self, distance: Tensor) -> Tensor:
         """``(sum_k cos(d ω_k) - K) / (8h/H)`` at ``d = i - j`` -> ``(h, *d.shape)``."""
         d = distance.to(torch.float64)
-        total = torch.zeros_like(d)
-        for omega in self.frequencies(d.device).unbind():  # K passes: no (..., K) temporary
-            total += torch.cos(d * omega)
-        total -= self.head_dim // 2
+        total = self._centred_sum(d, self.frequencies(d.device).unbind())
         scales = self.head_scales(d.device).view(-1, *([1] * d.dim()))  # (h, 1, ...)
         return (total / scales).to(distance.dtype)
 
@@ -104,15 +109,11 @@ class Sandwich(DistanceBias):
         float64 per score, nothing sized, nothing read from the positions."""
         omegas = self.frequencies(q_pos.device).unbind()  # K 0-d float64 tensors
         scales = self.head_scales(q_pos.device)  # (h,)
-        half = self.head_dim // 2
         distance = distance_reader(q_pos, k_pos, dtype)
 
         def sandwich(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor):
             d = distance(b, q_idx, kv_idx).to(torch.float64)
-            total = torch.zeros_like(d)
-            for omega in omegas:
-                total = total + torch.cos(d * omega)
-            value = ((total - half) / scales[h]).to(dtype)
+            value = (self._centred_sum(d, omegas) / scales[h]).to(dtype)
             return score + value.to(score.dtype)
 
         return sandwich

@@ -48,7 +48,6 @@ from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
 from .layouts import Layout, stated_layout
-from .tables import checks_values
 
 __all__ = ["PoPE"]
 
@@ -161,7 +160,6 @@ class PoPE(RotaryEncoding):
             x.shape[1],
             batch=x.shape[0],
             device=x.device,
-            values=checks_values(positions),
         )
         return PopeTransform(self, self.tables(pos, compute_dtype(x.dtype)), check=True)
 
@@ -209,9 +207,7 @@ class PoPE(RotaryEncoding):
             return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
-        pos = resolve_positions(
-            positions, n, batch=b, device=q.device, values=checks_values(positions)
-        )
+        pos = resolve_positions(positions, n, batch=b, device=q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         return self._transform(q, k, self.tables(pos, work))
 

@@ -56,7 +56,6 @@ __all__ = [
     "FEW_POSITIONS",
     "RotaryTables",
     "bounded_positions",
-    "checks_values",
     "read_positions",
     "reads_values",
 ]
@@ -92,13 +91,6 @@ def _extent(positions: Tensor) -> Extent:
     return int(lo), int(hi), False
 
 
-def checks_values(positions: object) -> bool:
-    """Whether the values of ``positions`` (a tensor, or anything a check will refuse) are
-    checked on the host (:func:`reads_values`); the ``values`` of
-    :func:`~posenc.encodings.checks.resolve_positions`."""
-    return not isinstance(positions, Tensor) or reads_values(positions)
-
-
 def read_positions(
     positions: Tensor | None, n: int, batch: int, device: Any, eager: bool
 ) -> tuple[Tensor | None, Extent | None]:
@@ -111,7 +103,7 @@ def read_positions(
     if positions is None:
         return None, None
     if (  # a GPU's positions, unread: the tables are sized ahead
-        type(positions) is Tensor and not on_host(positions) and not reads_values(positions)
+        type(positions) is Tensor and not reads_values(positions)
     ):
         return resolve_positions(positions, n, batch=batch, device=device, values=False), None
     if (  # a decode step: a few 1-D positions, read in one transfer

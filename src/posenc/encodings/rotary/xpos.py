@@ -43,7 +43,6 @@ from .common import (
 )
 from .heads import RotaryHeads, check_rotary_heads, heads_group
 from .layouts import Layout, stated_layout
-from .tables import checks_values
 
 __all__ = ["XPos"]
 
@@ -168,9 +167,7 @@ class XPos(RotaryEncoding):
         :meth:`scaled_cos_sin`; ``(n, r/2)`` or ``(b, 1, n, r/2)`` in ``dtype``."""
         batch = positions.shape[0] if isinstance(positions, Tensor) and positions.dim() == 2 else 1
         device = self.inv_freq.device if device is None else device
-        pos = resolve_positions(
-            positions, seq_len, batch=batch, device=device, values=checks_values(positions)
-        )
+        pos = resolve_positions(positions, seq_len, batch=batch, device=device)
         return self.scaled_cos_sin(pos, dtype, key=check_bool("key", key))
 
     def position_state(self, positions: Tensor | None, x: Tensor) -> RotaryState:
@@ -180,7 +177,6 @@ class XPos(RotaryEncoding):
             x.shape[1],
             batch=x.shape[0],
             device=x.device,
-            values=checks_values(positions),
         )
         work = compute_dtype(x.dtype)
         query = self.scaled_cos_sin(pos, work, key=False)
@@ -267,7 +263,6 @@ class XPos(RotaryEncoding):
             x.shape[2],
             batch=x.shape[0],
             device=x.device,
-            values=checks_values(positions),
         )
         tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
         if self.heads.trivial:
@@ -299,9 +294,7 @@ class XPos(RotaryEncoding):
         if not self.heads.trivial:
             self.heads.pair(q, k)  # (refused before any work where the heads do not fit)
         b, _, n, _ = q.shape
-        pos = resolve_positions(
-            positions, n, batch=b, device=q.device, values=checks_values(positions)
-        )
+        pos = resolve_positions(positions, n, batch=b, device=q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
         q_tables = self.scaled_cos_sin(pos, work, key=False)
         k_tables = self.scaled_cos_sin(pos, work, key=True)

@@ -317,23 +317,10 @@ def turn_prepared_pair(
     them eagerly (:func:`native_eager`, plain tensors), by the tables ``(cos, sin)`` that
     :func:`~.native.prepare_tables` described (or views of them), broadcast against the
     leading dims of each (:func:`~.native.turn_pair_prepared`); ``False``, with nothing
-    written, wherever that does not hold. The checks of :func:`native_eager` are written out:
-    a decode step of :mod:`posenc.hf`'s patched attention calls this once per layer, where
-    each call costs about as much as the rotation."""
-    if (
-        torch.is_grad_enabled()
-        or type(q) is not Tensor
-        or type(k) is not Tensor
-        or torch.compiler.is_compiling()
-        or torch._C._get_tracing_state() is not None
-        or torch._C._are_functorch_transforms_active()
-        or native._native_pair is None
-    ):
+    written, wherever that does not hold. One call per layer of a decode step of
+    :mod:`posenc.hf`'s patched attention."""
+    if type(q) is not Tensor or type(k) is not Tensor or not native_eager():
         return False
-    if _ENVIRON is None or _KEY is None or _ENVIRON.get(_KEY) is not None:
-        forced = forced_kernel()  # (set, or unreadable: the whole answer)
-        if forced is not None and forced is not NATIVE:
-            return False
     return native.turn_pair_prepared(q, k, tables, interleaved)
 
 
