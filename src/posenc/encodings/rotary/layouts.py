@@ -91,7 +91,8 @@ def stated_layout(
     cannot be in ``layout``, where ``cu_seqlens`` or ``max_seqlen`` come without ``thd``,
     where ``thd`` comes without ``cu_seqlens`` or with positions, and where positions and
     ``seqlen_offsets`` are both given, and where positions do not fit the sequence axis of
-    the layout (``coordinates``: positions end in a coordinate axis, ``(..., n, a)``)."""
+    the layout (``coordinates``: positions end in a coordinate axis, ``(..., n, a)``; ``thd``
+    and ``seqlen_offsets`` are refused then, as they give 1-D positions)."""
     if (  # the default call, first: nothing to do
         layout == "bhsd"
         and cu_seqlens is None
@@ -114,6 +115,12 @@ def stated_layout(
     if layout != "thd" and (cu_seqlens is not None or max_seqlen is not None):
         what = "cu_seqlens" if cu_seqlens is not None else "max_seqlen"
         raise PosencValueError(f"{what} is for layout='thd'; got layout={layout!r}")
+    if coordinates and (offsets or layout == "thd"):
+        what = "layout='thd' (cu_seqlens) gives" if layout == "thd" else "seqlen_offsets give"
+        raise PosencValueError(
+            f"{what} 1-D positions; grid coordinates (n, a) cannot come from them: give bhsd "
+            "or bshd tensors with their coordinates"
+        )
     if positions is not None and (offsets or layout == "thd"):
         raise PosencValueError(
             "positions (or position_ids) cannot be given with "
