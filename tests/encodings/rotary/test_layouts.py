@@ -90,6 +90,11 @@ def test_positions_that_do_not_fit_the_layout_name_both() -> None:
         rope(q, q.clone(), torch.arange(2), layout="bshd")
     with pytest.raises(PosencValueError, match="layout must be one of"):
         rope(q, q.clone(), layout="bsdh")  # type: ignore[arg-type]
+    # q and k that differ in length are named as given, not as the (b, h, n, d) views
+    with pytest.raises(PosencValueError, match=r"q \(1, 6, 2, 8\) and k \(1, 5, 2, 8\)"):
+        rope(q, q[:, :5].clone(), layout="bshd")
+    with pytest.raises(PosencValueError, match=r"q \(6, 2, 8\) and k \(5, 2, 8\)"):
+        rope(q[0], q[0, :5].clone(), layout="thd", cu_seqlens=torch.tensor([0, 6]))
 
 
 SCHEMES = {

@@ -112,6 +112,11 @@ def stated_layout(
             )
         if t is not None and not isinstance(t, Tensor):
             raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(k, Tensor) and _sequence(q, layout) != _sequence(k, layout):
+        raise PosencValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} in layout={layout!r} {SHAPES[layout]} "
+            "must share batch and seq (rotate cached keys separately with .rotate(k, ...))"
+        )
     if layout != "thd" and (cu_seqlens is not None or max_seqlen is not None):
         what = "cu_seqlens" if cu_seqlens is not None else "max_seqlen"
         raise PosencValueError(f"{what} is for layout='thd'; got layout={layout!r}")
@@ -146,6 +151,11 @@ def stated_layout(
                 f"has {n} tokens"
             )
     return StatedLayout(layout, q, k, view_q, view_k, positions)
+
+
+def _sequence(x: Tensor, layout: str) -> tuple[int, ...]:
+    """``x``'s batch and sequence sizes in ``layout`` (tokens for ``thd``)."""
+    return (x.shape[0],) if layout == "thd" else (x.shape[0], x.shape[1 if layout == "bshd" else 2])
 
 
 def is_zero(offsets: int | Tensor) -> bool:
