@@ -265,9 +265,9 @@ def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
         raise PosencValueError(
             f"cos/sin of shape {tuple(cos.shape)} are full-width (batch, seq, D) tables, "
             f"transformers' form, for x of shape {tuple(x.shape)}: broadcast as they are "
-            "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) (one "
-            "row per batch row, as apply_rotary_pos_emb reads them), or unsqueeze(0) for "
-            "tables per head"
+            "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) for x "
+            "(B, H, S, D), as apply_rotary_pos_emb reads them (unsqueeze(2) for x "
+            "(B, S, H, D)), or unsqueeze(0) for tables per head"
         )
 
 
