@@ -83,12 +83,17 @@ BAD_MASKS = [
         r"attention_mask must be \(batch, seq\) = \(2, 6\), got shape \(2, 4\)",
     ),
     (ATTEND.tolist(), PosencTypeError, r"attention_mask must be a .* tensor.*got list"),
+    (  # a row of zeros: nothing to attend to, said in attention_mask's convention
+        ATTEND * torch.tensor([[1], [0]]),
+        PosencValueError,
+        r"row\(s\) \[1\] .*(an attention_mask with no 1 in the row)",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name", MODULES)
 @pytest.mark.parametrize(
-    ("mask", "error", "message"), BAD_MASKS, ids=["float", "4d", "two", "shape", "list"]
+    ("mask", "error", "message"), BAD_MASKS, ids=["float", "4d", "two", "shape", "list", "empty"]
 )
 def test_bad_attention_masks_are_refused_by_name(
     name: str, mask: object, error: type, message: str

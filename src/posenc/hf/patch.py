@@ -132,12 +132,19 @@ def patch(model: nn.Module) -> list[str]:
         for t in tables.values():
             t.probe(family, namespace[called], rotations[key], called == INTERLEAVE)
     forwards = {}
+    # one rebuilt forward (one globals dict) per attention class and rotation: every layer
+    # runs the same function, so torch.compile's code cache, kept per code object, finds
+    # the compiled graph in the globals of whichever layer it compiled first
+    rebuilt: dict[tuple[Any, frozenset[str]], Any] = {}
     for name, module in attentions:
-        function = _innermost(type(module).forward)
-        used = _check_calls(family, module, _rotation_names(module))
-        namespace = function.__globals__
-        replaced = {called: rotations[id(namespace), called] for called in used}
-        forwards[name] = _rebound(type(module).forward, function, replaced)
+        wrapper = type(module).forward
+        used = frozenset(_check_calls(family, module, _rotation_names(module)))
+        if (wrapper, used) not in rebuilt:
+            function = _innermost(wrapper)
+            namespace = function.__globals__
+            replaced = {called: rotations[id(namespace), called] for called in used}
+            rebuilt[wrapper, used] = _rebound(wrapper, function, replaced)
+        forwards[name] = rebuilt[wrapper, used]
     changed = []
     for name, module in rotaries:
         _replace(module, types.MethodType(tables[name].forward, module))
@@ -240,7 +247,11 @@ def _rebound(
     new one)."""
     if wrapper is function:
         namespace = dict(function.__globals__, **rotations)
-        return _copy_function(function, namespace, function.__closure__)
+        # a code object of its own: torch.compile keeps its compiled code per code object and
+        # puts what that code calls in the globals of the frame it compiled, so code shared
+        # with the unpatched function would look in the other globals
+        code = function.__code__.replace()
+        return _copy_function(function, namespace, function.__closure__, code)
     inner = wrapper.__wrapped__
     new_inner = _rebound(inner, function, rotations)
     cells = wrapper.__closure__ or ()
@@ -258,10 +269,13 @@ def _rebound(
 
 
 def _copy_function(
-    function: types.FunctionType, namespace: dict[str, Any], closure: Any
+    function: types.FunctionType,
+    namespace: dict[str, Any],
+    closure: Any,
+    code: types.CodeType | None = None,
 ) -> types.FunctionType:
     new = types.FunctionType(
-        function.__code__, namespace, function.__name__, function.__defaults__, closure
+        code or function.__code__, namespace, function.__name__, function.__defaults__, closure
     )
     new.__kwdefaults__ = function.__kwdefaults__
     new.__dict__.update(function.__dict__)

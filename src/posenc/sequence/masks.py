@@ -295,7 +295,8 @@ def check_key_padding_mask(
         if bool(empty.any()):
             rows = empty.nonzero().flatten().tolist()
             raise PosencValueError(
-                f"key_padding_mask marks every token of row(s) {rows[:8]} as padding, leaving "
-                f"nothing to attend to; {_FROM_TRANSFORMERS}"
+                f"key_padding_mask marks every token of row(s) {rows[:8]} as padding (an "
+                "attention_mask with no 1 in the row), leaving nothing to attend to; "
+                f"{_FROM_TRANSFORMERS}"
             )
     return mask

@@ -21,6 +21,7 @@ from torch import Tensor
 import posenc
 from posenc import AxialRotaryEmbedding
 from posenc.encodings.registry import build_for_model
+from posenc.encodings.rotary.kernels import native
 from posenc.errors import PosencTypeError, PosencValueError
 from tests.encodings.rotary.test_rope import inv_freq64, rope_reference
 
@@ -272,7 +273,13 @@ def test_equal_axes_dim_is_the_default_split() -> None:
 # ------------------------------------------------------------------ surfaces and refusals
 
 
-@pytest.mark.parametrize("kernel", ["native", "torch"])
+#: The C kernel forced, where it is built (without a C compiler RoPE runs the torch path).
+NATIVE = pytest.param(
+    "native", marks=pytest.mark.skipif(native._native is None, reason="the C kernel is not built")
+)
+
+
+@pytest.mark.parametrize("kernel", [NATIVE, "torch"])
 def test_options_run_on_every_cpu_kernel(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The options only change the fp32 tables; each forced kernel rotates by them."""
     monkeypatch.setenv("POSENC_ROTARY_KERNEL", kernel)

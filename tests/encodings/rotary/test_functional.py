@@ -206,3 +206,63 @@ def test_bad_arguments_are_named() -> None:
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
             call()
+
+
+def test_transformers_batch_first_tables_are_not_read_as_heads() -> None:
+    """transformers' rotary module gives full-width ``(b, n, D)`` tables, which its
+    ``apply_rotary_pos_emb`` unsqueezes at the heads axis; broadcast as they are against
+    ``(B, H, S, D)`` they would be read per head. With ``b == H`` and ``b > 1`` they are
+    refused by name (both entry points), never rotated per head; ``unsqueeze(1)`` is the
+    transformers reading, ``(1, n, D)`` is one reading either way."""
+    torch.manual_seed(6)
+    x = torch.randn(4, 4, 5, 8)  # B == H
+    cos, sin = tables(5 * 4, 4)
+    cos, sin = cos.view(4, 5, 4), sin.view(4, 5, 4)  # (b, n, D/2): per batch row
+    full = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # transformers' (b, n, D)
+    for call in (posenc.rotary_embedding, posenc.apply_rotary):
+        with pytest.raises(PosencValueError, match=r"\(4, 5, 8\).*unsqueeze\(1\)"):
+            call(x, *full)
+        got = call(x, full[0].unsqueeze(1), full[1].unsqueeze(1))
+        close(got, pr_formula(x, cos[:, None], sin[:, None], False))
+        one = call(x[:1], full[0][:1], full[1][:1])  # (1, n, D): one reading either way
+        close(one, pr_formula(x[:1], cos[:1, None], sin[:1, None], False))
+
+
+def test_position_ids_and_seqlen_offsets_are_one_or_the_other() -> None:
+    """Offsets are never dropped without a word where position ids are given."""
+    x = torch.randn(1, 3, 2, 8)
+    cos, sin = tables(10, 4)
+    ids = torch.tensor([[0, 1, 2]])
+    for layout, offsets in (("bhsd", 2), ("bshd", 2), ("bshd", torch.tensor([4]))):
+        xl = x if layout == "bshd" else x.transpose(1, 2)
+        with pytest.raises(PosencValueError, match="position_ids and seqlen_offsets"):
+            posenc.rotary_embedding(xl, cos, sin, ids, layout=layout, seqlen_offsets=offsets)
+        with pytest.raises(PosencValueError, match="position_ids and seqlen_offsets"):
+            posenc.rotary_embedding_qk(xl, xl, cos, sin, ids, layout=layout, seqlen_offsets=offsets)
+
+
+def test_full_width_tables_are_checked_on_the_rows_read() -> None:
+    """A full-width table is checked on the rows the ids pick, not on the whole table (a
+    decode step's cost does not grow with the table): rows never read may hold anything."""
+    x = torch.randn(1, 2, 1, 8)
+    cos, sin = tables(6, 4)
+    full = [torch.cat((t, t), -1) for t in (cos, sin)]  # (6, 8)
+    for t in full:
+        t[0, 0] += 1.0  # row 0's halves differ
+    ids = torch.tensor([[3]])
+    got = posenc.rotary_embedding(x, *full, ids)
+    close(got, pr_formula(x, cos[ids][:, None], sin[ids][:, None], False))
+    with pytest.raises(PosencValueError, match="its two copies differ"):
+        posenc.rotary_embedding(x, *full, torch.tensor([[0]]))
+
+
+def test_overlapping_q_and_k_and_non_bool_flags_are_refused() -> None:
+    x = torch.randn(1, 2, 3, 8)
+    cos, sin = tables(3, 4)
+    with pytest.raises(PosencValueError, match="q and k share memory"):
+        posenc.rotary_embedding_qk(x, x, cos, sin, inplace=True)
+    assert not torch.equal(posenc.rotary_embedding_qk(x, x, cos, sin)[0], x)  # out of place: fine
+    with pytest.raises(PosencTypeError, match=r"inplace must be a bool, got str \('no'\)"):
+        posenc.rotary_embedding_qk(x, x.clone(), cos, sin, inplace="no")
+    with pytest.raises(PosencTypeError, match=r"interleaved must be a bool, got str \('no'\)"):
+        posenc.rotary_embedding(x, cos, sin, interleaved="no")

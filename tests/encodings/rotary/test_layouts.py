@@ -90,6 +90,11 @@ def test_positions_that_do_not_fit_the_layout_name_both() -> None:
         rope(q, q.clone(), torch.arange(2), layout="bshd")
     with pytest.raises(PosencValueError, match="layout must be one of"):
         rope(q, q.clone(), layout="bsdh")  # type: ignore[arg-type]
+    # q and k that differ in length are named as given, not as the (b, h, n, d) views
+    with pytest.raises(PosencValueError, match=r"q \(1, 6, 2, 8\) and k \(1, 5, 2, 8\)"):
+        rope(q, q[:, :5].clone(), layout="bshd")
+    with pytest.raises(PosencValueError, match=r"q \(6, 2, 8\) and k \(5, 2, 8\)"):
+        rope(q[0], q[0, :5].clone(), layout="thd", cu_seqlens=torch.tensor([0, 6]))
 
 
 SCHEMES = {
@@ -97,7 +102,12 @@ SCHEMES = {
     "pope": lambda: posenc.build("pope", head_dim=D, num_heads=2),
     "mrope": lambda: posenc.MultimodalRotaryEmbedding(D, mrope_section=[2, 1, 1]),
     "rope2d": lambda: posenc.build("rope2d", head_dim=D),
+    "fope": lambda: posenc.build("fope", head_dim=D, max_position_embeddings=16),
+    "rope-mixed": lambda: posenc.build("rope-mixed", head_dim=D, num_heads=2),
+    "rope-dinov3": lambda: posenc.build("rope-dinov3", head_dim=D),
 }
+#: The schemes whose positions are grid coordinates ``(n, a)``.
+GRIDS = ("rope2d", "rope-mixed", "rope-dinov3")
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
@@ -105,7 +115,8 @@ def test_every_scheme_rotates_along_the_stated_layout(name: str) -> None:
     torch.manual_seed(3)
     pe = SCHEMES[name]()
     q, k = torch.randn(1, 6, 2, D), torch.randn(1, 6, 2, D)  # fits bhsd (n=2) and bshd (n=6)
-    positions = {"rope2d": torch.stack((torch.arange(6) // 3, torch.arange(6) % 3), -1)}.get(name)
+    grid = torch.stack((torch.arange(6) // 3, torch.arange(6) % 3), -1)  # (6, 2)
+    positions = grid if name in GRIDS else None
     got_q, got_k = pe(q, k, positions, layout="bshd")
     want_q, want_k = pe(q.transpose(1, 2), k.transpose(1, 2), positions)
     torch.testing.assert_close(got_q, want_q.transpose(1, 2), atol=0, rtol=0)
@@ -114,9 +125,21 @@ def test_every_scheme_rotates_along_the_stated_layout(name: str) -> None:
         got = pe.rotate(q, positions, layout="bshd")
         want = pe.rotate(q.transpose(1, 2), positions)
         torch.testing.assert_close(got, want.transpose(1, 2), atol=0, rtol=0)
-    if name == "rope2d":
-        with pytest.raises(PosencValueError, match="axial coordinates"):
+    if name in GRIDS:
+        with pytest.raises(PosencValueError, match="coordinates"):
             pe(q[0], k[0], layout="thd", cu_seqlens=torch.tensor([0, 6]))
+        with pytest.raises(PosencValueError, match="coordinates"):
+            pe(q, k, layout="bshd", seqlen_offsets=2)
+        with pytest.raises(PosencValueError, match=r"layout='bshd' \(b, n, h, d\)"):
+            pe(q, k, grid[:2], layout="bshd")  # the bhsd reading's coordinates
+    elif name == "fope":  # packed: each sequence as if alone
+        cu = torch.tensor([0, 2, 6])
+        got_q, got_k = pe(q[0], k[0], layout="thd", cu_seqlens=cu)
+        for a, b in ((0, 2), (2, 6)):
+            want_q, want_k = pe(q[:, a:b].transpose(1, 2), k[:, a:b].transpose(1, 2))
+            torch.testing.assert_close(got_q[a:b], want_q[0].transpose(0, 1), atol=0, rtol=0)
+            torch.testing.assert_close(got_k[a:b], want_k[0].transpose(0, 1), atol=0, rtol=0)
+        assert not torch.allclose(got_q, pe(q, k)[0], equal_nan=True)  # the other reading
     elif name == "pope":  # the other reading: 6 heads, which PoPE's phases refuse
         with pytest.raises(PosencValueError, match="6 heads"):
             pe(q, k)
@@ -130,7 +153,7 @@ def test_position_ids_is_positions_other_name(name: str) -> None:
     pe = posenc.RotaryEmbedding(D) if name == "rope" else SCHEMES[name]()
     q, k = torch.randn(1, 2, 3, D), torch.randn(1, 2, 3, D)
     ids = torch.tensor([[4, 5, 7]])
-    if name == "rope2d":
+    if name in GRIDS:
         ids = torch.tensor([[[0, 1], [1, 1], [2, 0]]])
     by_ids = pe(q, k, position_ids=ids)
     by_positions = pe(q, k, ids)
@@ -140,7 +163,7 @@ def test_position_ids_is_positions_other_name(name: str) -> None:
         pe(q, k, ids, position_ids=ids)
 
 
-@pytest.mark.parametrize("name", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("name", ["sinusoidal", "learned", "abacus"])
 def test_additive_encodings_take_position_ids(name: str) -> None:
     pe = posenc.build(name, dim=D, max_len=16)
     x, ids = torch.randn(1, 3, D), torch.tensor([[3, 1, 2]])

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 import posenc
 from posenc import PosencValueError, RotaryEmbedding, XPos
+from posenc.encodings.rotary.kernels import native
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -166,7 +167,13 @@ def _overlapping_rotations() -> list[tuple[str, torch.nn.Module, torch.Tensor | 
     ]
 
 
-@pytest.mark.parametrize("kernel", ["native", "torch"])
+#: The C kernel forced, where it is built (without a C compiler RoPE runs the torch path).
+NATIVE = pytest.param(
+    "native", marks=pytest.mark.skipif(native._native is None, reason="the C kernel is not built")
+)
+
+
+@pytest.mark.parametrize("kernel", [NATIVE, "torch"])
 @pytest.mark.parametrize("case", _overlapping_rotations(), ids=lambda c: c[0])
 def test_in_place_refuses_q_and_k_that_partly_overlap(
     case: tuple, kernel: str, monkeypatch: pytest.MonkeyPatch

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError, check_bytes
 from ..base import AdditiveEncoding
-from ..checks import check_input, check_positive_int
+from ..checks import check_input, check_positive_int, take_position_ids
 from ..registry import register
 
 __all__ = ["Abacus", "abacus_positions"]
@@ -110,11 +110,15 @@ class Abacus(AdditiveEncoding):
                 )
         return self.weight[positions.long()].to(dtype)
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, *, position_ids: Tensor | None = None
+    ) -> Tensor:
         """Shapes: x ``(b, n, d)``, positions (digit indices) ``(n,)`` or ``(b, n)`` ->
         ``(b, n, d)``. In training every digit's index (``positions > 0``) of a row is moved
         by that row's offset ``k``. Without ``positions`` the rows ``0 .. n-1`` are added, as
-        for any table (what a digit-blind caller such as ``Encoder(pe="abacus")`` gets)."""
+        for any table (what a digit-blind caller such as ``Encoder(pe="abacus")`` gets).
+        ``position_ids`` is ``positions``'s other name."""
+        positions = take_position_ids(positions, position_ids)
         check_input(x, self.dim)
         if positions is not None and self.training and self.max_offset > 0:
             b = x.shape[0]

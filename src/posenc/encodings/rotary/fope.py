@@ -31,10 +31,17 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import RotaryEncoding
-from ..checks import PositionBound, check_positive_int, compute_dtype, resolve_positions
+from ..checks import (
+    PositionBound,
+    check_positive_int,
+    compute_dtype,
+    resolve_positions,
+    take_position_ids,
+)
 from ..registry import register
 from ..state import RotaryState
 from .common import check_base, check_qk
+from .layouts import Layout, stated_layout
 
 __all__ = ["FoPE"]
 
@@ -207,11 +214,26 @@ class FoPE(RotaryEncoding):
         return RotaryState(transform)
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, h, n, d)``, k ``(b, hk, n, d)``, positions ``(n,)`` or ``(b, n)``;
         returns both transformed, as new tensors (``inplace`` is accepted for the rotary
-        protocol and ignored)."""
+        protocol and ignored); ``position_ids`` is ``positions``'s other name; ``layout``
+        and the packing arguments as for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen)
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         pos = resolve_positions(positions, n, batch=b, device=q.device)

@@ -20,8 +20,12 @@ guessed.
 Beyond the PR: a table narrower than ``D/2`` rotates the leading ``2 · width`` channels and
 copies the rest (partial rotation); a full-width table in transformers' form (``D`` wide:
 ``cat(freqs, freqs)`` for the half layout, each angle twice for the interleaved one) is
-accepted where its two copies are equal (checked) and refused by name otherwise; ``out=x``
-rotates in place; :func:`rotary_embedding_qk` turns q and k with one gather of the tables.
+accepted where its two copies are equal (checked on the rows read) and refused by name
+otherwise; transformers' own ``(b, n, D)`` tables with ``b > 1`` are refused against
+``(B, H, S, D)`` (broadcast as they are they would be read per head: pass
+``cos.unsqueeze(1)``, as its ``apply_rotary_pos_emb`` does); ``out=x`` rotates in place;
+:func:`rotary_embedding_qk` turns q and k with one gather of the tables (in place, q and k
+must not overlap). ``position_ids`` and ``seqlen_offsets`` are one or the other.
 The rotation itself is :func:`~posenc.encodings.rotary.kernels.rotate.apply_rotary` (the
 C kernel on the CPU, Triton on CUDA), which takes every layout as the strided view it is.
 
@@ -35,7 +39,9 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
-from .kernels.rotate import apply_rotary, apply_rotary_, half_width
+from ..checks import check_bool
+from .kernels.kernel import overlap
+from .kernels.rotate import apply_rotary, apply_rotary_, check_not_batch_first, half_width
 from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
 
 __all__ = ["rotary_embedding", "rotary_embedding_qk"]
@@ -113,6 +119,13 @@ def rotary_embedding_qk(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} (layout={layout!r}) must agree in "
             "every dim but their heads"
         )
+    if check_bool("inplace", inplace) and overlap(q, k) is not False:
+        raise PosencValueError(
+            f"q and k share memory (q of shape {tuple(q.shape)}, strides {tuple(q.stride())}; "
+            f"k of shape {tuple(k.shape)}, strides {tuple(k.stride())}): rotating both in "
+            "place would turn the shared elements twice; pass tensors that do not overlap or "
+            "rotate out of place"
+        )
     cos, sin = _gathered(
         q, cos, sin, position_ids, interleaved, layout, cu_seqlens, seqlen_offsets, max_seqlen
     )
@@ -165,7 +178,9 @@ def _gathered(
         raise PosencValueError(f"cu_seqlens is for layout='thd'; got layout={layout!r}")
     if max_seqlen is not None and layout != "thd":
         raise PosencValueError(f"max_seqlen is for layout='thd'; got layout={layout!r}")
-    cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+    interleaved = check_bool("interleaved", interleaved)
+    # full-width tables are cut to half width on the rows read (the check of their two
+    # copies then costs what the rotation does, not the whole table)
     if layout == "thd":
         if position_ids is not None:
             raise PosencValueError(
@@ -174,8 +189,14 @@ def _gathered(
             )
         rows = packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
         cos, sin = _gather(cos, sin, rows, "the packed positions")  # (T, w)
+        cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
         return cos[:, None], sin[:, None]  # (T, 1, w)
     batch, seq = (x.shape[0], x.shape[2]) if layout == "bhsd" else (x.shape[0], x.shape[1])
+    if position_ids is not None and not is_zero(seqlen_offsets):
+        raise PosencValueError(
+            f"position_ids and seqlen_offsets (got {seqlen_offsets!r:.40}) are two ways to "
+            "give the positions; give one of the two"
+        )
     if position_ids is None:
         if layout == "bhsd":
             if not is_zero(seqlen_offsets):
@@ -183,11 +204,15 @@ def _gathered(
                     "seqlen_offsets is for layout='bshd' or 'thd' (flash-attention's); with "
                     "'bhsd' pass position_ids or tables already at the positions"
                 )
-            return cos, sin  # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
+            if cos.dim() and cos.shape[-1] == x.shape[-1]:
+                check_not_batch_first(x, cos)
+            # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
+            return half_width(cos, sin, x.shape[-1], interleaved)
         rows, what = offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
     else:
         rows, what = _check_ids(position_ids, batch, seq), "position_ids"
     cos, sin = _gather(cos, sin, rows, what)  # (B, S, w)
+    cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
     heads = 1 if layout == "bhsd" else 2
     return cos.unsqueeze(heads), sin.unsqueeze(heads)  # (B, 1, S, w) | (B, S, 1, w)
 

@@ -18,10 +18,11 @@ from torch import Tensor, nn
 
 from ...errors import PosencTypeError, PosencValueError
 from ..base import RotaryEncoding
-from ..checks import check_bool, check_positive_int, compute_dtype
+from ..checks import check_bool, check_positive_int, compute_dtype, take_position_ids
 from ..state import RotaryState
 from .axial import AxialRotaryEmbedding
 from .common import apply_tables, apply_tables_qk, check_qk, check_rotary_dim, unsqueeze_heads
+from .layouts import Layout, stated_layout
 
 __all__ = ["GridRotaryEmbedding", "axial_frequencies"]
 
@@ -172,10 +173,26 @@ class GridRotaryEmbedding(RotaryEncoding):
         return RotaryState(lambda q, k, inplace: self._rotate_pair(q, k, tables, inplace))
 
     def rotate(
-        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, a)`` / ``(b, n, a)``; with
-        ``inplace=True`` (one block only) in its own storage."""
+        ``inplace=True`` (one block only) in its own storage; ``position_ids`` and
+        ``layout`` as for :meth:`forward`."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(
+            x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions, inplace=inplace))
         x, _ = check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         tables = self.cos_sin(coords, compute_dtype(x.dtype))
@@ -184,11 +201,29 @@ class GridRotaryEmbedding(RotaryEncoding):
         return self._from_half(apply_tables(self._to_half(x), tables, False, False))
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q ``(b, hq, n, d)``, k ``(b, hk, n, d)``, positions ``(n, a)`` or
         ``(b, n, a)``; ``inplace`` as for :meth:`RotaryEmbedding.forward` (a request, ignored
-        for several blocks)."""
+        for several blocks); ``position_ids`` is ``positions``'s other name; ``layout`` as
+        for :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`), ``thd`` and
+        ``seqlen_offsets`` refused (they give 1-D positions, not coordinates)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(
+            q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions, inplace=inplace))
         q, k = check_qk(q, k, self.head_dim)
         b, _, n, _ = q.shape
         coords = self.coordinates(positions, n, b, q.device)

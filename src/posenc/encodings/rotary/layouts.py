@@ -91,7 +91,8 @@ def stated_layout(
     cannot be in ``layout``, where ``cu_seqlens`` or ``max_seqlen`` come without ``thd``,
     where ``thd`` comes without ``cu_seqlens`` or with positions, and where positions and
     ``seqlen_offsets`` are both given, and where positions do not fit the sequence axis of
-    the layout (``coordinates``: positions end in a coordinate axis, ``(..., n, a)``)."""
+    the layout (``coordinates``: positions end in a coordinate axis, ``(..., n, a)``; ``thd``
+    and ``seqlen_offsets`` are refused then, as they give 1-D positions)."""
     if (  # the default call, first: nothing to do
         layout == "bhsd"
         and cu_seqlens is None
@@ -111,9 +112,20 @@ def stated_layout(
             )
         if t is not None and not isinstance(t, Tensor):
             raise PosencTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(k, Tensor) and _sequence(q, layout) != _sequence(k, layout):
+        raise PosencValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} in layout={layout!r} {SHAPES[layout]} "
+            "must share batch and seq (rotate cached keys separately with .rotate(k, ...))"
+        )
     if layout != "thd" and (cu_seqlens is not None or max_seqlen is not None):
         what = "cu_seqlens" if cu_seqlens is not None else "max_seqlen"
         raise PosencValueError(f"{what} is for layout='thd'; got layout={layout!r}")
+    if coordinates and (offsets or layout == "thd"):
+        what = "layout='thd' (cu_seqlens) gives" if layout == "thd" else "seqlen_offsets give"
+        raise PosencValueError(
+            f"{what} 1-D positions; grid coordinates (n, a) cannot come from them: give bhsd "
+            "or bshd tensors with their coordinates"
+        )
     if positions is not None and (offsets or layout == "thd"):
         raise PosencValueError(
             "positions (or position_ids) cannot be given with "
@@ -139,6 +151,11 @@ def stated_layout(
                 f"has {n} tokens"
             )
     return StatedLayout(layout, q, k, view_q, view_k, positions)
+
+
+def _sequence(x: Tensor, layout: str) -> tuple[int, ...]:
+    """``x``'s batch and sequence sizes in ``layout`` (tokens for ``thd``)."""
+    return (x.shape[0],) if layout == "thd" else (x.shape[0], x.shape[1 if layout == "bshd" else 2])
 
 
 def is_zero(offsets: int | Tensor) -> bool:

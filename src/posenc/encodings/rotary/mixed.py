@@ -19,11 +19,18 @@ from torch import Tensor, nn
 
 from ...errors import PosencValueError
 from ..base import RotaryEncoding
-from ..checks import check_bool, check_positive_float, check_positive_int, compute_dtype
+from ..checks import (
+    check_bool,
+    check_positive_float,
+    check_positive_int,
+    compute_dtype,
+    take_position_ids,
+)
 from ..registry import register
 from ..state import RotaryState
 from .axial import AxialRotaryEmbedding
 from .common import check_qk
+from .layouts import Layout, stated_layout
 
 __all__ = ["RotaryMixed", "mixed_frequencies"]
 
@@ -124,19 +131,54 @@ class RotaryMixed(RotaryEncoding):
         return RotaryState(lambda q, k, inplace: self._pair(q, k, tables))
 
     def rotate(
-        self, x: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Rotate one tensor ``(b, h, n, d)`` by coordinates ``(n, 2)`` / ``(b, n, 2)``;
-        ``inplace`` is accepted and ignored (a new tensor is returned)."""
+        ``inplace`` is accepted and ignored (a new tensor is returned); ``position_ids`` and
+        ``layout`` as for :meth:`forward`."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(
+            x, None, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.one(self.rotate(stated.q, stated.positions))
         x, _ = check_qk(x, x, self.head_dim)
         coords = self.coordinates(positions, x.shape[2], x.shape[0], x.device)
         return self._rotate(x, *self.cos_sin(coords, compute_dtype(x.dtype)), "x")
 
     def forward(
-        self, q: Tensor, k: Tensor, positions: Tensor | None = None, *, inplace: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        inplace: bool = False,
+        layout: Layout = "bhsd",
+        cu_seqlens: Tensor | None = None,
+        seqlen_offsets: int | Tensor = 0,
+        max_seqlen: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Shapes: q, k ``(b, h, n, d)`` with ``h = num_heads``; positions ``(n, 2)`` or
-        ``(b, n, 2)``. ``inplace`` is accepted and ignored (new tensors are returned)."""
+        ``(b, n, 2)``. ``inplace`` is accepted and ignored (new tensors are returned);
+        ``position_ids`` is ``positions``'s other name; ``layout`` as for
+        :meth:`RotaryEmbedding.forward` (:mod:`~.layouts`), ``thd`` and ``seqlen_offsets``
+        refused (they give 1-D positions, not coordinates)."""
+        positions = take_position_ids(positions, position_ids)
+        stated = stated_layout(
+            q, k, positions, layout, cu_seqlens, seqlen_offsets, max_seqlen, coordinates=True
+        )
+        if stated is not None:
+            return stated.pair(self(stated.q, stated.k, stated.positions))
         q, k = check_qk(q, k, self.head_dim)
         coords = self.coordinates(positions, q.shape[2], q.shape[0], q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))

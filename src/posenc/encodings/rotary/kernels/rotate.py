@@ -42,7 +42,13 @@ from .kernel import Kernel, Tables, pair_refused
 from .ops import _rotate_in_place_op, _rotate_op
 from .select import Mode, Plan, select, turn_or_fallback
 
-__all__ = ["apply_rotary", "apply_rotary_", "half_width", "rotate_reference"]
+__all__ = [
+    "apply_rotary",
+    "apply_rotary_",
+    "check_not_batch_first",
+    "half_width",
+    "rotate_reference",
+]
 
 # --------------------------------------------------------------------------- the formula
 
@@ -250,6 +256,21 @@ def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Ten
     return halves[0], halves[1]
 
 
+def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
+    """Refuse full-width tables ``(b, n, D)`` against ``x`` ``(B, H, S, D)`` with ``b > 1``:
+    that is the form transformers' rotary modules return (per batch row, its
+    ``apply_rotary_pos_emb`` unsqueezes them at the heads axis), and broadcast as they are
+    they would be read per head, along the wrong axis."""
+    if x.dim() == 4 and cos.dim() == 3 and cos.shape[0] > 1 and cos.shape[-1] == x.shape[-1]:
+        raise PosencValueError(
+            f"cos/sin of shape {tuple(cos.shape)} are full-width (batch, seq, D) tables, "
+            f"transformers' form, for x of shape {tuple(x.shape)}: broadcast as they are "
+            "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) for x "
+            "(B, H, S, D), as apply_rotary_pos_emb reads them (unsqueeze(2) for x "
+            "(B, S, H, D)), or unsqueeze(0) for tables per head"
+        )
+
+
 def _checked_tables(
     x: object, cos: object, sin: object, interleaved: bool
 ) -> tuple[Tensor, Tensor]:
@@ -268,6 +289,7 @@ def _checked_tables(
     if shape != sin.shape:
         raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
     if shape and x.dim() and shape[-1] == x.shape[-1] > 1:  # transformers' full-width form
+        check_not_batch_first(x, cos)
         cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
         shape = cos.shape
     lead, table_lead = x.shape[:-1], shape[:-1]
