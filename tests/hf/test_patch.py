@@ -30,6 +30,7 @@ from posenc.errors import PosencError, PosencTypeError, PosencValueError  # noqa
 from posenc.hf.patch import MARK  # noqa: E402
 from tests.hf import census, tiny  # noqa: E402
 from tests.hf import test_rope_census as expected  # noqa: E402
+from tests.native import NEEDS_KERNEL  # noqa: E402
 
 #: ``max|patched - unpatched| / max|unpatched|`` over the logits, float32.
 TOLERANCE = 2e-5
@@ -121,7 +122,9 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
     torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "selected"])
+@pytest.mark.parametrize(
+    "prepared", [pytest.param(True, marks=NEEDS_KERNEL), False], ids=["prepared", "selected"]
+)
 def test_the_patched_attention_rotates_with_posencs_kernel(
     monkeypatch: pytest.MonkeyPatch, prepared: bool
 ) -> None:

@@ -22,13 +22,13 @@ from posenc.encodings.rotary.kernels import native  # noqa: E402
 from posenc.errors import PosencValueError  # noqa: E402
 from posenc.hf import rotations  # noqa: E402
 from posenc.hf.rows import gathered, read  # noqa: E402
+from tests.native import NEEDS_KERNEL  # noqa: E402
 
 patch_module = importlib.import_module("posenc.hf.patch")
 rows_module = importlib.import_module("posenc.hf.rows")
 
 MODELING = transformers.models.llama.modeling_llama
 HEADS, KV_HEADS, D = 4, 2, 16
-NEEDS_KERNEL = pytest.mark.skipif(native._native is None, reason="the C kernel is not built")
 
 
 def _patched() -> torch.nn.Module:
@@ -217,6 +217,7 @@ def test_under_autograd_the_rotation_is_out_of_place() -> None:
         _within_one_rounding(g.detach(), w)
 
 
+@NEEDS_KERNEL
 @pytest.mark.parametrize("ids", POSITIONS.values(), ids=POSITIONS.keys())
 def test_the_lean_module_call_is_the_first_calls(
     ids: list, monkeypatch: pytest.MonkeyPatch

@@ -21,9 +21,9 @@ from torch import Tensor
 import posenc
 from posenc import AxialRotaryEmbedding
 from posenc.encodings.registry import build_for_model
-from posenc.encodings.rotary.kernels import native
 from posenc.errors import PosencTypeError, PosencValueError
 from tests.encodings.rotary.test_rope import inv_freq64, rope_reference
+from tests.native import NATIVE
 
 F64 = torch.float64
 TOL = 2e-5
@@ -271,12 +271,6 @@ def test_equal_axes_dim_is_the_default_split() -> None:
 
 
 # ------------------------------------------------------------------ surfaces and refusals
-
-
-#: The C kernel forced, where it is built (without a C compiler RoPE runs the torch path).
-NATIVE = pytest.param(
-    "native", marks=pytest.mark.skipif(native._native is None, reason="the C kernel is not built")
-)
 
 
 @pytest.mark.parametrize("kernel", [NATIVE, "torch"])

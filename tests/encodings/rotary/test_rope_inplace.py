@@ -12,6 +12,7 @@ from torch.testing import assert_close
 import posenc
 from posenc import PosencValueError, RotaryEmbedding, XPos
 from posenc.encodings.rotary.kernels import native
+from tests.native import NATIVE
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -167,12 +168,6 @@ def _overlapping_rotations() -> list[tuple[str, torch.nn.Module, torch.Tensor | 
     ]
 
 
-#: The C kernel forced, where it is built (without a C compiler RoPE runs the torch path).
-NATIVE = pytest.param(
-    "native", marks=pytest.mark.skipif(native._native is None, reason="the C kernel is not built")
-)
-
-
 @pytest.mark.parametrize("kernel", [NATIVE, "torch"])
 @pytest.mark.parametrize("case", _overlapping_rotations(), ids=lambda c: c[0])
 def test_in_place_refuses_q_and_k_that_partly_overlap(
@@ -286,7 +281,7 @@ def test_compiled_out_of_place_is_one_operator_with_its_gradient(
     """Where the native kernel is built, a compiled out-of-place rotation is the
     ``posenc::rotary`` operator (the kernel, one pass over memory): values and gradients equal
     eager's, and the backward is the same operator turning the gradient back."""
-    from posenc.encodings.rotary.kernels import native, ops
+    from posenc.encodings.rotary.kernels import ops
 
     if native._native is None:
         pytest.skip("the native rotary kernel is not built here (no C compiler at install)")
@@ -331,7 +326,6 @@ def test_export_sees_the_rotation_as_one_operator() -> None:
     """torch.export keeps ``posenc::rotary`` (where the native kernel is built) through
     ``run_decompositions``, and the program equals the eager Encoder; an ONNX export gets the
     formula instead (tests/model/test_encoder.py runs it in onnxruntime)."""
-    from posenc.encodings.rotary.kernels import native
 
     torch.manual_seed(0)
     encoder = posenc.Encoder(16, 1, 2, pe="rope").eval()
