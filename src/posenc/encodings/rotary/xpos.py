@@ -26,6 +26,7 @@ from ..checks import (
     check_positive_float,
     check_positive_int,
     compute_dtype,
+    reads_values,
     resolve_positions,
     take_position_ids,
 )
@@ -55,10 +56,17 @@ class XPos(RotaryEncoding):
     ``γ = scale_base``.
 
     The exponent is taken relative to a centre, ``(p - center) / γ``, which cancels in every
-    score but keeps the scales finite: by default ``center = (max position + 1) // 2`` of the
-    call, as rotary-embedding-torch's ``use_xpos`` and x-transformers do (checked equal to
+    score and halves the exponents' reach: by default ``center = (max position + 1) // 2`` of
+    the call, as rotary-embedding-torch's ``use_xpos`` and x-transformers do (checked equal to
     rotary-embedding-torch in float32). With a KV cache, queries and keys rotated in different
     calls must share the centre: pass a fixed ``center``.
+
+    The scales still grow as ``(1/ζ_0)^(|p - center|/γ)`` with ``ζ_0 = 2/7``: past about
+    ``70.8 γ`` positions from the centre (``±36,000`` for ``γ = 512``: a call of about 72,000
+    positions) a scale is not finite in float32 or bfloat16, past about ``8.85 γ`` (``±4,500``)
+    not in float16. Where the positions are read (on the CPU, or under
+    ``POSENC_CHECK_POSITIONS=1``) such a call is refused by name before any work, as the
+    rotated queries or keys would be ``inf``; a larger ``scale_base`` reaches further.
 
     Args:
         head_dim: channels per head ``d``.
@@ -138,20 +146,44 @@ class XPos(RotaryEncoding):
         *,
         key: bool,
         center: float | Tensor | None = None,
+        out: torch.dtype | None = None,
     ) -> tuple[Tensor, Tensor]:
         """cos and sin times ``ζ^(±(p - center)/γ)`` (``-`` for keys): ``(n, r/2)`` or
         ``(b, 1, n, r/2)``. ``positions`` are already validated; ``center`` (default: the
-        module's) overrides the centre."""
+        module's) overrides the centre; ``out`` (default ``dtype``) is the dtype the rotated
+        tensor comes out in, where every scale must be finite (:meth:`check_finite`)."""
         pos = positions.to(torch.float64)
         center = self.center if center is None else center
         if center is None:
             # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
             center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
+        self.check_finite(positions, pos, center, dtype if out is None else out, key=key)
         angles = pos[..., None] * self.inv_freq.to(torch.float64)  # (..., n, r/2)
         power = (pos[..., None] - center) / self.scale_base  # (..., n, 1)
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
         return unsqueeze_heads(cos), unsqueeze_heads(sin)
+
+    def check_finite(
+        self, positions: Tensor, pos: Tensor, center: float | Tensor, out: torch.dtype, *, key: bool
+    ) -> None:
+        """Refuse, where ``positions``' values are read (:func:`~..checks.reads_values`), a
+        call whose largest scale ``(1/ζ_0)^(|p - center|/γ)`` is not finite in ``out``: the
+        query's scale grows before the centre, the key's past it (``pos``: the positions in
+        float64)."""
+        if not pos.numel() or not reads_values(positions) or not out.is_floating_point:
+            return
+        reach = (center - pos if not key else pos - center).max().item()  # exponent's top
+        limit = math.log(torch.finfo(out).max) / math.log(7 / 2) * self.scale_base
+        if reach > limit:
+            side = "keys" if key else "queries"
+            raise PosencValueError(
+                f"xPos's scale for the {side} reaches (7/2)^({reach:g}/scale_base) with "
+                f"center {float(center):g} and scale_base {self.scale_base:g}: past {out}'s "
+                f"largest finite value, so the rotated {side} would be inf; positions may lie "
+                f"at most {limit:.0f} from the centre for {out} (pass a larger scale_base, "
+                "or a shorter span of positions per call)"
+            )
 
     def cos_sin(
         self,
@@ -179,8 +211,8 @@ class XPos(RotaryEncoding):
             device=x.device,
         )
         work = compute_dtype(x.dtype)
-        query = self.scaled_cos_sin(pos, work, key=False)
-        keys = self.scaled_cos_sin(pos, work, key=True)
+        query = self.scaled_cos_sin(pos, work, key=False, out=x.dtype)
+        keys = self.scaled_cos_sin(pos, work, key=True, out=x.dtype)
         return TableRotation(self.interleaved, query, keys, self._some_heads)
 
     def context_state(
@@ -202,8 +234,8 @@ class XPos(RotaryEncoding):
             memo["center"] = torch.floor((top + 1) / 2)
         work = compute_dtype(x.dtype)
         center = memo["center"] if self.center is None else self.center
-        query = self.scaled_cos_sin(pos, work, key=False, center=center)
-        keys = self.scaled_cos_sin(pos, work, key=True, center=center)
+        query = self.scaled_cos_sin(pos, work, key=False, center=center, out=x.dtype)
+        keys = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype)
         return TableRotation(self.interleaved, query, keys, self._some_heads)
 
     def read_state(
@@ -225,8 +257,10 @@ class XPos(RotaryEncoding):
             memo["center"] = torch.floor((top + 1) / 2)
         work = compute_dtype(x.dtype)
         center = memo["center"] if self.center is None else self.center
-        query = self.scaled_cos_sin(pos[..., keys - queries :], work, key=False, center=center)
-        rows = self.scaled_cos_sin(pos, work, key=True, center=center)
+        query = self.scaled_cos_sin(
+            pos[..., keys - queries :], work, key=False, center=center, out=x.dtype
+        )
+        rows = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype)
         return TableRotation(self.interleaved, query, rows, self._some_heads)
 
     def rotate(
@@ -264,7 +298,7 @@ class XPos(RotaryEncoding):
             batch=x.shape[0],
             device=x.device,
         )
-        tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key)
+        tables = self.scaled_cos_sin(pos, compute_dtype(x.dtype), key=key, out=x.dtype)
         if self.heads.trivial:
             return apply_tables(x, tables, self.interleaved, inplace)
         return self.heads.apply_one(x, tables, group, self.interleaved, inplace)
@@ -296,8 +330,8 @@ class XPos(RotaryEncoding):
         b, _, n, _ = q.shape
         pos = resolve_positions(positions, n, batch=b, device=q.device)
         work = torch.promote_types(compute_dtype(q.dtype), compute_dtype(k.dtype))
-        q_tables = self.scaled_cos_sin(pos, work, key=False)
-        k_tables = self.scaled_cos_sin(pos, work, key=True)
+        q_tables = self.scaled_cos_sin(pos, work, key=False, out=q.dtype)
+        k_tables = self.scaled_cos_sin(pos, work, key=True, out=k.dtype)
         if self.heads.trivial:
             return apply_tables_qk(q, k, q_tables, k_tables, self.interleaved, inplace)
         return self.heads.apply_pair(q, k, q_tables, k_tables, self.interleaved, inplace)
