@@ -135,3 +135,23 @@ def test_xpos_range_check_reads_nothing_on_a_gpus_path(monkeypatch: pytest.Monke
     with host_reads(monkeypatch, own=True) as reads:
         got = xpos.rotate(x, torch.tensor([100]), key=True)
     assert reads == [] and not got.isfinite().all()
+
+
+def test_xpos_range_is_checked_in_a_cached_decode() -> None:
+    """Through a KV cache (the centre fixed at the prompt's) the range is checked where the
+    host's bound on the positions does not show it safe: a key far past the centre, and a
+    query far before a centre an earlier call set, are refused; a step within reach is not."""
+    torch.manual_seed(0)
+    encoder = posenc.Encoder(16, 1, 2, pe="xpos", causal=True, pe_kwargs={"scale_base": 1.0})
+    x = torch.randn(1, 42, 16)
+    with torch.no_grad():
+        cache = posenc.KVCache()
+        encoder.eval()(x, cache=cache, positions=torch.arange(100, 142)[None])  # centre 71
+        assert encoder(x[:, :1], cache=cache, positions=torch.tensor([[141]])).isfinite().all()
+        with pytest.raises(posenc.PosencValueError, match="queries"):  # reach 71
+            encoder(x[:, :1], cache=cache, positions=torch.tensor([[0]]))
+        cache = posenc.KVCache()
+        encoder(x[:, :4], cache=cache)  # centre 2
+        assert encoder(x[:, :1], cache=cache, positions=torch.tensor([[72]])).isfinite().all()
+        with pytest.raises(posenc.PosencValueError, match="keys"):  # reach 71
+            encoder(x[:, :1], cache=cache, positions=torch.tensor([[73]]))

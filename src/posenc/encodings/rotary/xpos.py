@@ -147,17 +147,21 @@ class XPos(RotaryEncoding):
         key: bool,
         center: float | Tensor | None = None,
         out: torch.dtype | None = None,
+        reach: float | None = None,
     ) -> tuple[Tensor, Tensor]:
         """cos and sin times ``ζ^(±(p - center)/γ)`` (``-`` for keys): ``(n, r/2)`` or
         ``(b, 1, n, r/2)``. ``positions`` are already validated; ``center`` (default: the
         module's) overrides the centre; ``out`` (default ``dtype``) is the dtype the rotated
-        tensor comes out in, where every scale must be finite (:meth:`check_finite`)."""
+        tensor comes out in, where every scale must be finite (:meth:`check_finite`, spared
+        where ``reach``, a bound the host knows on every ``|p - center|``, shows them so)."""
         pos = positions.to(torch.float64)
         center = self.center if center is None else center
         if center is None:
             # a 0-d tensor, not a Python float: no .item() (meta tensors, export, compile)
             center = torch.floor((pos.max() + 1) / 2) if pos.numel() else 0.0
-        self.check_finite(positions, pos, center, dtype if out is None else out, key=key)
+        out = dtype if out is None else out
+        if reach is None or reach > self._reach(out):
+            self.check_finite(positions, pos, center, out, key=key)
         angles = pos[..., None] * self.inv_freq.to(torch.float64)  # (..., n, r/2)
         power = (pos[..., None] - center) / self.scale_base  # (..., n, 1)
         scale = self.zeta(pos.device) ** (-power if key else power)  # (..., n, r/2)
@@ -174,7 +178,7 @@ class XPos(RotaryEncoding):
         if not pos.numel() or not reads_values(positions) or not out.is_floating_point:
             return
         reach = (center - pos if not key else pos - center).max().item()  # exponent's top
-        limit = math.log(torch.finfo(out).max) / math.log(7 / 2) * self.scale_base
+        limit = self._reach(out)
         if reach > limit:
             side = "keys" if key else "queries"
             raise PosencValueError(
@@ -184,6 +188,11 @@ class XPos(RotaryEncoding):
                 f"at most {limit:.0f} from the centre for {out} (pass a larger scale_base, "
                 "or a shorter span of positions per call)"
             )
+
+    def _reach(self, out: torch.dtype) -> float:
+        """How far from the centre a position may lie for its scale, at most
+        ``(1/ζ_0)^(reach/γ)`` with ``ζ_0 = 2/7``, to be finite in ``out``."""
+        return math.log(torch.finfo(out).max) / math.log(7 / 2) * self.scale_base
 
     def cos_sin(
         self,
@@ -229,14 +238,29 @@ class XPos(RotaryEncoding):
         when they do), so decoding equals one forward with ``center`` set to it. The context
         validated ``positions``, and the centre stays on the device: nothing is read."""
         pos = positions
+        center, reach = self._cached_center(pos, memo, bound)
+        work = compute_dtype(x.dtype)
+        query = self.scaled_cos_sin(pos, work, key=False, center=center, out=x.dtype, reach=reach)
+        keys = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype, reach=reach)
+        return TableRotation(self.interleaved, query, keys, self._some_heads)
+
+    def _cached_center(
+        self, pos: Tensor, memo: dict[str, Any], bound: PositionBound | None
+    ) -> tuple[float | Tensor, float | None]:
+        """The centre of a cached call: the module's, or the first cached call's ``(top + 1)
+        // 2`` (kept in ``memo``, on the device); and a bound the host knows on every ``|p -
+        center|`` of the call, from ``bound`` (its positions lie in ``0 .. bound.largest``)
+        and from the first call's bound on the centre (``None`` where unknown)."""
         if self.center is None and "center" not in memo:
             top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
             memo["center"] = torch.floor((top + 1) / 2)
-        work = compute_dtype(x.dtype)
-        center = memo["center"] if self.center is None else self.center
-        query = self.scaled_cos_sin(pos, work, key=False, center=center, out=x.dtype)
-        keys = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype)
-        return TableRotation(self.interleaved, query, keys, self._some_heads)
+            memo["center_at_most"] = None if bound is None else (bound.largest + 1) // 2
+        if bound is None:
+            return memo.get("center", self.center), None
+        if self.center is not None:
+            return self.center, max(self.center, bound.largest - self.center)
+        at_most = memo["center_at_most"]  # (and at least 0)
+        return memo["center"], None if at_most is None else max(at_most, bound.largest)
 
     def read_state(
         self,
@@ -252,15 +276,12 @@ class XPos(RotaryEncoding):
         at the last ``queries`` of them, with the centre of :meth:`context_state` (the first
         cached call's); see :meth:`posenc.RotaryEncoding.read_state`."""
         pos = torch.arange(keys, device=x.device) if key_positions is None else key_positions
-        if self.center is None and "center" not in memo:
-            top = pos.to(torch.float64).max() if pos.numel() else pos.new_tensor(-1.0).double()
-            memo["center"] = torch.floor((top + 1) / 2)
+        center, reach = self._cached_center(pos, memo, bound)
         work = compute_dtype(x.dtype)
-        center = memo["center"] if self.center is None else self.center
         query = self.scaled_cos_sin(
-            pos[..., keys - queries :], work, key=False, center=center, out=x.dtype
+            pos[..., keys - queries :], work, key=False, center=center, out=x.dtype, reach=reach
         )
-        rows = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype)
+        rows = self.scaled_cos_sin(pos, work, key=True, center=center, out=x.dtype, reach=reach)
         return TableRotation(self.interleaved, query, rows, self._some_heads)
 
     def rotate(
