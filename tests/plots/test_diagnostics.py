@@ -79,3 +79,42 @@ def test_compare_lays_out_panels_and_refuses_other_kinds() -> None:
     plt.close(fig)
     with pytest.raises(PosencValueError, match="kind 'similarity' or 'distance', got 'heads'"):
         diagnostics.compare(pes, kind="heads")
+
+
+def _peg_term(pe: posenc.PositionEncodingGenerator, h: int, w: int) -> np.ndarray:
+    """What a PEG adds to hidden states of ones, written out: each channel's bias plus its
+    kernel's taps that land inside the grid (zero padding past it), ``(h, w, D)``."""
+    weight = pe.proj.weight.detach().double().numpy()[:, 0]  # (D, k, k)
+    bias = pe.proj.bias.detach().double().numpy()
+    k = weight.shape[-1]
+    term = np.empty((h, w, weight.shape[0]))
+    for r in range(h):
+        for c in range(w):
+            taps = [
+                weight[:, a, b]
+                for a in range(k)
+                for b in range(k)
+                if 0 <= r + a - k // 2 < h and 0 <= c + b - k // 2 < w
+            ]
+            term[r, c] = bias + np.sum(taps, axis=0)
+    return term
+
+
+def test_a_pegs_grid_is_its_term_on_constant_hidden_states() -> None:
+    """A PEG's picture (its term depends on the hidden states, not positions alone): over
+    hidden states of ones, each patch's term dotted with the centre's and the corner's over
+    sqrt(D); equal inside, different at the border; the position-only kinds are not
+    offered for it, and a side-by-side plot refuses it by name."""
+    pe = posenc.plots.build_for_plot("peg")
+    fig = diagnostics.grid(pe, "peg", shape=(5, 6))
+    term = _peg_term(pe, 5, 6).reshape(30, -1)
+    panels = [ax for ax in fig.axes if ax.images]  # (not the colour bars)
+    for ax, ref in zip(panels, (2 * 6 + 3, 0), strict=True):
+        want = (term @ term[ref] / pe.dim**0.5).reshape(5, 6)
+        np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), want, rtol=1e-12)
+    inside = want[1:-1, 1:-1]
+    assert np.ptp(inside) < 1e-9 * np.abs(inside).max() and not np.isclose(want[0, 0], want[2, 2])
+    plt.close(fig)
+    assert posenc.plots.kinds_for(pe) == ["grid"]
+    with pytest.raises(PosencValueError, match="peg: a conditional encoding"):
+        diagnostics.compare([("peg", pe), ("alibi", posenc.ALiBi(4))])

@@ -76,6 +76,9 @@ class Kind:
 
 
 ALL: tuple[str, ...] = FAMILIES  # kinds that work through every family's hook
+#: The families whose logit contribution comes from positions alone (a conditional
+#: encoding's term reads the hidden states: only the ``grid`` kind draws it).
+POSITIONAL: tuple[str, ...] = tuple(family for family in FAMILIES if family != "conditional")
 
 
 def _table(pe: PositionalEncoding, positions: int) -> torch.Tensor:
@@ -114,12 +117,15 @@ KINDS: dict[str, Kind] = {
             sequence_only=True,
         ),
         Kind(
-            "similarity", "the (i, j) logit contribution as a matrix", ALL, diagnostics.similarity
+            "similarity",
+            "the (i, j) logit contribution as a matrix",
+            POSITIONAL,
+            diagnostics.similarity,
         ),
         Kind(
             "distance",
             "the logit contribution against |i - j|, per head",
-            ALL,
+            POSITIONAL,
             diagnostics.distance,
         ),
         Kind("heads", "the bias matrix of each head", ("bias",), diagnostics.heads),

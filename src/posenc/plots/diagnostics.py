@@ -89,6 +89,8 @@ def _grid_rows(
     (the whole 2-D grid, or a 3-D volume's middle frame), ``(2, h, w)``; and the grid's and
     the picture's shape."""
     shape = list(shape)
+    if pe.family == "conditional":
+        return _generated_rows(pe, shape), shape, shape
     if pe.axes == 3 and len(shape) == 2:
         shape = [shape[0], *shape]  # a volume as deep as it is high
     shown = shape[-2:]
@@ -104,6 +106,21 @@ def _grid_rows(
     return m[:2, 2:].reshape(2, *shown), shape, shown
 
 
+def _generated_rows(pe: PositionalEncoding, shape: Sequence[int]) -> torch.Tensor:
+    """A conditional encoding's (PEG's) term over an ``(h, w)`` grid of hidden states that
+    are all ones, ``t = PEG(x) - x``: equal for every patch the kernel sees inside the grid,
+    different where it reads the zero padding past the border (the position information
+    CPVT describes). Each patch's ``t · t_ref / sqrt(D)`` with the centre's and the corner's
+    term, ``(2, h, w)``."""
+    h, w = shape
+    dim, cls = int(pe.dim), int(getattr(pe, "cls_tokens", 0))  # type: ignore[call-overload]
+    ones = torch.ones(1, cls + h * w, dim, dtype=torch.float64)
+    with torch.no_grad():
+        term = (pe.eval()(ones, grid=(h, w)) - ones)[0, cls:]  # (h * w, D)
+    refs = term[torch.tensor([(h // 2) * w + w // 2, 0])]  # the centre, the corner
+    return (refs @ term.T / dim**0.5).reshape(2, h, w)
+
+
 def grid(
     pe: PositionalEncoding, name: str, side: int = 16, *, shape: Sequence[int] | None = None
 ) -> Figure:
@@ -116,7 +133,10 @@ def grid(
         _draw_matrix(ax, ref, f"similarity to the {label} patch")
         ax.set_xlabel("column")
         ax.set_ylabel("row")
-    fig.suptitle(f"{name} on a {' x '.join(map(str, full))} grid")
+    title = f"{name} on a {' x '.join(map(str, full))} grid"
+    if pe.family == "conditional":
+        title += ": its term on hidden states of ones"
+    fig.suptitle(title)
     return fig
 
 
@@ -159,6 +179,13 @@ def compare(
     )
     for ax in axes.flat[count:]:
         ax.axis("off")
+    conditional = [name for name, pe in encodings if pe.family == "conditional"]
+    if conditional:
+        raise PosencValueError(
+            f"{', '.join(conditional)}: a conditional encoding's term depends on the hidden "
+            "states, not on positions alone, so it has no logit contribution of (i, j); "
+            "draw it with kind 'grid' (--grid HxW)"
+        )
     for ax, (name, pe) in zip(axes.flat, encodings, strict=False):
         m = contribution_matrix(pe, positions)
         if kind == "similarity":
