@@ -1,4 +1,4 @@
-"""The GPU scripts (``benchmarks/gpu_run.sh``, ``benchmarks/gpu_attention.sh``) dry-run on the
+"""The GPU scripts (``benchmarks/gpu_*.sh``) dry-run on the
 CPU: their shell is valid, every step runs and says how it ended (the tests skip, the CUDA
 benchmarks refuse in one line), and everything lands in ``$OUT``, a relative one included."""
 
@@ -30,6 +30,10 @@ SCRIPTS = {
         ("attention tests on CUDA: exit", "bench bias encoder --device cuda: exit"),
     ),
     "gpu_first.sh": ({"first_device.txt", "gpu_first.md"}, ("gpu_first: exit 0",)),
+    "gpu_patch.sh": (
+        {"patch_device.txt", "patch_cuda_tests.txt", "hf_bench.txt"},
+        ("patch tests on CUDA: exit", "bench hf --device cuda: exit"),
+    ),
 }
 #: What one GPU call allows a script (seconds), less a minute for the machine's start.
 GPU_CALL = 600 - 60

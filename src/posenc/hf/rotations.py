@@ -111,7 +111,8 @@ def rotation(
         return rotate_sin_cos
 
     def rotate_complex(xq: Tensor, xk: Tensor, freqs_cis: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = freqs_cis.real[:, None], freqs_cis.imag[:, None]  # (b, 1, n, r/2)
+        # (b, 1, n, r/2), each in its own storage: the kernels read tables of unit stride
+        cos, sin = freqs_cis.real.contiguous()[:, None], freqs_cis.imag.contiguous()[:, None]
         if layout == "bshd":
             xq, xk = xq.transpose(1, 2), xk.transpose(1, 2)
         xq, xk = _turn_both(xq, xk, cos, sin, pairs_interleaved)
