@@ -2,8 +2,8 @@
 model on CUDA, where the rotation is posenc's Triton kernel, in float32 (logits within 2e-5 of
 the unpatched model's, the same greedy tokens) and in bfloat16 (rotated q and k closer to the
 float64 rotation than transformers' own). ``benchmarks/gpu_patch.sh`` runs this file on a
-CUDA machine; elsewhere it skips. ``POSENC_PATCH_TEST_DEVICE=cpu`` runs it on the CPU (the C
-kernel then), to check the file itself.
+CUDA machine. Without one (or with ``POSENC_PATCH_TEST_DEVICE=cpu``) it runs on the CPU, where
+every rotation the selector plans must be the C kernel's.
 
 Dimension legend: ``b`` batch, ``h`` heads, ``n`` positions, ``d`` head size.
 """
@@ -29,12 +29,13 @@ from tests.hf.test_patch import (  # noqa: E402
     _rotation_errors,
 )
 
-DEVICE = os.environ.get("POSENC_PATCH_TEST_DEVICE", "cuda")
-pytestmark = pytest.mark.skipif(
-    DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"
-)
+DEVICE = os.environ.get("POSENC_PATCH_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
 #: The kernel the patched rotation must run on the device.
 KERNEL = "triton" if DEVICE == "cuda" else "native"
+if KERNEL == "native":
+    from tests.native import NEEDS_KERNEL
+
+    pytestmark = NEEDS_KERNEL
 #: Families of each rotation form the patch reads: half layout, partial rotation, local and
 #: global RoPE, GPT-J's pairs, complex products, multi-head latent attention, M-RoPE.
 FAMILIES = ("llama", "phi", "gemma2", "gptj", "llama4_text", "deepseek_v2", "qwen2_vl_text")
