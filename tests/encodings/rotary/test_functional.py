@@ -266,3 +266,21 @@ def test_overlapping_q_and_k_and_non_bool_flags_are_refused() -> None:
         posenc.rotary_embedding_qk(x, x.clone(), cos, sin, inplace="no")
     with pytest.raises(PosencTypeError, match=r"interleaved must be a bool, got str \('no'\)"):
         posenc.rotary_embedding(x, cos, sin, interleaved="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_narrow_integer_position_ids_are_positions_not_a_mask(dtype) -> None:
+    # torch reads a uint8 index as a boolean mask and refuses int8/int16 indices; ids of any
+    # integer dtype are rows of the tables
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8)
+    cos, sin = tables(11, 4)
+    ids = torch.randint(0, 11, (2, 5))
+    want = pr_formula(x, cos[ids][:, None], sin[ids][:, None], False)
+    close(posenc.rotary_embedding(x, cos, sin, ids.to(dtype)), want)
+    q, _ = posenc.rotary_embedding_qk(x, x[:, :1], cos, sin, ids.to(dtype))
+    close(q, want)
+    close(
+        posenc.rotary_embedding(x.transpose(1, 2), cos, sin, ids.to(dtype), layout="bshd"),
+        want.transpose(1, 2),
+    )

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
-from ..checks import check_bool
+from ..checks import check_bool, wide_integers
 from .kernels.kernel import overlap
 from .kernels.rotate import apply_rotary, apply_rotary_, check_not_batch_first, half_width
 from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
@@ -244,6 +244,7 @@ def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:
         raise PosencTypeError(
             f"position_ids must be an integer tensor (B, S), got {position_ids!r:.60}"
         )
+    position_ids = wide_integers(position_ids)  # (uint8: a row, never a mask)
     if position_ids.dim() == 1 and position_ids.shape[0] == seq:
         position_ids = position_ids.expand(batch, seq)
     if tuple(position_ids.shape) not in ((batch, seq), (1, seq)):
