@@ -15,7 +15,9 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` positions, ``d`` head size.
 
 from __future__ import annotations
 
+import copy
 import importlib
+import io
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ transformers = pytest.importorskip("transformers")
 
 import posenc.hf  # noqa: E402
 from posenc.errors import PosencError, PosencTypeError, PosencValueError  # noqa: E402
-from posenc.hf.patch import MARK  # noqa: E402
+from posenc.hf.patch import MARK, patched_modules  # noqa: E402
 from tests.hf import census, tiny  # noqa: E402
 from tests.hf import test_rope_census as expected  # noqa: E402
 from tests.native import NEEDS_KERNEL  # noqa: E402
@@ -120,6 +122,30 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
     assert posenc.hf.unpatch(model) == []
     assert not any("forward" in m.__dict__ for m in model.modules())
     torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
+
+
+def test_a_copy_stays_patched_and_a_pickled_model_loads_unpatched_to_patch_again() -> None:
+    # pickling keeps a bound method as getattr(module, "forward"), read back as the class's
+    # own forward: the loaded model rotates as transformers does, and patch must not take
+    # its leftover marks for a patch (it returned [] and changed nothing)
+    model = _llama()
+    want = _logits(model, IDS)
+    changed = posenc.hf.patch(model)
+    patched = _logits(model, IDS)
+    twin = copy.deepcopy(model)
+    assert posenc.hf.patch(twin) == []
+    assert sorted(patched_modules(twin)) == sorted(changed)
+    torch.testing.assert_close(_logits(twin, IDS), patched, rtol=0, atol=0)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert list(patched_modules(loaded)) == []
+    torch.testing.assert_close(_logits(loaded, IDS), want, rtol=0, atol=0)
+    assert sorted(posenc.hf.patch(loaded)) == sorted(changed)
+    torch.testing.assert_close(_logits(loaded, IDS), patched, rtol=0, atol=0)
+    assert sorted(posenc.hf.unpatch(loaded)) == sorted(changed)
+    assert not any("forward" in m.__dict__ for m in loaded.modules())
 
 
 @pytest.mark.parametrize(

@@ -81,8 +81,11 @@ def patch(model: nn.Module) -> list[str]:
     :class:`~posenc.errors.PosencTypeError` where ``model`` is no ``torch.nn.Module``.
     """
     _check_model(model)
-    if any(MARK in m.__dict__ for m in model.modules()):
+    if any(_is_patched(m) for m in model.modules()):
         return []
+    for module in model.modules():  # the marks of a patch that did not survive pickling
+        if MARK in module.__dict__:
+            _restore(module)
     family = _family(model)
     rotaries = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
     attentions = [(n, m) for n, m in model.named_modules() if _rotation_names(m)]
@@ -163,13 +166,29 @@ def unpatch(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if MARK not in module.__dict__:
             continue
-        original = module.__dict__.pop(MARK)
-        if original is None:
-            del module.forward
-        else:
-            module.forward = original
-        restored.append(name)
+        if _is_patched(module):
+            restored.append(name)
+        _restore(module)
     return restored
+
+
+def _is_patched(module: nn.Module) -> bool:
+    """Whether ``module`` runs a forward :func:`patch` put in: a copy (``copy.deepcopy``)
+    does; a pickled one does not, though it keeps the mark (pickle stores a bound method as
+    ``getattr(module, "forward")``, read back as the class's own)."""
+    forward = module.__dict__.get("forward")
+    if MARK not in module.__dict__ or forward is None:
+        return False
+    return getattr(forward, "__func__", None) is not getattr(type(module), "forward", None)
+
+
+def _restore(module: nn.Module) -> None:
+    """``module``'s ``forward`` before the patch, and no mark left."""
+    original = module.__dict__.pop(MARK)
+    if original is None:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = original
 
 
 # --------------------------------------------------------------------------- finding modules
@@ -473,4 +492,4 @@ def _read(family: str, config: Any, layer_type: str | None) -> RotaryEmbedding:
 
 def patched_modules(model: nn.Module) -> Iterator[str]:
     """The paths of ``model``'s modules :func:`patch` changed."""
-    return (n for n, m in model.named_modules() if MARK in m.__dict__)
+    return (n for n, m in model.named_modules() if _is_patched(m))
