@@ -148,6 +148,19 @@ def test_a_copy_stays_patched_and_a_pickled_model_loads_unpatched_to_patch_again
     assert not any("forward" in m.__dict__ for m in loaded.modules())
 
 
+def test_a_copy_of_a_patched_dynamic_ntk_model_follows_its_own_lengths() -> None:
+    # dynamic NTK's frequencies depend on the lengths a rotary module has seen; a copy made
+    # after the patch must not read the original's (it read 1.5e-3 off)
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    model = _llama(max_position_embeddings=32, rope_parameters=rope)
+    reference = copy.deepcopy(model)
+    posenc.hf.patch(model)
+    twin = copy.deepcopy(model)
+    long, middle = IDS.repeat(1, 2)[:, :60], IDS.repeat(1, 2)[:, 3:43]
+    _logits(model, long)  # the original goes past the context: its frequencies follow
+    assert _relative(_logits(twin, middle), _logits(reference, middle)) <= TOLERANCE
+
+
 @pytest.mark.parametrize(
     "prepared", [pytest.param(True, marks=NEEDS_KERNEL), False], ids=["prepared", "selected"]
 )

@@ -52,6 +52,10 @@ from .rows import gathered, lean, read
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
 MARK = "_posenc_unpatched_forward"
+#: The instance attribute of a patched rotary module holding its :class:`_Tables` (in the
+#: module's own ``__dict__``, so that ``copy.deepcopy`` copies them with the module: dynamic
+#: NTK's state is the module's own, not shared with the model it was copied from).
+TABLES = "_posenc_tables"
 #: The modeling file's function the patched attentions call.
 APPLY = "apply_rotary_pos_emb"
 #: Multi-head latent attention's (DeepSeek-V3 family): interleaved pairs, written de-interleaved.
@@ -73,7 +77,9 @@ _PROBE_LENGTH = 32
 def patch(model: nn.Module) -> list[str]:
     """Rotate with posenc inside ``model`` (a loaded transformers model instance): its rotary
     modules give posenc's float32 tables and its attentions rotate q and k with posenc's
-    kernels, one rounding to the model's dtype. Only this instance changes.
+    kernels, one rounding to the model's dtype. Only this instance changes; a copy of it
+    (``copy.deepcopy``) stays patched, with tables (and dynamic NTK's state) of its own; one
+    pickled (``torch.save`` of the model) loads unpatched, to patch again.
 
     Returns the paths (as ``named_modules`` names them) of the modules changed; ``[]`` when
     ``model`` is already patched. Raises :class:`~posenc.errors.PosencValueError` naming the
@@ -150,7 +156,8 @@ def patch(model: nn.Module) -> list[str]:
         forwards[name] = rebuilt[wrapper, used]
     changed = []
     for name, module in rotaries:
-        _replace(module, types.MethodType(tables[name].forward, module))
+        module.__dict__[TABLES] = tables[name]
+        _replace(module, types.MethodType(_rotary_forward, module))
         changed.append(name)
     for name, module in attentions:
         _replace(module, types.MethodType(forwards[name], module))
@@ -185,6 +192,7 @@ def _is_patched(module: nn.Module) -> bool:
 def _restore(module: nn.Module) -> None:
     """``module``'s ``forward`` before the patch, and no mark left."""
     original = module.__dict__.pop(MARK)
+    module.__dict__.pop(TABLES, None)
     if original is None:
         module.__dict__.pop("forward", None)
     else:
@@ -250,6 +258,16 @@ def _check_calls(family: str, module: nn.Module, names: set[str]) -> set[str]:
             )
         return {INTERLEAVE if config.rope_interleave else APPLY}
     return names
+
+
+def _rotary_forward(module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
+    """The patched rotary module's ``forward``: its own :class:`_Tables`'."""
+    return module.__dict__[TABLES].forward(module, x, position_ids, *args, **kw)
+
+
+# pickle stores a bound method as ``getattr(its object, its name)``: named ``forward``, a
+# pickled patched model loads (as the class's forward: see :func:`_is_patched`)
+_rotary_forward.__name__ = "forward"
 
 
 def _replace(module: nn.Module, forward: Any) -> None:
