@@ -368,6 +368,32 @@ def test_mrope_rows_that_differ_give_the_same_logits(config_class: str, section:
     assert _relative(got, want) <= TOLERANCE
 
 
+def test_a_vision_language_model_patches_its_text_and_leaves_its_vision_tower() -> None:
+    # the vision tower's rotary module (rope_type 'axial') and its attentions
+    # (apply_rotary_pos_emb_vision) refused the whole model, as loaded for inference
+    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64}
+    config = tiny.tiny_config(transformers.Qwen2_5_VLConfig, {"vision_config": vision})
+    config.text_config = tiny.tiny_config(transformers.Qwen2_5_VLTextConfig)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    modules = dict(model.named_modules())
+    tower = [
+        n for n, m in modules.items() if n.startswith("model.visual") and "forward" in m.__dict__
+    ]
+    want = _logits(model, IDS)
+    changed = posenc.hf.patch(model)
+    assert changed == [
+        "model.language_model.rotary_emb",
+        "model.language_model.layers.0.self_attn",
+        "model.language_model.layers.1.self_attn",
+    ]
+    assert [
+        n for n, m in modules.items() if n.startswith("model.visual") and "forward" in m.__dict__
+    ] == tower
+    assert _relative(_logits(model, IDS), want) <= TOLERANCE
+
+
 def test_a_model_without_rotary_embedding_is_refused_by_name() -> None:
     model = tiny.tiny_model(transformers.GPT2Config)
     with pytest.raises(PosencValueError, match=r"'gpt2'.*no transformers rotary module"):

@@ -79,7 +79,8 @@ def patch(model: nn.Module) -> list[str]:
     modules give posenc's float32 tables and its attentions rotate q and k with posenc's
     kernels, one rounding to the model's dtype. Only this instance changes; a copy of it
     (``copy.deepcopy``) stays patched, with tables (and dynamic NTK's state) of its own; one
-    pickled (``torch.save`` of the model) loads unpatched, to patch again.
+    pickled (``torch.save`` of the model) loads unpatched, to patch again. A vision tower's
+    rotary module and the attentions it serves (a vision-language model's) stay as they are.
 
     Returns the paths (as ``named_modules`` names them) of the modules changed; ``[]`` when
     ``model`` is already patched. Raises :class:`~posenc.errors.PosencValueError` naming the
@@ -93,12 +94,19 @@ def patch(model: nn.Module) -> list[str]:
         if MARK in module.__dict__:
             _restore(module)
     family = _family(model)
-    rotaries = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
-    attentions = [(n, m) for n, m in model.named_modules() if _rotation_names(m)]
+    every = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
+    towers = {n for n, m in every if _is_vision_tower(m)}
+    rotaries = [(n, m) for n, m in every if n not in towers]
+    attentions = [
+        (n, m)
+        for n, m in model.named_modules()
+        if _rotation_names(m) and not _in_tower(n, [r for r, _ in every], towers)
+    ]
     if not rotaries:
         raise PosencValueError(
             f"cannot patch {family} ({type(model).__name__}): it has no transformers rotary "
             "module (a class named *RotaryEmbedding)"
+            + (f" but a vision tower's ({', '.join(sorted(towers))})" if towers else "")
         )
     if not attentions:
         raise PosencValueError(
@@ -219,6 +227,30 @@ def _family(model: nn.Module) -> str:
 def _is_rotary(module: nn.Module) -> bool:
     cls = type(module)
     return cls.__name__.endswith("RotaryEmbedding") and cls.__module__.startswith("transformers.")
+
+
+def _is_vision_tower(module: nn.Module) -> bool:
+    """Whether a rotary module is a vision tower's (transformers' ``rope_type`` ``"axial"``, or
+    a class named ``*Vision*``): :func:`patch` leaves it, and the attentions it serves, as
+    they are."""
+    config = getattr(module, "config", None)
+    parameters = getattr(config, "rope_parameters", None)
+    kind = parameters.get("rope_type") if isinstance(parameters, dict) else None
+    return "axial" in (kind, getattr(module, "rope_type", None)) or (
+        "Vision" in type(module).__name__
+    )
+
+
+def _in_tower(path: str, rotaries: list[str], towers: set[str]) -> bool:
+    """Whether the module at ``path`` sits in a vision tower: the nearest module above it that
+    holds rotary modules (``rotaries``, their paths) holds only vision towers'."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        above = ".".join(parts[:cut])
+        inside = [r for r in rotaries if not above or r.startswith(above + ".")]
+        if inside:
+            return all(r in towers for r in inside)
+    return False
 
 
 def _innermost(function: Any) -> types.FunctionType:
