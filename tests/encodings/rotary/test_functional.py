@@ -284,3 +284,18 @@ def test_narrow_integer_position_ids_are_positions_not_a_mask(dtype) -> None:
         posenc.rotary_embedding(x.transpose(1, 2), cos, sin, ids.to(dtype), layout="bshd"),
         want.transpose(1, 2),
     )
+
+
+def test_bshd_tables_already_at_the_positions_are_pointed_to_apply_rotary() -> None:
+    # without ids, bshd reads flash-attention's (N, D/2) tables at seqlen_offsets + 0..S-1;
+    # tables already gathered per token were refused as "to be indexed by positions" that the
+    # caller never gave
+    x = torch.randn(2, 5, 3, 8)
+    cos, sin = tables(5, 4)
+    for shape in ((2, 5, 1, 4), (2, 5, 4), (2, 5, 1, 8)):
+        c = cos.expand(2, 5, 4).reshape((*shape[:-1], -1))[..., :4]
+        c = torch.cat((c, c), -1) if shape[-1] == 8 else c
+        with pytest.raises(PosencValueError, match=r"layout='bshd'.*seqlen_offsets.*apply_rotary"):
+            posenc.rotary_embedding(x, c, c, layout="bshd")
+    got = posenc.apply_rotary(x, cos[None, :, None], sin[None, :, None])
+    close(got, pr_formula(x, cos[None, :, None], sin[None, :, None], False))

@@ -208,6 +208,13 @@ def _gathered(
                 check_not_batch_first(x, cos)
             # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
             return half_width(cos, sin, x.shape[-1], interleaved)
+        if cos.dim() != 2:
+            raise PosencValueError(
+                f"with layout='bshd' and no position_ids, cos and sin are flash-attention's "
+                f"tables (N, D/2), read at rows seqlen_offsets + 0..S-1; got shape "
+                f"{tuple(cos.shape)}. Tables already at the tokens' positions, e.g. (B, S, 1, "
+                "D/2) or transformers' (B, S, D) with unsqueeze(2), go to posenc.apply_rotary"
+            )
         rows, what = offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
     else:
         rows, what = _check_ids(position_ids, batch, seq), "position_ids"
