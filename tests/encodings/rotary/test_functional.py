@@ -299,3 +299,44 @@ def test_bshd_tables_already_at_the_positions_are_pointed_to_apply_rotary() -> N
             posenc.rotary_embedding(x, c, c, layout="bshd")
     got = posenc.apply_rotary(x, cos[None, :, None], sin[None, :, None])
     close(got, pr_formula(x, cos[None, :, None], sin[None, :, None], False))
+
+
+def _hf_rotation(x, cos, sin, interleaved):
+    """transformers' rotation by full-width tables, the gradient reference."""
+    if interleaved:
+        pairs = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    else:
+        w = x.shape[-1] // 2
+        pairs = torch.cat((-x[..., w:], x[..., :w]), -1)
+    return x * cos + pairs * sin
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_full_width_tables_get_transformers_gradient(interleaved) -> None:
+    # each copy of an angle turns its own channel, as in transformers' formula: the gradient
+    # of the second copy was zero (the table was cut to its first half)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    grad = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    angles = torch.rand(11, 4, dtype=torch.float64) * 6
+    twice = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+    ids = torch.randint(0, 11, (2, 5))
+    calls = {
+        "apply_rotary": lambda c, s, v: posenc.apply_rotary(
+            v, c[ids][:, None], s[ids][:, None], interleaved=interleaved
+        ),
+        "rotary_embedding": lambda c, s, v: posenc.rotary_embedding(
+            v, c, s, ids, interleaved=interleaved
+        ),
+    }
+    cos, sin, xx = (t.clone().requires_grad_() for t in (twice.cos(), twice.sin(), x))
+    turned = _hf_rotation(xx, cos[ids][:, None], sin[ids][:, None], interleaved)
+    turned.mul(grad).sum().backward()
+    want = (cos.grad, sin.grad, xx.grad)
+    for name, call in calls.items():
+        cos, sin, xx = (t.clone().requires_grad_() for t in (twice.cos(), twice.sin(), x))
+        out = call(cos, sin, xx)
+        close(out, turned.detach())
+        out.mul(grad).sum().backward()
+        for got, expected in zip((cos.grad, sin.grad, xx.grad), want, strict=True):
+            assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=name)

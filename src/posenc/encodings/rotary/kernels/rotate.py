@@ -234,16 +234,30 @@ def pair_node(
 
 def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
     """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
-    its two copies of each angle agree; narrower tables are returned as they are."""
+    its two copies of each angle agree; narrower tables are returned as they are, and so are
+    full-width ones whose gradient autograd records (checked): :func:`apply_rotary` then
+    turns each channel by its own copy, as transformers' formula does."""
     width = cos.shape[-1] if cos.dim() else 0
     if width <= d // 2:
         return cos, sin
+    (cos_half, _), (sin_half, _) = _copies(cos, sin, d, interleaved)
+    if _records_tables(cos, sin):
+        return cos, sin
+    return cos_half.contiguous(), sin_half.contiguous()  # (a kernel reads contiguous channels)
+
+
+def _copies(
+    cos: Tensor, sin: Tensor, d: int, interleaved: bool
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The two copies of each angle of full-width ``cos`` and ``sin`` (``(first, second)``
+    each), after checking that they are ``d`` wide and that the copies agree."""
+    width = cos.shape[-1] if cos.dim() else 0
     if width != d:
         raise PosencValueError(
             f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
             f"nor a full-width one (D = {d}) for x with D = {d}"
         )
-    halves = []
+    pairs = []
     for name, t in (("cos", cos), ("sin", sin)):
         first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
         if not torch.equal(first, second):
@@ -252,8 +266,28 @@ def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Ten
                 f"{name} is full width ({d}) but not in transformers' form ({form}) for "
                 f"interleaved={interleaved}: its two copies differ; pass the half-width table"
             )
-        halves.append(first.contiguous())  # (a kernel reads contiguous channels)
-    return halves[0], halves[1]
+        pairs.append((first, second))
+    return pairs[0], pairs[1]
+
+
+def _records_tables(cos: Tensor, sin: Tensor) -> bool:
+    """Whether autograd records the gradient of the tables ``cos``, ``sin``."""
+    return torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
+
+
+def _turn_each_copy(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`apply_rotary` by full-width tables whose gradient autograd records: each output
+    channel turned by its own copy of the angle (two half-width rotations, their channels
+    stitched), so each copy gets the gradient transformers' formula gives it, not the first
+    copy both."""
+    check_not_batch_first(x, cos)
+    d = x.shape[-1]
+    (cos_a, cos_b), (sin_a, sin_b) = _copies(cos, sin, d, interleaved)
+    a = apply_rotary(x, cos_a, sin_a, interleaved=interleaved)
+    b = apply_rotary(x, cos_b, sin_b, interleaved=interleaved)
+    if interleaved:
+        return torch.stack((a[..., 0::2], b[..., 1::2]), -1).flatten(-2)
+    return torch.cat((a[..., : d // 2], b[..., d // 2 :]), -1)
 
 
 def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
@@ -275,7 +309,7 @@ def _checked_tables(
     x: object, cos: object, sin: object, interleaved: bool
 ) -> tuple[Tensor, Tensor]:
     """Check the arguments of :func:`apply_rotary`; return ``cos, sin`` in the work dtype, cut
-    to half width where they are full-width in transformers' form (:func:`half_width`)."""
+    to half width where they are full-width in transformers' form (checked: :func:`_copies`)."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise PosencTypeError(
             f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
@@ -290,7 +324,8 @@ def _checked_tables(
         raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
     if shape and x.dim() and shape[-1] == x.shape[-1] > 1:  # transformers' full-width form
         check_not_batch_first(x, cos)
-        cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+        (cos, _), (sin, _) = _copies(cos, sin, x.shape[-1], interleaved)
+        cos, sin = cos.contiguous(), sin.contiguous()  # (a kernel reads contiguous channels)
         shape = cos.shape
     lead, table_lead = x.shape[:-1], shape[:-1]
     half = shape[-1] if shape else 0
@@ -386,7 +421,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
             shape ``(b, h, n, d)``, and ``(n, 1, r/2)`` for a heads-last ``(b, n, h, d)``.
             Full-width ``(..., n, d)`` tables in transformers' form (``cat(a, a)``; each
             angle twice for ``interleaved``) are taken where their two copies are equal
-            (checked; one comparison of the tables) and refused by name otherwise.
+            (checked; one comparison of the tables) and refused by name otherwise; where
+            their gradient is recorded, each copy gets its own, as transformers' formula
+            gives it (two half-width rotations).
             They set the work dtype: half-precision ``x`` is rotated in the tables' dtype
             (float32) and cast back once.
         interleaved: pairs ``(x[2i], x[2i+1])`` (GPT-J) instead of ``(x[i], x[i+r/2])``
@@ -399,6 +436,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     >>> apply_rotary(x, torch.tensor([[0.0]]), torch.tensor([[1.0]]))  # rotate by 90 degrees
     tensor([[0., 1., 2., 5.]])
     """
+    if (
+        isinstance(x, Tensor)
+        and isinstance(cos, Tensor)
+        and isinstance(sin, Tensor)
+        and x.dim()
+        and cos.dim()
+        and cos.shape == sin.shape
+        and cos.shape[-1] == x.shape[-1] > 1
+        and _records_tables(cos, sin)
+    ):
+        return _turn_each_copy(x, cos, sin, interleaved)
     cos, sin = _checked_tables(x, cos, sin, interleaved)
     return run_plan(x, cos, sin, interleaved, False, select(x, (cos, sin), inplace=False))
 
