@@ -15,9 +15,7 @@ Dimension legend: ``b`` batch, ``h`` heads, ``n`` positions, ``d`` head size.
 
 from __future__ import annotations
 
-import copy
 import importlib
-import io
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 
 import posenc.hf  # noqa: E402
 from posenc.errors import PosencError, PosencTypeError, PosencValueError  # noqa: E402
-from posenc.hf.patch import MARK, patched_modules  # noqa: E402
+from posenc.hf.patch import MARK  # noqa: E402
 from tests.hf import census, tiny  # noqa: E402
 from tests.hf import test_rope_census as expected  # noqa: E402
 from tests.native import NEEDS_KERNEL  # noqa: E402
@@ -122,43 +120,6 @@ def test_patch_twice_changes_nothing_and_unpatch_restores() -> None:
     assert posenc.hf.unpatch(model) == []
     assert not any("forward" in m.__dict__ for m in model.modules())
     torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
-
-
-def test_a_copy_stays_patched_and_a_pickled_model_loads_unpatched_to_patch_again() -> None:
-    # pickling keeps a bound method as getattr(module, "forward"), read back as the class's
-    # own forward: the loaded model rotates as transformers does, and patch must not take
-    # its leftover marks for a patch (it returned [] and changed nothing)
-    model = _llama()
-    want = _logits(model, IDS)
-    changed = posenc.hf.patch(model)
-    patched = _logits(model, IDS)
-    twin = copy.deepcopy(model)
-    assert posenc.hf.patch(twin) == []
-    assert sorted(patched_modules(twin)) == sorted(changed)
-    torch.testing.assert_close(_logits(twin, IDS), patched, rtol=0, atol=0)
-    buffer = io.BytesIO()
-    torch.save(model, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
-    assert list(patched_modules(loaded)) == []
-    torch.testing.assert_close(_logits(loaded, IDS), want, rtol=0, atol=0)
-    assert sorted(posenc.hf.patch(loaded)) == sorted(changed)
-    torch.testing.assert_close(_logits(loaded, IDS), patched, rtol=0, atol=0)
-    assert sorted(posenc.hf.unpatch(loaded)) == sorted(changed)
-    assert not any("forward" in m.__dict__ for m in loaded.modules())
-
-
-def test_a_copy_of_a_patched_dynamic_ntk_model_follows_its_own_lengths() -> None:
-    # dynamic NTK's frequencies depend on the lengths a rotary module has seen; a copy made
-    # after the patch must not read the original's (it read 1.5e-3 off)
-    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
-    model = _llama(max_position_embeddings=32, rope_parameters=rope)
-    reference = copy.deepcopy(model)
-    posenc.hf.patch(model)
-    twin = copy.deepcopy(model)
-    long, middle = IDS.repeat(1, 2)[:, :60], IDS.repeat(1, 2)[:, 3:43]
-    _logits(model, long)  # the original goes past the context: its frequencies follow
-    assert _relative(_logits(twin, middle), _logits(reference, middle)) <= TOLERANCE
 
 
 @pytest.mark.parametrize(
@@ -366,32 +327,6 @@ def test_mrope_rows_that_differ_give_the_same_logits(config_class: str, section:
         got = model(input_ids=IDS, position_ids=rows, use_cache=False).last_hidden_state
     assert _relative(want, text) > 1e-3  # the rows matter
     assert _relative(got, want) <= TOLERANCE
-
-
-def test_a_vision_language_model_patches_its_text_and_leaves_its_vision_tower() -> None:
-    # the vision tower's rotary module (rope_type 'axial') and its attentions
-    # (apply_rotary_pos_emb_vision) refused the whole model, as loaded for inference
-    vision = {"depth": 1, "hidden_size": 32, "num_heads": 2, "out_hidden_size": 64}
-    config = tiny.tiny_config(transformers.Qwen2_5_VLConfig, {"vision_config": vision})
-    config.text_config = tiny.tiny_config(transformers.Qwen2_5_VLTextConfig)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    modules = dict(model.named_modules())
-    tower = [
-        n for n, m in modules.items() if n.startswith("model.visual") and "forward" in m.__dict__
-    ]
-    want = _logits(model, IDS)
-    changed = posenc.hf.patch(model)
-    assert changed == [
-        "model.language_model.rotary_emb",
-        "model.language_model.layers.0.self_attn",
-        "model.language_model.layers.1.self_attn",
-    ]
-    assert [
-        n for n, m in modules.items() if n.startswith("model.visual") and "forward" in m.__dict__
-    ] == tower
-    assert _relative(_logits(model, IDS), want) <= TOLERANCE
 
 
 def test_a_model_without_rotary_embedding_is_refused_by_name() -> None:

@@ -46,8 +46,10 @@ from ..encodings.rotary.kernels.select import eager_plain
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
+from .rebind import rebound
 from .rotations import form_of, prepare, rotation
 from .rows import gathered, lean, read
+from .towers import in_tower, is_vision_tower
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
@@ -95,12 +97,12 @@ def patch(model: nn.Module) -> list[str]:
             _restore(module)
     family = _family(model)
     every = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
-    towers = {n for n, m in every if _is_vision_tower(m)}
+    towers = {n for n, m in every if is_vision_tower(m)}
     rotaries = [(n, m) for n, m in every if n not in towers]
     attentions = [
         (n, m)
         for n, m in model.named_modules()
-        if _rotation_names(m) and not _in_tower(n, [r for r, _ in every], towers)
+        if _rotation_names(m) and not in_tower(n, [r for r, _ in every], towers)
     ]
     if not rotaries:
         raise PosencValueError(
@@ -160,7 +162,7 @@ def patch(model: nn.Module) -> list[str]:
             function = _innermost(wrapper)
             namespace = function.__globals__
             replaced = {called: rotations[id(namespace), called] for called in used}
-            rebuilt[wrapper, used] = _rebound(wrapper, function, replaced)
+            rebuilt[wrapper, used] = rebound(wrapper, function, replaced)
         forwards[name] = rebuilt[wrapper, used]
     changed = []
     for name, module in rotaries:
@@ -229,30 +231,6 @@ def _is_rotary(module: nn.Module) -> bool:
     return cls.__name__.endswith("RotaryEmbedding") and cls.__module__.startswith("transformers.")
 
 
-def _is_vision_tower(module: nn.Module) -> bool:
-    """Whether a rotary module is a vision tower's (transformers' ``rope_type`` ``"axial"``, or
-    a class named ``*Vision*``): :func:`patch` leaves it, and the attentions it serves, as
-    they are."""
-    config = getattr(module, "config", None)
-    parameters = getattr(config, "rope_parameters", None)
-    kind = parameters.get("rope_type") if isinstance(parameters, dict) else None
-    return "axial" in (kind, getattr(module, "rope_type", None)) or (
-        "Vision" in type(module).__name__
-    )
-
-
-def _in_tower(path: str, rotaries: list[str], towers: set[str]) -> bool:
-    """Whether the module at ``path`` sits in a vision tower: the nearest module above it that
-    holds rotary modules (``rotaries``, their paths) holds only vision towers'."""
-    parts = path.split(".")
-    for cut in range(len(parts) - 1, -1, -1):
-        above = ".".join(parts[:cut])
-        inside = [r for r in rotaries if not above or r.startswith(above + ".")]
-        if inside:
-            return all(r in towers for r in inside)
-    return False
-
-
 def _innermost(function: Any) -> types.FunctionType:
     while hasattr(function, "__wrapped__"):
         function = function.__wrapped__
@@ -305,51 +283,6 @@ _rotary_forward.__name__ = "forward"
 def _replace(module: nn.Module, forward: Any) -> None:
     module.__dict__[MARK] = module.__dict__.get("forward")
     module.forward = forward
-
-
-def _rebound(
-    wrapper: Any, function: types.FunctionType, rotations: dict[str, Callable[..., Any]]
-) -> Any:
-    """``wrapper`` (a method's function, maybe decorated) rebuilt so that its innermost
-    ``function`` reads the rotation functions named in ``rotations`` from a copy of its
-    globals holding posenc's; decorators are rebuilt around it (their closures point to the
-    new one)."""
-    if wrapper is function:
-        namespace = dict(function.__globals__, **rotations)
-        # a code object of its own: torch.compile keeps its compiled code per code object and
-        # puts what that code calls in the globals of the frame it compiled, so code shared
-        # with the unpatched function would look in the other globals
-        code = function.__code__.replace()
-        return _copy_function(function, namespace, function.__closure__, code)
-    inner = wrapper.__wrapped__
-    new_inner = _rebound(inner, function, rotations)
-    cells = wrapper.__closure__ or ()
-    if not any(c.cell_contents is inner for c in cells):
-        raise PosencValueError(
-            f"cannot patch {function.__qualname__}: its decorator keeps the function where "
-            "posenc cannot replace it"
-        )
-    closure = tuple(
-        types.CellType(new_inner if c.cell_contents is inner else c.cell_contents) for c in cells
-    )
-    new = _copy_function(wrapper, wrapper.__globals__, closure)
-    new.__wrapped__ = new_inner
-    return new
-
-
-def _copy_function(
-    function: types.FunctionType,
-    namespace: dict[str, Any],
-    closure: Any,
-    code: types.CodeType | None = None,
-) -> types.FunctionType:
-    new = types.FunctionType(
-        code or function.__code__, namespace, function.__name__, function.__defaults__, closure
-    )
-    new.__kwdefaults__ = function.__kwdefaults__
-    new.__dict__.update(function.__dict__)
-    new.__qualname__ = function.__qualname__
-    return new
 
 
 # --------------------------------------------------------------------------- the tables

@@ -40,8 +40,9 @@ from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, wide_integers
+from .kernels.full_width import check_not_batch_first, half_width
 from .kernels.kernel import overlap
-from .kernels.rotate import apply_rotary, apply_rotary_, check_not_batch_first, half_width
+from .kernels.rotate import apply_rotary, apply_rotary_
 from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
 
 __all__ = ["rotary_embedding", "rotary_embedding_qk"]

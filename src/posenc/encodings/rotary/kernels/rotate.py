@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ....errors import PosencTypeError, PosencValueError
 from ...checks import compute_dtype
+from .full_width import check_not_batch_first, copies, records_tables
 from .kernel import Kernel, Tables, pair_refused
 from .ops import _rotate_in_place_op, _rotate_op
 from .select import Mode, Plan, select, turn_or_fallback
@@ -45,8 +46,6 @@ from .select import Mode, Plan, select, turn_or_fallback
 __all__ = [
     "apply_rotary",
     "apply_rotary_",
-    "check_not_batch_first",
-    "half_width",
     "rotate_reference",
 ]
 
@@ -232,49 +231,6 @@ def pair_node(
 # --------------------------------------------------------------------------- entry points
 
 
-def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
-    """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
-    its two copies of each angle agree; narrower tables are returned as they are, and so are
-    full-width ones whose gradient autograd records (checked): :func:`apply_rotary` then
-    turns each channel by its own copy, as transformers' formula does."""
-    width = cos.shape[-1] if cos.dim() else 0
-    if width <= d // 2:
-        return cos, sin
-    (cos_half, _), (sin_half, _) = _copies(cos, sin, d, interleaved)
-    if _records_tables(cos, sin):
-        return cos, sin
-    return cos_half.contiguous(), sin_half.contiguous()  # (a kernel reads contiguous channels)
-
-
-def _copies(
-    cos: Tensor, sin: Tensor, d: int, interleaved: bool
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """The two copies of each angle of full-width ``cos`` and ``sin`` (``(first, second)``
-    each), after checking that they are ``d`` wide and that the copies agree."""
-    width = cos.shape[-1] if cos.dim() else 0
-    if width != d:
-        raise PosencValueError(
-            f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
-            f"nor a full-width one (D = {d}) for x with D = {d}"
-        )
-    pairs = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
-        if not torch.equal(first, second):
-            form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
-            raise PosencValueError(
-                f"{name} is full width ({d}) but not in transformers' form ({form}) for "
-                f"interleaved={interleaved}: its two copies differ; pass the half-width table"
-            )
-        pairs.append((first, second))
-    return pairs[0], pairs[1]
-
-
-def _records_tables(cos: Tensor, sin: Tensor) -> bool:
-    """Whether autograd records the gradient of the tables ``cos``, ``sin``."""
-    return torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
-
-
 def _turn_each_copy(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """:func:`apply_rotary` by full-width tables whose gradient autograd records: each output
     channel turned by its own copy of the angle (two half-width rotations, their channels
@@ -282,7 +238,7 @@ def _turn_each_copy(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> T
     copy both."""
     check_not_batch_first(x, cos)
     d = x.shape[-1]
-    (cos_a, cos_b), (sin_a, sin_b) = _copies(cos, sin, d, interleaved)
+    (cos_a, cos_b), (sin_a, sin_b) = copies(cos, sin, d, interleaved)
     a = apply_rotary(x, cos_a, sin_a, interleaved=interleaved)
     b = apply_rotary(x, cos_b, sin_b, interleaved=interleaved)
     if interleaved:
@@ -290,26 +246,11 @@ def _turn_each_copy(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> T
     return torch.cat((a[..., : d // 2], b[..., d // 2 :]), -1)
 
 
-def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
-    """Refuse full-width tables ``(b, n, D)`` against ``x`` ``(B, H, S, D)`` with ``b > 1``:
-    that is the form transformers' rotary modules return (per batch row, its
-    ``apply_rotary_pos_emb`` unsqueezes them at the heads axis), and broadcast as they are
-    they would be read per head, along the wrong axis."""
-    if x.dim() == 4 and cos.dim() == 3 and cos.shape[0] > 1 and cos.shape[-1] == x.shape[-1]:
-        raise PosencValueError(
-            f"cos/sin of shape {tuple(cos.shape)} are full-width (batch, seq, D) tables, "
-            f"transformers' form, for x of shape {tuple(x.shape)}: broadcast as they are "
-            "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) for x "
-            "(B, H, S, D), as apply_rotary_pos_emb reads them (unsqueeze(2) for x "
-            "(B, S, H, D)), or unsqueeze(0) for tables per head"
-        )
-
-
 def _checked_tables(
     x: object, cos: object, sin: object, interleaved: bool
 ) -> tuple[Tensor, Tensor]:
     """Check the arguments of :func:`apply_rotary`; return ``cos, sin`` in the work dtype, cut
-    to half width where they are full-width in transformers' form (checked: :func:`_copies`)."""
+    to half width where they are full-width in transformers' form (checked: :func:`copies`)."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise PosencTypeError(
             f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
@@ -324,7 +265,7 @@ def _checked_tables(
         raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
     if shape and x.dim() and shape[-1] == x.shape[-1] > 1:  # transformers' full-width form
         check_not_batch_first(x, cos)
-        (cos, _), (sin, _) = _copies(cos, sin, x.shape[-1], interleaved)
+        (cos, _), (sin, _) = copies(cos, sin, x.shape[-1], interleaved)
         cos, sin = cos.contiguous(), sin.contiguous()  # (a kernel reads contiguous channels)
         shape = cos.shape
     lead, table_lead = x.shape[:-1], shape[:-1]
@@ -444,7 +385,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
         and cos.dim()
         and cos.shape == sin.shape
         and cos.shape[-1] == x.shape[-1] > 1
-        and _records_tables(cos, sin)
+        and records_tables(cos, sin)
     ):
         return _turn_each_copy(x, cos, sin, interleaved)
     cos, sin = _checked_tables(x, cos, sin, interleaved)
