@@ -150,6 +150,7 @@ def resolve_positions(
         raise PosencTypeError(
             f"{name} must be an integer or float tensor, got dtype {positions.dtype}"
         )
+    positions = wide_integers(positions)
     if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len:
         raise PosencValueError(
             f"{name} must have shape (seq,) or (batch, seq) with seq={seq_len}, "
@@ -169,6 +170,18 @@ def resolve_positions(
         raise PosencValueError(f"{name} must hold whole numbers for this encoding, got {bad}")
     if values and checkable and positions.numel():
         check_position_range(name, *torch.stack(torch.aminmax(positions)).tolist())  # one read
+    return positions
+
+
+_NARROW_INTEGERS = (torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+
+
+def wide_integers(positions: Tensor) -> Tensor:
+    """``positions`` of an integer dtype narrower than int32 or unsigned as int64, anything
+    else as it is: torch indexes with int32 and int64 only, and reads a uint8 index as a boolean
+    mask."""
+    if positions.dtype in _NARROW_INTEGERS:
+        return positions.long()
     return positions
 
 

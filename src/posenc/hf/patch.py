@@ -46,12 +46,18 @@ from ..encodings.rotary.kernels.select import eager_plain
 from ..encodings.rotary.multimodal import MultimodalRotaryEmbedding
 from ..encodings.rotary.rope import RotaryEmbedding
 from ..errors import PosencError, PosencTypeError, PosencValueError
+from .rebind import rebound
 from .rotations import form_of, prepare, rotation
 from .rows import gathered, lean, read
+from .towers import in_tower, is_vision_tower
 
 #: The instance attribute that marks a patched module: its ``forward`` before the patch (None
 #: where it had none of its own, the class's then being used).
 MARK = "_posenc_unpatched_forward"
+#: The instance attribute of a patched rotary module holding its :class:`_Tables` (in the
+#: module's own ``__dict__``, so that ``copy.deepcopy`` copies them with the module: dynamic
+#: NTK's state is the module's own, not shared with the model it was copied from).
+TABLES = "_posenc_tables"
 #: The modeling file's function the patched attentions call.
 APPLY = "apply_rotary_pos_emb"
 #: Multi-head latent attention's (DeepSeek-V3 family): interleaved pairs, written de-interleaved.
@@ -73,7 +79,10 @@ _PROBE_LENGTH = 32
 def patch(model: nn.Module) -> list[str]:
     """Rotate with posenc inside ``model`` (a loaded transformers model instance): its rotary
     modules give posenc's float32 tables and its attentions rotate q and k with posenc's
-    kernels, one rounding to the model's dtype. Only this instance changes.
+    kernels, one rounding to the model's dtype. Only this instance changes; a copy of it
+    (``copy.deepcopy``) stays patched, with tables (and dynamic NTK's state) of its own; one
+    pickled (``torch.save`` of the model) loads unpatched, to patch again. A vision tower's
+    rotary module and the attentions it serves (a vision-language model's) stay as they are.
 
     Returns the paths (as ``named_modules`` names them) of the modules changed; ``[]`` when
     ``model`` is already patched. Raises :class:`~posenc.errors.PosencValueError` naming the
@@ -81,15 +90,25 @@ def patch(model: nn.Module) -> list[str]:
     :class:`~posenc.errors.PosencTypeError` where ``model`` is no ``torch.nn.Module``.
     """
     _check_model(model)
-    if any(MARK in m.__dict__ for m in model.modules()):
+    if any(_is_patched(m) for m in model.modules()):
         return []
+    for module in model.modules():  # the marks of a patch that did not survive pickling
+        if MARK in module.__dict__:
+            _restore(module)
     family = _family(model)
-    rotaries = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
-    attentions = [(n, m) for n, m in model.named_modules() if _rotation_names(m)]
+    every = [(n, m) for n, m in model.named_modules() if _is_rotary(m)]
+    towers = {n for n, m in every if is_vision_tower(m)}
+    rotaries = [(n, m) for n, m in every if n not in towers]
+    attentions = [
+        (n, m)
+        for n, m in model.named_modules()
+        if _rotation_names(m) and not in_tower(n, [r for r, _ in every], towers)
+    ]
     if not rotaries:
         raise PosencValueError(
             f"cannot patch {family} ({type(model).__name__}): it has no transformers rotary "
             "module (a class named *RotaryEmbedding)"
+            + (f" but a vision tower's ({', '.join(sorted(towers))})" if towers else "")
         )
     if not attentions:
         raise PosencValueError(
@@ -143,11 +162,12 @@ def patch(model: nn.Module) -> list[str]:
             function = _innermost(wrapper)
             namespace = function.__globals__
             replaced = {called: rotations[id(namespace), called] for called in used}
-            rebuilt[wrapper, used] = _rebound(wrapper, function, replaced)
+            rebuilt[wrapper, used] = rebound(wrapper, function, replaced)
         forwards[name] = rebuilt[wrapper, used]
     changed = []
     for name, module in rotaries:
-        _replace(module, types.MethodType(tables[name].forward, module))
+        module.__dict__[TABLES] = tables[name]
+        _replace(module, types.MethodType(_rotary_forward, module))
         changed.append(name)
     for name, module in attentions:
         _replace(module, types.MethodType(forwards[name], module))
@@ -163,13 +183,30 @@ def unpatch(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if MARK not in module.__dict__:
             continue
-        original = module.__dict__.pop(MARK)
-        if original is None:
-            del module.forward
-        else:
-            module.forward = original
-        restored.append(name)
+        if _is_patched(module):
+            restored.append(name)
+        _restore(module)
     return restored
+
+
+def _is_patched(module: nn.Module) -> bool:
+    """Whether ``module`` runs a forward :func:`patch` put in: a copy (``copy.deepcopy``)
+    does; a pickled one does not, though it keeps the mark (pickle stores a bound method as
+    ``getattr(module, "forward")``, read back as the class's own)."""
+    forward = module.__dict__.get("forward")
+    if MARK not in module.__dict__ or forward is None:
+        return False
+    return getattr(forward, "__func__", None) is not getattr(type(module), "forward", None)
+
+
+def _restore(module: nn.Module) -> None:
+    """``module``'s ``forward`` before the patch, and no mark left."""
+    original = module.__dict__.pop(MARK)
+    module.__dict__.pop(TABLES, None)
+    if original is None:
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = original
 
 
 # --------------------------------------------------------------------------- finding modules
@@ -233,54 +270,19 @@ def _check_calls(family: str, module: nn.Module, names: set[str]) -> set[str]:
     return names
 
 
+def _rotary_forward(module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kw: Any):
+    """The patched rotary module's ``forward``: its own :class:`_Tables`'."""
+    return module.__dict__[TABLES].forward(module, x, position_ids, *args, **kw)
+
+
+# pickle stores a bound method as ``getattr(its object, its name)``: named ``forward``, a
+# pickled patched model loads (as the class's forward: see :func:`_is_patched`)
+_rotary_forward.__name__ = "forward"
+
+
 def _replace(module: nn.Module, forward: Any) -> None:
     module.__dict__[MARK] = module.__dict__.get("forward")
     module.forward = forward
-
-
-def _rebound(
-    wrapper: Any, function: types.FunctionType, rotations: dict[str, Callable[..., Any]]
-) -> Any:
-    """``wrapper`` (a method's function, maybe decorated) rebuilt so that its innermost
-    ``function`` reads the rotation functions named in ``rotations`` from a copy of its
-    globals holding posenc's; decorators are rebuilt around it (their closures point to the
-    new one)."""
-    if wrapper is function:
-        namespace = dict(function.__globals__, **rotations)
-        # a code object of its own: torch.compile keeps its compiled code per code object and
-        # puts what that code calls in the globals of the frame it compiled, so code shared
-        # with the unpatched function would look in the other globals
-        code = function.__code__.replace()
-        return _copy_function(function, namespace, function.__closure__, code)
-    inner = wrapper.__wrapped__
-    new_inner = _rebound(inner, function, rotations)
-    cells = wrapper.__closure__ or ()
-    if not any(c.cell_contents is inner for c in cells):
-        raise PosencValueError(
-            f"cannot patch {function.__qualname__}: its decorator keeps the function where "
-            "posenc cannot replace it"
-        )
-    closure = tuple(
-        types.CellType(new_inner if c.cell_contents is inner else c.cell_contents) for c in cells
-    )
-    new = _copy_function(wrapper, wrapper.__globals__, closure)
-    new.__wrapped__ = new_inner
-    return new
-
-
-def _copy_function(
-    function: types.FunctionType,
-    namespace: dict[str, Any],
-    closure: Any,
-    code: types.CodeType | None = None,
-) -> types.FunctionType:
-    new = types.FunctionType(
-        code or function.__code__, namespace, function.__name__, function.__defaults__, closure
-    )
-    new.__kwdefaults__ = function.__kwdefaults__
-    new.__dict__.update(function.__dict__)
-    new.__qualname__ = function.__qualname__
-    return new
 
 
 # --------------------------------------------------------------------------- the tables
@@ -473,4 +475,4 @@ def _read(family: str, config: Any, layer_type: str | None) -> RotaryEmbedding:
 
 def patched_modules(model: nn.Module) -> Iterator[str]:
     """The paths of ``model``'s modules :func:`patch` changed."""
-    return (n for n, m in model.named_modules() if MARK in m.__dict__)
+    return (n for n, m in model.named_modules() if _is_patched(m))

@@ -266,3 +266,77 @@ def test_overlapping_q_and_k_and_non_bool_flags_are_refused() -> None:
         posenc.rotary_embedding_qk(x, x.clone(), cos, sin, inplace="no")
     with pytest.raises(PosencTypeError, match=r"interleaved must be a bool, got str \('no'\)"):
         posenc.rotary_embedding(x, cos, sin, interleaved="no")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_narrow_integer_position_ids_are_positions_not_a_mask(dtype) -> None:
+    # torch reads a uint8 index as a boolean mask and refuses int8/int16 indices; ids of any
+    # integer dtype are rows of the tables
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8)
+    cos, sin = tables(11, 4)
+    ids = torch.randint(0, 11, (2, 5))
+    want = pr_formula(x, cos[ids][:, None], sin[ids][:, None], False)
+    close(posenc.rotary_embedding(x, cos, sin, ids.to(dtype)), want)
+    q, _ = posenc.rotary_embedding_qk(x, x[:, :1], cos, sin, ids.to(dtype))
+    close(q, want)
+    close(
+        posenc.rotary_embedding(x.transpose(1, 2), cos, sin, ids.to(dtype), layout="bshd"),
+        want.transpose(1, 2),
+    )
+
+
+def test_bshd_tables_already_at_the_positions_are_pointed_to_apply_rotary() -> None:
+    # without ids, bshd reads flash-attention's (N, D/2) tables at seqlen_offsets + 0..S-1;
+    # tables already gathered per token were refused as "to be indexed by positions" that the
+    # caller never gave
+    x = torch.randn(2, 5, 3, 8)
+    cos, sin = tables(5, 4)
+    for shape in ((2, 5, 1, 4), (2, 5, 4), (2, 5, 1, 8)):
+        c = cos.expand(2, 5, 4).reshape((*shape[:-1], -1))[..., :4]
+        c = torch.cat((c, c), -1) if shape[-1] == 8 else c
+        with pytest.raises(PosencValueError, match=r"layout='bshd'.*seqlen_offsets.*apply_rotary"):
+            posenc.rotary_embedding(x, c, c, layout="bshd")
+    got = posenc.apply_rotary(x, cos[None, :, None], sin[None, :, None])
+    close(got, pr_formula(x, cos[None, :, None], sin[None, :, None], False))
+
+
+def _hf_rotation(x, cos, sin, interleaved):
+    """transformers' rotation by full-width tables, the gradient reference."""
+    if interleaved:
+        pairs = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    else:
+        w = x.shape[-1] // 2
+        pairs = torch.cat((-x[..., w:], x[..., :w]), -1)
+    return x * cos + pairs * sin
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_full_width_tables_get_transformers_gradient(interleaved) -> None:
+    # each copy of an angle turns its own channel, as in transformers' formula: the gradient
+    # of the second copy was zero (the table was cut to its first half)
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    grad = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    angles = torch.rand(11, 4, dtype=torch.float64) * 6
+    twice = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+    ids = torch.randint(0, 11, (2, 5))
+    calls = {
+        "apply_rotary": lambda c, s, v: posenc.apply_rotary(
+            v, c[ids][:, None], s[ids][:, None], interleaved=interleaved
+        ),
+        "rotary_embedding": lambda c, s, v: posenc.rotary_embedding(
+            v, c, s, ids, interleaved=interleaved
+        ),
+    }
+    cos, sin, xx = (t.clone().requires_grad_() for t in (twice.cos(), twice.sin(), x))
+    turned = _hf_rotation(xx, cos[ids][:, None], sin[ids][:, None], interleaved)
+    turned.mul(grad).sum().backward()
+    want = (cos.grad, sin.grad, xx.grad)
+    for name, call in calls.items():
+        cos, sin, xx = (t.clone().requires_grad_() for t in (twice.cos(), twice.sin(), x))
+        out = call(cos, sin, xx)
+        close(out, turned.detach())
+        out.mul(grad).sum().backward()
+        for got, expected in zip((cos.grad, sin.grad, xx.grad), want, strict=True):
+            assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=name)

@@ -455,3 +455,17 @@ def test_table_grown_under_inference_mode_still_trains() -> None:
     (rq.sum() + rk.sum()).backward()
     assert leaf.grad is not None
     assert not rope.cos_cached.is_inference()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_narrow_integer_positions_are_positions_not_a_mask(dtype: torch.dtype) -> None:
+    # torch reads a uint8 index as a boolean mask and refuses int8/int16 indices
+    torch.manual_seed(0)
+    q, k = qk(n=6)
+    positions = torch.tensor([[3, 4, 5, 9, 10, 11], [7, 1, 2, 3, 4, 5]])
+    angles = positions[:, None, :, None].double() * inv_freq64(16)
+    for rope in (RotaryEmbedding(16), RotaryEmbedding(16, interleaved=True)):
+        got_q, got_k = rope(q, k, positions.to(dtype))
+        for got, x in ((got_q, q), (got_k, k)):
+            want = rope_reference(x, angles, interleaved=rope.interleaved)
+            assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

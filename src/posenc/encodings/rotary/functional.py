@@ -39,9 +39,10 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
-from ..checks import check_bool
+from ..checks import check_bool, wide_integers
+from .kernels.full_width import check_not_batch_first, half_width
 from .kernels.kernel import overlap
-from .kernels.rotate import apply_rotary, apply_rotary_, check_not_batch_first, half_width
+from .kernels.rotate import apply_rotary, apply_rotary_
 from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
 
 __all__ = ["rotary_embedding", "rotary_embedding_qk"]
@@ -208,6 +209,13 @@ def _gathered(
                 check_not_batch_first(x, cos)
             # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
             return half_width(cos, sin, x.shape[-1], interleaved)
+        if cos.dim() != 2:
+            raise PosencValueError(
+                f"with layout='bshd' and no position_ids, cos and sin are flash-attention's "
+                f"tables (N, D/2), read at rows seqlen_offsets + 0..S-1; got shape "
+                f"{tuple(cos.shape)}. Tables already at the tokens' positions, e.g. (B, S, 1, "
+                "D/2) or transformers' (B, S, D) with unsqueeze(2), go to posenc.apply_rotary"
+            )
         rows, what = offset_rows(batch, seq, seqlen_offsets, x.device), "seqlen_offsets"
     else:
         rows, what = _check_ids(position_ids, batch, seq), "position_ids"
@@ -244,6 +252,7 @@ def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:
         raise PosencTypeError(
             f"position_ids must be an integer tensor (B, S), got {position_ids!r:.60}"
         )
+    position_ids = wide_integers(position_ids)  # (uint8: a row, never a mask)
     if position_ids.dim() == 1 and position_ids.shape[0] == seq:
         position_ids = position_ids.expand(batch, seq)
     if tuple(position_ids.shape) not in ((batch, seq), (1, seq)):

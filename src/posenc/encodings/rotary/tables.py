@@ -47,6 +47,7 @@ from ..checks import (
     check_position_range,
     on_host,
     resolve_positions,
+    wide_integers,
 )
 from .common import unsqueeze_heads
 from .kernels.rotate import pair_node
@@ -102,6 +103,8 @@ def read_positions(
     names what is wrong."""
     if positions is None:
         return None, None
+    if isinstance(positions, Tensor):
+        positions = wide_integers(positions)  # (uint8: rows, never a mask)
     if (  # a GPU's positions, unread: the tables are sized ahead
         type(positions) is Tensor and not reads_values(positions)
     ):

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ....errors import PosencTypeError, PosencValueError
 from ...checks import compute_dtype
+from .full_width import check_not_batch_first, copies, records_tables
 from .kernel import Kernel, Tables, pair_refused
 from .ops import _rotate_in_place_op, _rotate_op
 from .select import Mode, Plan, select, turn_or_fallback
@@ -45,8 +46,6 @@ from .select import Mode, Plan, select, turn_or_fallback
 __all__ = [
     "apply_rotary",
     "apply_rotary_",
-    "check_not_batch_first",
-    "half_width",
     "rotate_reference",
 ]
 
@@ -232,50 +231,26 @@ def pair_node(
 # --------------------------------------------------------------------------- entry points
 
 
-def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
-    """A full-width table (``d`` wide, transformers' form) cut to its half, after checking that
-    its two copies of each angle agree; narrower tables are returned as they are."""
-    width = cos.shape[-1] if cos.dim() else 0
-    if width <= d // 2:
-        return cos, sin
-    if width != d:
-        raise PosencValueError(
-            f"cos/sin of width {width} fit neither a half-width table (at most D/2 = {d // 2}) "
-            f"nor a full-width one (D = {d}) for x with D = {d}"
-        )
-    halves = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
-        if not torch.equal(first, second):
-            form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
-            raise PosencValueError(
-                f"{name} is full width ({d}) but not in transformers' form ({form}) for "
-                f"interleaved={interleaved}: its two copies differ; pass the half-width table"
-            )
-        halves.append(first.contiguous())  # (a kernel reads contiguous channels)
-    return halves[0], halves[1]
-
-
-def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
-    """Refuse full-width tables ``(b, n, D)`` against ``x`` ``(B, H, S, D)`` with ``b > 1``:
-    that is the form transformers' rotary modules return (per batch row, its
-    ``apply_rotary_pos_emb`` unsqueezes them at the heads axis), and broadcast as they are
-    they would be read per head, along the wrong axis."""
-    if x.dim() == 4 and cos.dim() == 3 and cos.shape[0] > 1 and cos.shape[-1] == x.shape[-1]:
-        raise PosencValueError(
-            f"cos/sin of shape {tuple(cos.shape)} are full-width (batch, seq, D) tables, "
-            f"transformers' form, for x of shape {tuple(x.shape)}: broadcast as they are "
-            "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) for x "
-            "(B, H, S, D), as apply_rotary_pos_emb reads them (unsqueeze(2) for x "
-            "(B, S, H, D)), or unsqueeze(0) for tables per head"
-        )
+def _turn_each_copy(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """:func:`apply_rotary` by full-width tables whose gradient autograd records: each output
+    channel turned by its own copy of the angle (two half-width rotations, their channels
+    stitched), so each copy gets the gradient transformers' formula gives it, not the first
+    copy both."""
+    check_not_batch_first(x, cos)
+    d = x.shape[-1]
+    (cos_a, cos_b), (sin_a, sin_b) = copies(cos, sin, d, interleaved)
+    a = apply_rotary(x, cos_a, sin_a, interleaved=interleaved)
+    b = apply_rotary(x, cos_b, sin_b, interleaved=interleaved)
+    if interleaved:
+        return torch.stack((a[..., 0::2], b[..., 1::2]), -1).flatten(-2)
+    return torch.cat((a[..., : d // 2], b[..., d // 2 :]), -1)
 
 
 def _checked_tables(
     x: object, cos: object, sin: object, interleaved: bool
 ) -> tuple[Tensor, Tensor]:
     """Check the arguments of :func:`apply_rotary`; return ``cos, sin`` in the work dtype, cut
-    to half width where they are full-width in transformers' form (:func:`half_width`)."""
+    to half width where they are full-width in transformers' form (checked: :func:`copies`)."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise PosencTypeError(
             f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x))}"
@@ -290,7 +265,8 @@ def _checked_tables(
         raise PosencValueError(f"cos and sin differ in shape: {tuple(shape)} vs {tuple(sin.shape)}")
     if shape and x.dim() and shape[-1] == x.shape[-1] > 1:  # transformers' full-width form
         check_not_batch_first(x, cos)
-        cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+        (cos, _), (sin, _) = copies(cos, sin, x.shape[-1], interleaved)
+        cos, sin = cos.contiguous(), sin.contiguous()  # (a kernel reads contiguous channels)
         shape = cos.shape
     lead, table_lead = x.shape[:-1], shape[:-1]
     half = shape[-1] if shape else 0
@@ -386,7 +362,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
             shape ``(b, h, n, d)``, and ``(n, 1, r/2)`` for a heads-last ``(b, n, h, d)``.
             Full-width ``(..., n, d)`` tables in transformers' form (``cat(a, a)``; each
             angle twice for ``interleaved``) are taken where their two copies are equal
-            (checked; one comparison of the tables) and refused by name otherwise.
+            (checked; one comparison of the tables) and refused by name otherwise; where
+            their gradient is recorded, each copy gets its own, as transformers' formula
+            gives it (two half-width rotations).
             They set the work dtype: half-precision ``x`` is rotated in the tables' dtype
             (float32) and cast back once.
         interleaved: pairs ``(x[2i], x[2i+1])`` (GPT-J) instead of ``(x[i], x[i+r/2])``
@@ -399,6 +377,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     >>> apply_rotary(x, torch.tensor([[0.0]]), torch.tensor([[1.0]]))  # rotate by 90 degrees
     tensor([[0., 1., 2., 5.]])
     """
+    if (
+        isinstance(x, Tensor)
+        and isinstance(cos, Tensor)
+        and isinstance(sin, Tensor)
+        and x.dim()
+        and cos.dim()
+        and cos.shape == sin.shape
+        and cos.shape[-1] == x.shape[-1] > 1
+        and records_tables(cos, sin)
+    ):
+        return _turn_each_copy(x, cos, sin, interleaved)
     cos, sin = _checked_tables(x, cos, sin, interleaved)
     return run_plan(x, cos, sin, interleaved, False, select(x, (cos, sin), inplace=False))
 
