@@ -340,3 +340,32 @@ def test_full_width_tables_get_transformers_gradient(interleaved) -> None:
         out.mul(grad).sum().backward()
         for got, expected in zip((cos.grad, sin.grad, xx.grad), want, strict=True):
             assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [8, 4])  # D/2 (Persimmon's 0.5) and D/4
+def test_transformers_partial_tables_are_refused_and_their_first_copy_rotates(
+    interleaved, rotary_dim
+) -> None:
+    """transformers' tables of a partial rotation (``rotary_dim = r < D``: ``cat(f, f)`` of
+    ``r/2`` angles, or each angle twice) have the shape of a half-width table of ``r`` angles,
+    which turns ``2r`` channels: refused by name, every layout; their first copy rotates the
+    leading ``r`` channels as transformers does (``rotate_half`` on ``x[..., :r]``)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 16, dtype=torch.float64)
+    angles = torch.arange(11.0, dtype=torch.float64)[:, None] * torch.rand(rotary_dim // 2)
+    twice = angles.repeat_interleave(2, -1) if interleaved else torch.cat((angles, angles), -1)
+    cos, sin = twice.cos(), twice.sin()  # (row p: position p)
+    ids = torch.randint(1, 11, (2, 5))
+    with pytest.raises(PosencValueError, match=f"width {rotary_dim} repeat every angle"):
+        posenc.rotary_embedding(x, cos, sin, ids, interleaved=interleaved)
+    with pytest.raises(PosencValueError, match="repeat every angle"):
+        posenc.rotary_embedding(x, cos[ids][:, None], sin[ids][:, None], interleaved=interleaved)
+    with pytest.raises(PosencValueError, match="repeat every angle"):
+        posenc.rotary_embedding(x.transpose(1, 2), cos, sin, layout="bshd", interleaved=interleaved)
+    first = (lambda t: t[..., ::2]) if interleaved else (lambda t: t[..., : rotary_dim // 2])
+    got = posenc.rotary_embedding(x, first(cos), first(sin), ids, interleaved=interleaved)
+    head = _hf_rotation(x[..., :rotary_dim], cos[ids][:, None], sin[ids][:, None], interleaved)
+    close(got, torch.cat((head, x[..., rotary_dim:]), -1))
+    # at position 0 alone (every sine 0) the two readings agree: the identity, not refused
+    assert torch.equal(posenc.rotary_embedding(x, cos, sin, torch.zeros(2, 5, dtype=torch.long)), x)

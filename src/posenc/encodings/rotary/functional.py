@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
-from ..checks import check_bool, wide_integers
+from ..checks import check_bool, reads_values, wide_integers
 from .kernels.full_width import check_not_batch_first, half_width
 from .kernels.kernel import overlap
 from .kernels.rotate import apply_rotary, apply_rotary_
@@ -190,7 +190,7 @@ def _gathered(
             )
         rows = packed_rows(x.shape[0], cu_seqlens, seqlen_offsets, max_seqlen, x.device)
         cos, sin = _gather(cos, sin, rows, "the packed positions")  # (T, w)
-        cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+        cos, sin = _halves(cos, sin, x.shape[-1], interleaved)
         return cos[:, None], sin[:, None]  # (T, 1, w)
     batch, seq = (x.shape[0], x.shape[2]) if layout == "bhsd" else (x.shape[0], x.shape[1])
     if position_ids is not None and not is_zero(seqlen_offsets):
@@ -208,7 +208,7 @@ def _gathered(
             if cos.dim() and cos.shape[-1] == x.shape[-1]:
                 check_not_batch_first(x, cos)
             # PyTorch's: broadcast against (B, H, S, w), checked by the kernel
-            return half_width(cos, sin, x.shape[-1], interleaved)
+            return _halves(cos, sin, x.shape[-1], interleaved)
         if cos.dim() != 2:
             raise PosencValueError(
                 f"with layout='bshd' and no position_ids, cos and sin are flash-attention's "
@@ -220,9 +220,34 @@ def _gathered(
     else:
         rows, what = _check_ids(position_ids, batch, seq), "position_ids"
     cos, sin = _gather(cos, sin, rows, what)  # (B, S, w)
-    cos, sin = half_width(cos, sin, x.shape[-1], interleaved)
+    cos, sin = _halves(cos, sin, x.shape[-1], interleaved)
     heads = 1 if layout == "bhsd" else 2
     return cos.unsqueeze(heads), sin.unsqueeze(heads)  # (B, 1, S, w) | (B, S, 1, w)
+
+
+def _halves(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """:func:`half_width`'s tables, after refusing (where their values are read:
+    :func:`~..checks.reads_values`) tables at most ``D/2`` wide whose two copies of each angle
+    agree: transformers' full-width form of a partial rotation (``cat(f, f)`` of ``w/2``
+    angles, for ``rotary_dim = w``), which has the shape of a half-width table of ``w``
+    angles and would turn ``2w`` channels by the wrong angles. Tables of a real rotation
+    never repeat every angle at every row (their sines differ by frequency)."""
+    cos, sin = half_width(cos, sin, d, interleaved)  # (full width kept where autograd records)
+    w = cos.shape[-1] if cos.dim() else 0
+    if w < 2 or w % 2 or w > d // 2 or not cos.numel() or not reads_values(cos):
+        return cos, sin
+    halves = [
+        (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(w // 2, -1) for t in (cos, sin)
+    ]
+    if all(torch.equal(a, b) for a, b in halves) and bool(halves[1][0].ne(0).any()):
+        form = "each angle twice" if interleaved else "cat(f, f)"
+        raise PosencValueError(
+            f"cos/sin of width {w} repeat every angle ({form}, interleaved={interleaved}): "
+            f"transformers' tables of a partial rotation of {w} channels, where a half-width "
+            f"table of width {w} turns {2 * w}; pass their first copy, "
+            f"cos[..., {'::2' if interleaved else f': {w // 2}'}] (and sin alike)"
+        )
+    return cos, sin
 
 
 def _gather(cos: Tensor, sin: Tensor, rows: Tensor, what: str) -> tuple[Tensor, Tensor]:
