@@ -57,7 +57,8 @@ SIZES: dict[str, Any] = {
 #: whose default sections would need a head too wide for a tiny model (Qwen3.5's [11, 11, 10]
 #: of a quarter of the head: 256 channels); an attention layer among the two where the
 #: defaults have none (Bamba, Granite MoE hybrid, RecurrentGemma); a head whose rotated
-#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192).
+#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192); and the families whose
+#: defaults do not build or are not tiny through the generic fields (each commented).
 FIXES: dict[str, dict[str, Any]] = {
     "BambaConfig": {"attn_layer_indices": [1]},
     "GraniteMoeHybridConfig": {
@@ -65,6 +66,56 @@ FIXES: dict[str, dict[str, Any]] = {
         "layer_types": ["linear_attention", "attention"],
     },
     "MiMoV2FlashConfig": {"head_dim": 48},
+    # DBRX names its sizes d_model/n_heads/n_layers/max_seq_len, and keeps kv heads, the RoPE
+    # base and the q/k/v clip (its clamp needs one) in attn_config, the experts in ffn_config
+    "DbrxConfig": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": LAYERS,
+        "max_seq_len": 256,
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "Dots1Config": {"n_shared_experts": 1},  # its MoE multiplies by it; default None
+    # the MoE widths per expert group as the class requires a list
+    "Ernie4_5_VLMoeTextConfig": {"moe_intermediate_size": [32, 32]},
+    "EsmcConfig": {"num_attention_heads": 4, "num_key_value_heads": 4},  # no GQA in ESM C
+    # the per-layer embeddings' table: 262,144 x 256 per layer at the defaults
+    "Gemma4TextConfig": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16},
+    "Lfm2MoeConfig": {"num_hidden_layers": LAYERS, "layer_types": ["conv", "full_attention"]},
+    # the dense and expert widths and the zero experts, 12288 / 2048 / 256 at the defaults
+    "LongcatFlashConfig": {
+        "ffn_hidden_size": 64,
+        "expert_ffn_hidden_size": 32,
+        "moe_topk": 2,
+        "zero_expert_num": 2,
+    },
+    # the tiny head is the rope slice alone (latent attention above), so all of it turns
+    "Mistral4Config": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 128.0,
+            "original_max_position_embeddings": 8192,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+            "partial_rotary_factor": 1.0,
+        }
+    },
+    # an indexed attention layer (the default's is the 4th) and its indexer, which the class
+    # leaves unset (its index head holds the default 256-wide head's rotated channels)
+    "Qwen4ExpTextConfig": {
+        "num_hidden_layers": LAYERS,
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 256,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+    },
     "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
     **{
         name: {
