@@ -76,12 +76,65 @@ FIXES: dict[str, dict[str, Any]] = {
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
+    # its router reads num_local_experts and n_group (the generic sizes reach neither: 512, 8)
+    "BailingHybridConfig": {
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 2,
+        "num_experts": 4,
+    },
+    # the image token's id (its vocabulary map is empty by default) and a small VQ image model
+    "ChameleonConfig": {
+        "vocabulary_map": {"<image>": VOCAB - 1},
+        "vq_config": {
+            "embed_dim": 32,
+            "num_embeddings": 16,
+            "base_channels": 32,
+            "channel_multiplier": [1, 1],
+            "latent_channels": 32,
+            "num_res_blocks": 1,
+            "attn_resolutions": [],
+        },
+    },
     "Dots1Config": {"n_shared_experts": 1},  # its MoE multiplies by it; default None
+    # the shared expert, the sliding layers' own sizes (kept per layer from the defaults) and
+    # the indexer (whose head must hold the default's rotated channels)
+    "Dots3NoteTextConfig": {
+        "shared_experts_intermediate_size": 32,
+        "swa_num_attention_heads": 4,
+        "swa_num_key_value_heads": 4,
+        "swa_q_lora_rank": 16,
+        "swa_kv_lora_rank": 16,
+        "swa_head_dim": 16,
+        "swa_qk_nope_head_dim": 8,
+        "swa_v_head_dim": 16,
+        "index_n_heads": 2,
+        "index_head_dim": 64,
+        "index_topk": 8,
+    },
     # the MoE widths per expert group as the class requires a list
     "Ernie4_5_VLMoeTextConfig": {"moe_intermediate_size": [32, 32]},
     "EsmcConfig": {"num_attention_heads": 4, "num_key_value_heads": 4},  # no GQA in ESM C
     # the per-layer embeddings' table: 262,144 x 256 per layer at the defaults
     "Gemma4TextConfig": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16},
+    # no layer shares another's cache among two (the default shares the last 15 of 35), and
+    # the per-layer embeddings' table small, as Gemma 4's
+    "Gemma3nTextConfig": {
+        "num_kv_shared_layers": 0,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": 16,
+        "laurel_rank": 8,
+    },
+    # latent attention whose M-RoPE sections must sum to half the rope slice, checked at once
+    "HYV4VLTextConfig": {
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+        },
+    },
     "Lfm2MoeConfig": {"num_hidden_layers": LAYERS, "layer_types": ["conv", "full_attention"]},
     # the dense and expert widths and the zero experts, 12288 / 2048 / 256 at the defaults
     "LongcatFlashConfig": {
