@@ -96,6 +96,8 @@ FIXES: dict[str, dict[str, Any]] = {
             "attn_resolutions": [],
         },
     },
+    # its decoder layers index mlp_layer_types, which the class leaves unset
+    "DeepseekOcr2TextConfig": {"num_hidden_layers": LAYERS, "mlp_layer_types": ["dense", "sparse"]},
     "Dots1Config": {"n_shared_experts": 1},  # its MoE multiplies by it; default None
     # the shared expert, the sliding layers' own sizes (kept per layer from the defaults) and
     # the indexer (whose head must hold the default's rotated channels)
