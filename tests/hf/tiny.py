@@ -98,6 +98,8 @@ FIXES: dict[str, dict[str, Any]] = {
     },
     # its decoder layers index mlp_layer_types, which the class leaves unset
     "DeepseekOcr2TextConfig": {"num_hidden_layers": LAYERS, "mlp_layer_types": ["dense", "sparse"]},
+    # its router's top-k and experts, which the class leaves unset
+    "DiffusionGemmaTextConfig": {"top_k_experts": 2, "num_experts": 4, "moe_intermediate_size": 32},
     "Dots1Config": {"n_shared_experts": 1},  # its MoE multiplies by it; default None
     # the shared expert, the sliding layers' own sizes (kept per layer from the defaults) and
     # the indexer (whose head must hold the default's rotated channels)
