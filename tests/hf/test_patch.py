@@ -333,6 +333,20 @@ def test_an_apply_whose_k_is_optional_rotates_q_alone_as_theirs_does() -> None:
 _FLAGS = ("tables_interleaved", "pairs_interleaved")
 
 
+def test_a_rotary_module_with_learned_parameters_is_refused_by_name() -> None:
+    """Mistral Large 4's rotary module scales its frequencies by a learned ``exp(alpha)``
+    (zero at init): posenc's tables, read from the config, would drop it, and its logits
+    differed (2.1e-4 at alpha ~ 0.02). Refused, the model unchanged, whatever alpha holds."""
+    fixes = census.CONFIG_FIXES.get("MistralLarge4TextConfig")
+    module = importlib.import_module("transformers.models.mistral_large4.modeling_mistral_large4")
+    model = tiny.tiny_model(transformers.MistralLarge4TextConfig, fixes, module)
+    want = _logits(model, IDS)
+    with pytest.raises(PosencValueError, match=r"mistral_large4_text.*learned.*alpha"):
+        posenc.hf.patch(model)
+    assert not any(MARK in m.__dict__ for m in model.modules())
+    torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("config_class", "section"),
     [("Qwen2VLTextConfig", "blocked"), ("Qwen3VLTextConfig", "interleaved")],

@@ -66,6 +66,7 @@ FIXES: dict[str, dict[str, Any]] = {
         "layer_types": ["linear_attention", "attention"],
     },
     "MiMoV2FlashConfig": {"head_dim": 48},
+    "ZayaConfig": {"num_experts_per_tok": 1},  # the only top-k its experts take
     # DBRX names its sizes d_model/n_heads/n_layers/max_seq_len, and keeps kv heads, the RoPE
     # base and the q/k/v clip (its clamp needs one) in attn_config, the experts in ffn_config
     "DbrxConfig": {
@@ -295,4 +296,18 @@ def tiny_model(
     if count > MAX_PARAMETERS:
         raise ValueError(f"not tiny: {count:,} parameters at the generic sizes")
     torch.manual_seed(0)
-    return cls(config).eval()
+    model = cls(config).eval()
+    _fill_zeros(model)
+    return model
+
+
+def _fill_zeros(model: torch.nn.Module) -> None:
+    """Random values in the parameters a family initialises to zero (output projections,
+    per-head gates, key temperatures): with them zero, attention adds nothing to the logits
+    and a patched rotation could not change them, so the sweep's comparison would prove
+    nothing for that family."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and not parameter.any():
+                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator))
