@@ -308,6 +308,45 @@ def test_an_unknown_rotation_signature_is_refused_by_name() -> None:
         form_of("'fam'", apply_rotary_pos_emb, "apply_rotary_pos_emb")
 
 
+def test_an_apply_whose_k_is_optional_rotates_q_alone_as_theirs_does() -> None:
+    """Qwen4-Exp's apply takes ``k=None`` (its indexer rotates queries alone, ``bshd`` by
+    ``unsqueeze_dim=2``, and pooled keys ``(g, 1, d)``): posenc's rotation takes the same
+    calls and gives transformers' own results (partial: 16 of 24 channels turn)."""
+    from posenc.hf.rotations import rotation
+
+    theirs = importlib.import_module("transformers.models.qwen4_exp.modeling_qwen4_exp")
+    theirs = theirs.apply_rotary_pos_emb
+    ours = rotation("'fam'", theirs, "apply_rotary_pos_emb", **dict.fromkeys(_FLAGS, False))
+    g = torch.Generator().manual_seed(3)
+    freqs = torch.arange(7.0)[:, None] * 10000.0 ** (-torch.arange(8.0) / 8)
+    cos, sin = torch.cat([freqs, freqs], -1).cos()[None], torch.cat([freqs, freqs], -1).sin()[None]
+    for q, dim in ((torch.randn(1, 7, 3, 24, generator=g), 2), (torch.randn(7, 1, 24), 1)):
+        tables = (cos, sin) if dim == 2 else (cos[0], sin[0])
+        want = theirs(q.clone(), cos=tables[0], sin=tables[1], unsqueeze_dim=dim)
+        got = ours(q.clone(), cos=tables[0], sin=tables[1], unsqueeze_dim=dim)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    q, k = torch.randn(1, 3, 7, 24, generator=g), torch.randn(1, 3, 7, 24, generator=g)
+    for got, want in zip(ours(q.clone(), k.clone(), cos, sin), theirs(q, k, cos, sin), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+_FLAGS = ("tables_interleaved", "pairs_interleaved")
+
+
+def test_a_rotary_module_with_learned_parameters_is_refused_by_name() -> None:
+    """Mistral Large 4's rotary module scales its frequencies by a learned ``exp(alpha)``
+    (zero at init): posenc's tables, read from the config, would drop it, and its logits
+    differed (2.1e-4 at alpha ~ 0.02). Refused, the model unchanged, whatever alpha holds."""
+    fixes = census.CONFIG_FIXES.get("MistralLarge4TextConfig")
+    module = importlib.import_module("transformers.models.mistral_large4.modeling_mistral_large4")
+    model = tiny.tiny_model(transformers.MistralLarge4TextConfig, fixes, module)
+    want = _logits(model, IDS)
+    with pytest.raises(PosencValueError, match=r"mistral_large4_text.*learned.*alpha"):
+        posenc.hf.patch(model)
+    assert not any(MARK in m.__dict__ for m in model.modules())
+    torch.testing.assert_close(_logits(model, IDS), want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("config_class", "section"),
     [("Qwen2VLTextConfig", "blocked"), ("Qwen3VLTextConfig", "interleaved")],

@@ -57,7 +57,8 @@ SIZES: dict[str, Any] = {
 #: whose default sections would need a head too wide for a tiny model (Qwen3.5's [11, 11, 10]
 #: of a quarter of the head: 256 channels); an attention layer among the two where the
 #: defaults have none (Bamba, Granite MoE hybrid, RecurrentGemma); a head whose rotated
-#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192).
+#: fraction is even (MiMo-V2-Flash's 0.334 of 48, as of its 192); and the families whose
+#: defaults do not build or are not tiny through the generic fields (each commented).
 FIXES: dict[str, dict[str, Any]] = {
     "BambaConfig": {"attn_layer_indices": [1]},
     "GraniteMoeHybridConfig": {
@@ -65,6 +66,114 @@ FIXES: dict[str, dict[str, Any]] = {
         "layer_types": ["linear_attention", "attention"],
     },
     "MiMoV2FlashConfig": {"head_dim": 48},
+    "ZayaConfig": {"num_experts_per_tok": 1},  # the only top-k its experts take
+    # DBRX names its sizes d_model/n_heads/n_layers/max_seq_len, and keeps kv heads, the RoPE
+    # base and the q/k/v clip (its clamp needs one) in attn_config, the experts in ffn_config
+    "DbrxConfig": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": LAYERS,
+        "max_seq_len": 256,
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    # its router reads num_local_experts and n_group (the generic sizes reach neither: 512, 8)
+    "BailingHybridConfig": {
+        "n_group": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 2,
+        "num_experts": 4,
+    },
+    # the image token's id (its vocabulary map is empty by default) and a small VQ image model
+    "ChameleonConfig": {
+        "vocabulary_map": {"<image>": VOCAB - 1},
+        "vq_config": {
+            "embed_dim": 32,
+            "num_embeddings": 16,
+            "base_channels": 32,
+            "channel_multiplier": [1, 1],
+            "latent_channels": 32,
+            "num_res_blocks": 1,
+            "attn_resolutions": [],
+        },
+    },
+    # its decoder layers index mlp_layer_types, which the class leaves unset
+    "DeepseekOcr2TextConfig": {"num_hidden_layers": LAYERS, "mlp_layer_types": ["dense", "sparse"]},
+    # its router's top-k and experts, which the class leaves unset
+    "DiffusionGemmaTextConfig": {"top_k_experts": 2, "num_experts": 4, "moe_intermediate_size": 32},
+    "Dots1Config": {"n_shared_experts": 1},  # its MoE multiplies by it; default None
+    # the shared expert, the sliding layers' own sizes (kept per layer from the defaults) and
+    # the indexer (whose head must hold the default's rotated channels)
+    "Dots3NoteTextConfig": {
+        "shared_experts_intermediate_size": 32,
+        "swa_num_attention_heads": 4,
+        "swa_num_key_value_heads": 4,
+        "swa_q_lora_rank": 16,
+        "swa_kv_lora_rank": 16,
+        "swa_head_dim": 16,
+        "swa_qk_nope_head_dim": 8,
+        "swa_v_head_dim": 16,
+        "index_n_heads": 2,
+        "index_head_dim": 64,
+        "index_topk": 8,
+    },
+    # the MoE widths per expert group as the class requires a list
+    "Ernie4_5_VLMoeTextConfig": {"moe_intermediate_size": [32, 32]},
+    "EsmcConfig": {"num_attention_heads": 4, "num_key_value_heads": 4},  # no GQA in ESM C
+    # the per-layer embeddings' table: 262,144 x 256 per layer at the defaults
+    "Gemma4TextConfig": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16},
+    # no layer shares another's cache among two (the default shares the last 15 of 35), and
+    # the per-layer embeddings' table small, as Gemma 4's
+    "Gemma3nTextConfig": {
+        "num_kv_shared_layers": 0,
+        "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": 16,
+        "laurel_rank": 8,
+    },
+    # latent attention whose M-RoPE sections must sum to half the rope slice, checked at once
+    "HYV4VLTextConfig": {
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+        },
+    },
+    "Lfm2MoeConfig": {"num_hidden_layers": LAYERS, "layer_types": ["conv", "full_attention"]},
+    # the dense and expert widths and the zero experts, 12288 / 2048 / 256 at the defaults
+    "LongcatFlashConfig": {
+        "ffn_hidden_size": 64,
+        "expert_ffn_hidden_size": 32,
+        "moe_topk": 2,
+        "zero_expert_num": 2,
+    },
+    # the tiny head is the rope slice alone (latent attention above), so all of it turns
+    "Mistral4Config": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 128.0,
+            "original_max_position_embeddings": 8192,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+            "partial_rotary_factor": 1.0,
+        }
+    },
+    # an indexed attention layer (the default's is the 4th) and its indexer, which the class
+    # leaves unset (its index head holds the default 256-wide head's rotated channels)
+    "Qwen4ExpTextConfig": {
+        "num_hidden_layers": LAYERS,
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 256,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+    },
     "RecurrentGemmaConfig": {"block_types": ["recurrent", "attention"]},
     **{
         name: {
@@ -187,4 +296,18 @@ def tiny_model(
     if count > MAX_PARAMETERS:
         raise ValueError(f"not tiny: {count:,} parameters at the generic sizes")
     torch.manual_seed(0)
-    return cls(config).eval()
+    model = cls(config).eval()
+    _fill_zeros(model)
+    return model
+
+
+def _fill_zeros(model: torch.nn.Module) -> None:
+    """Random values in the parameters a family initialises to zero (output projections,
+    per-head gates, key temperatures): with them zero, attention adds nothing to the logits
+    and a patched rotation could not change them, so the sweep's comparison would prove
+    nothing for that family."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and not parameter.any():
+                parameter.copy_(0.02 * torch.randn(parameter.shape, generator=generator))

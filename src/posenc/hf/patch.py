@@ -314,6 +314,12 @@ class _Tables:
             raise PosencValueError(
                 f"cannot patch {family}: {type(module).__name__} keeps no config to read"
             )
+        learned = [n for n, _ in module.named_parameters()]
+        if learned:  # Mistral Large 4's exp(alpha) on its frequencies: not in the config
+            raise PosencValueError(
+                f"cannot patch {family}: its rotary module {type(module).__name__} has learned "
+                f"parameters {learned} that posenc's tables, read from the config, would drop"
+            )
         takes = "layer_type" in inspect.signature(type(module).forward).parameters
         types_ = sorted(set(getattr(config, "layer_types", None) or ())) if takes else []
         served = {n.removesuffix("_inv_freq") for n, _ in module.named_buffers(recurse=False)}

@@ -98,7 +98,8 @@ def rotation(
     names = list(inspect.signature(theirs).parameters)
     form = form_of(family, theirs, name)
     if form == "cos_sin":
-        return _cos_sin(names, tables_interleaved, pairs_interleaved)
+        k = inspect.signature(theirs).parameters[names[1]]
+        return _cos_sin(names, tables_interleaved, pairs_interleaved, k.default is None)
     layout = _layout(family, theirs, name, form)
     if form == "sin_cos":
 
@@ -124,8 +125,28 @@ def rotation(
     return rotate_complex
 
 
-def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
-    """The rotations of the ``"cos_sin"`` form (tables broadcast by ``unsqueeze_dim``)."""
+def _cos_sin(
+    names: list[str], tables: bool, pairs: bool, k_optional: bool = False
+) -> Callable[..., Any]:
+    """The rotations of the ``"cos_sin"`` form (tables broadcast by ``unsqueeze_dim``); where
+    the family's ``k`` defaults to ``None`` (Qwen4-Exp), a call without it returns ``q``
+    rotated into a new tensor, as theirs does."""
+    if names[2:4] == ["cos", "sin"] and k_optional:
+
+        def rotate_optional(
+            q: Tensor,
+            k: Tensor | None = None,
+            cos: Any = None,
+            sin: Any = None,
+            unsqueeze_dim: int = 1,
+        ) -> Any:
+            if k is not None:
+                return rotate_pair(q, k, cos, sin, unsqueeze_dim)
+            c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
+            return _turn(q, c, s, pairs, inplace=False)
+
+        rotate_optional.layout = "bhsd"  # type: ignore[attr-defined]
+
     if names[2:4] == ["cos", "sin"]:
 
         def rotate_pair(
@@ -144,6 +165,8 @@ def _cos_sin(names: list[str], tables: bool, pairs: bool) -> Callable[..., Any]:
             return _turn_both(q, k, c, s, pairs)
 
         rotate_pair.layout = "bhsd"  # type: ignore[attr-defined]
+        if k_optional and "position_ids" not in names:
+            return rotate_optional
         if "position_ids" not in names:
             return rotate_pair
 
