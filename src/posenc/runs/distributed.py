@@ -69,14 +69,21 @@ def init_distributed(device: torch.device | None = None) -> bool:
 
 def close_distributed(joined: bool) -> None:
     """Leave the process group if :func:`init_distributed` joined it, once every rank has
-    reached this point: a rank that tears its gloo connections down while its peer is still
-    in a last collective or exiting can abort at exit ("terminate called without an active
-    exception", seen once in six runs of the torchrun test on a loaded 2-core machine)."""
+    reached this point, and free it while Python still runs. gloo's worker threads drop
+    their finished collectives (which hold tensors with Python objects) on their own time;
+    one that does so while the interpreter shuts down cannot take the GIL and aborts the
+    rank ("terminate called without an active exception": a core dump showed
+    ``~AsyncBarrierWork`` -> ``~AsyncAllreduceWork`` -> ``decref_pyobject`` ->
+    ``pthread_exit`` in ``ProcessGroupGloo::runLoop``). Collecting the group's last
+    references (the DDP wrappers) here joins those threads before the interpreter ends."""
     if joined:
+        import gc
+
         import torch.distributed as dist
 
         dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def global_mean(loss_sum: Tensor, global_count: int, world_size: int) -> Tensor:
