@@ -369,3 +369,41 @@ def test_transformers_partial_tables_are_refused_and_their_first_copy_rotates(
     close(got, torch.cat((head, x[..., rotary_dim:]), -1))
     # at position 0 alone (every sine 0) the two readings agree: the identity, not refused
     assert torch.equal(posenc.rotary_embedding(x, cos, sin, torch.zeros(2, 5, dtype=torch.long)), x)
+
+
+def test_table_value_checks_read_nothing_on_a_gpus_path(monkeypatch) -> None:
+    """With CPU tensors standing in for a GPU's (``checks.CPU_IS_HOST`` cleared), a call with
+    full-width or half-width tables reads no value on the host (each check would synchronise
+    every call there) and rotates as on the CPU; ``POSENC_CHECK_POSITIONS=1`` turns the
+    full-width check back on."""
+    from posenc.encodings import checks
+    from tests.host_reads import host_reads
+
+    x = torch.randn(1, 2, 3, 8)
+    cos, sin = tables(6, 4)
+    full = [torch.cat((t, t), -1) for t in (cos, sin)]
+    ids = torch.tensor([[3, 0, 5]])
+    want = posenc.rotary_embedding(x, *full, ids)
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
+    for c, s in (full, (cos, sin)):
+        with host_reads(monkeypatch, own=True) as reads:
+            got = posenc.rotary_embedding(x, c, s, ids)
+        assert reads == [] and torch.equal(got, want)
+    bad = [t.clone() for t in full]
+    bad[0][3, 0] += 1.0
+    monkeypatch.setenv(checks.CHECK_VARIABLE, "1")
+    with pytest.raises(PosencValueError, match="its two copies differ"):
+        posenc.rotary_embedding(x, *bad, ids)
+
+
+def test_ids_outside_the_table_fail_where_their_range_is_not_read(monkeypatch) -> None:
+    """On a GPU's path (CPU tensors standing in) the ids' range is not read; a negative id
+    still fails in the gather, never counted from the table's end."""
+    from posenc.encodings import checks
+
+    monkeypatch.setattr(checks, "CPU_IS_HOST", False)
+    x = torch.randn(1, 2, 3, 8)
+    cos, sin = tables(6, 4)
+    for ids in (torch.tensor([[0, -1, 2]]), torch.tensor([[0, 6, 2]])):
+        with pytest.raises(IndexError):
+            posenc.rotary_embedding(x, cos, sin, ids)

@@ -252,20 +252,25 @@ def _halves(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor
 
 def _gather(cos: Tensor, sin: Tensor, rows: Tensor, what: str) -> tuple[Tensor, Tensor]:
     """``cos[rows]`` and ``sin[rows]`` (tables of one shape) after checking that the tables are
-    ``(N, w)`` and that every row exists (one read of the rows' extremes)."""
+    ``(N, w)`` and that every row exists (one read of the rows' extremes, where the host
+    reads them: :func:`~..checks.reads_values`; elsewhere a row outside the table fails in
+    the gather itself)."""
     if cos.dim() != 2:
         raise PosencValueError(
             f"cos must be a table (N, D/2) to be indexed by positions, got shape {tuple(cos.shape)}"
         )
-    if rows.numel():
+    if rows.numel() and reads_values(rows):
         low, high = torch.aminmax(rows)
         low, high = int(low), int(high)
         if low < 0 or high >= cos.shape[0]:
             raise PosencValueError(
                 f"{what} reach rows {low}..{high} but the tables have {cos.shape[0]} rows"
             )
-    rows = rows.to(cos.device)
-    return cos[rows], sin[rows]
+    # index_select, not cos[rows]: a negative row is an error (a device-side one on a GPU,
+    # where the range is not read), never counted from the table's end
+    flat = rows.to(cos.device).flatten()
+    shape = (*rows.shape, cos.shape[-1])
+    return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)
 
 
 def _check_ids(position_ids: Tensor, batch: int, seq: int) -> Tensor:

@@ -1,7 +1,8 @@
 """Transformers' full-width cos/sin tables (``cat(a, a)``, or each angle twice for the
 interleaved layout) as posenc's rotations read them: checked to hold two equal copies of each
-angle (:func:`copies`), cut to half width (:func:`half_width`), and refused where they are
-transformers' per-batch-row tables broadcast along the heads (:func:`check_not_batch_first`).
+angle where the host reads their values (:func:`copies`), cut to half width
+(:func:`half_width`), and refused where they are transformers' per-batch-row tables broadcast
+along the heads (:func:`check_not_batch_first`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ....errors import PosencValueError
+from ...checks import reads_values
 
 __all__ = ["check_not_batch_first", "copies", "half_width", "records_tables"]
 
@@ -32,7 +34,10 @@ def copies(
     cos: Tensor, sin: Tensor, d: int, interleaved: bool
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The two copies of each angle of full-width ``cos`` and ``sin`` (``(first, second)``
-    each), after checking that they are ``d`` wide and that the copies agree."""
+    each), after checking that they are ``d`` wide and, where their values are read
+    (:func:`~posenc.encodings.checks.reads_values`: on the CPU, or under
+    ``POSENC_CHECK_POSITIONS=1``; on a GPU the comparison would synchronise every call),
+    that the copies agree."""
     width = cos.shape[-1] if cos.dim() else 0
     if width != d:
         raise PosencValueError(
@@ -42,7 +47,7 @@ def copies(
     pairs = []
     for name, t in (("cos", cos), ("sin", sin)):
         first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
-        if not torch.equal(first, second):
+        if reads_values(t) and not torch.equal(first, second):
             form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
             raise PosencValueError(
                 f"{name} is full width ({d}) but not in transformers' form ({form}) for "
