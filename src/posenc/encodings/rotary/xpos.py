@@ -236,7 +236,8 @@ class XPos(RotaryEncoding):
         """:meth:`position_state` with the centre fixed at the first cached call's: queries
         and keys rotated in later calls share it (the centre cancels in every score only
         when they do), so decoding equals one forward with ``center`` set to it. The context
-        validated ``positions``, and the centre stays on the device: nothing is read."""
+        validated ``positions``, and the centre stays on the device: nothing is read, but for
+        :meth:`check_finite` where the host's bound leaves the scales' range in doubt."""
         pos = positions
         center, reach = self._cached_center(pos, memo, bound)
         work = compute_dtype(x.dtype)
