@@ -95,11 +95,12 @@ def rotation(
     each frequency twice, else ``cat(freqs, freqs)``) and turning pairs ``(2i, 2i+1)``
     (``pairs_interleaved``) or ``(i, i + r/2)``. The function has an attribute ``layout``,
     ``"bhsd"`` or ``"bshd"``: the layout of ``x`` it takes."""
-    names = list(inspect.signature(theirs).parameters)
+    parameters = inspect.signature(theirs).parameters
+    names = list(parameters)
     form = form_of(family, theirs, name)
     if form == "cos_sin":
-        k = inspect.signature(theirs).parameters[names[1]]
-        return _cos_sin(names, tables_interleaved, pairs_interleaved, k.default is None)
+        k_optional = parameters[names[1]].default is None
+        return _cos_sin(names, tables_interleaved, pairs_interleaved, k_optional)
     layout = _layout(family, theirs, name, form)
     if form == "sin_cos":
 
@@ -131,22 +132,6 @@ def _cos_sin(
     """The rotations of the ``"cos_sin"`` form (tables broadcast by ``unsqueeze_dim``); where
     the family's ``k`` defaults to ``None`` (Qwen4-Exp), a call without it returns ``q``
     rotated into a new tensor, as theirs does."""
-    if names[2:4] == ["cos", "sin"] and k_optional:
-
-        def rotate_optional(
-            q: Tensor,
-            k: Tensor | None = None,
-            cos: Any = None,
-            sin: Any = None,
-            unsqueeze_dim: int = 1,
-        ) -> Any:
-            if k is not None:
-                return rotate_pair(q, k, cos, sin, unsqueeze_dim)
-            c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
-            return _turn(q, c, s, pairs, inplace=False)
-
-        rotate_optional.layout = "bhsd"  # type: ignore[attr-defined]
-
     if names[2:4] == ["cos", "sin"]:
 
         def rotate_pair(
@@ -166,6 +151,20 @@ def _cos_sin(
 
         rotate_pair.layout = "bhsd"  # type: ignore[attr-defined]
         if k_optional and "position_ids" not in names:
+
+            def rotate_optional(
+                q: Tensor,
+                k: Tensor | None = None,
+                cos: Any = None,
+                sin: Any = None,
+                unsqueeze_dim: int = 1,
+            ) -> Any:
+                if k is not None:
+                    return rotate_pair(q, k, cos, sin, unsqueeze_dim)
+                c, s = _half(cos, unsqueeze_dim, tables), _half(sin, unsqueeze_dim, tables)
+                return _turn(q, c, s, pairs, inplace=False)
+
+            rotate_optional.layout = "bhsd"  # type: ignore[attr-defined]
             return rotate_optional
         if "position_ids" not in names:
             return rotate_pair

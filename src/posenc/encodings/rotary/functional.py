@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ...errors import PosencTypeError, PosencValueError
 from ..checks import check_bool, reads_values, wide_integers
-from .kernels.full_width import check_not_batch_first, half_width
+from .kernels.full_width import check_not_batch_first, check_not_partial, half_width
 from .kernels.kernel import overlap
 from .kernels.rotate import apply_rotary, apply_rotary_
 from .layouts import LAYOUTS, Layout, is_zero, offset_rows, packed_rows
@@ -226,27 +226,10 @@ def _gathered(
 
 
 def _halves(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
-    """:func:`half_width`'s tables, after refusing (where their values are read:
-    :func:`~..checks.reads_values`) tables at most ``D/2`` wide whose two copies of each angle
-    agree: transformers' full-width form of a partial rotation (``cat(f, f)`` of ``w/2``
-    angles, for ``rotary_dim = w``), which has the shape of a half-width table of ``w``
-    angles and would turn ``2w`` channels by the wrong angles. Tables of a real rotation
-    never repeat every angle at every row (their sines differ by frequency)."""
-    cos, sin = half_width(cos, sin, d, interleaved)  # (full width kept where autograd records)
-    w = cos.shape[-1] if cos.dim() else 0
-    if w < 2 or w % 2 or w > d // 2 or not cos.numel() or not reads_values(cos):
-        return cos, sin
-    halves = [
-        (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(w // 2, -1) for t in (cos, sin)
-    ]
-    if all(torch.equal(a, b) for a, b in halves) and bool(halves[1][0].ne(0).any()):
-        form = "each angle twice" if interleaved else "cat(f, f)"
-        raise PosencValueError(
-            f"cos/sin of width {w} repeat every angle ({form}, interleaved={interleaved}): "
-            f"transformers' tables of a partial rotation of {w} channels, where a half-width "
-            f"table of width {w} turns {2 * w}; pass their first copy, "
-            f"cos[..., {'::2' if interleaved else f': {w // 2}'}] (and sin alike)"
-        )
+    """:func:`half_width`'s tables (full width kept where autograd records them), refused
+    where they are transformers' tables of a partial rotation (:func:`check_not_partial`)."""
+    cos, sin = half_width(cos, sin, d, interleaved)
+    check_not_partial(cos, sin, d, interleaved)
     return cos, sin
 
 

@@ -2,7 +2,8 @@
 interleaved layout) as posenc's rotations read them: checked to hold two equal copies of each
 angle where the host reads their values (:func:`copies`), cut to half width
 (:func:`half_width`), and refused where they are transformers' per-batch-row tables broadcast
-along the heads (:func:`check_not_batch_first`).
+along the heads (:func:`check_not_batch_first`); and transformers' tables of a partial
+rotation, which have a half-width table's shape, refused (:func:`check_not_partial`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,21 @@ from torch import Tensor
 from ....errors import PosencValueError
 from ...checks import reads_values
 
-__all__ = ["check_not_batch_first", "copies", "half_width", "records_tables"]
+__all__ = [
+    "check_not_batch_first",
+    "check_not_partial",
+    "copies",
+    "half_width",
+    "records_tables",
+    "two_copies",
+]
+
+
+def two_copies(t: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    """The two halves of a table that holds each angle twice, as views: the even and odd
+    channels (``interleaved``: ``[a0, a0, a1, a1, ...]``), or the first and second half
+    (``cat(a, a)``)."""
+    return (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(t.shape[-1] // 2, dim=-1)
 
 
 def half_width(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> tuple[Tensor, Tensor]:
@@ -46,7 +61,7 @@ def copies(
         )
     pairs = []
     for name, t in (("cos", cos), ("sin", sin)):
-        first, second = (t[..., 0::2], t[..., 1::2]) if interleaved else t.split(d // 2, dim=-1)
+        first, second = two_copies(t, interleaved)
         if reads_values(t) and not torch.equal(first, second):
             form = "each angle twice, [a0, a0, a1, a1, ...]" if interleaved else "cat(a, a)"
             raise PosencValueError(
@@ -74,4 +89,25 @@ def check_not_batch_first(x: Tensor, cos: Tensor) -> None:
             "they would be read per head; pass cos.unsqueeze(1), sin.unsqueeze(1) for x "
             "(B, H, S, D), as apply_rotary_pos_emb reads them (unsqueeze(2) for x "
             "(B, S, H, D)), or unsqueeze(0) for tables per head"
+        )
+
+
+def check_not_partial(cos: Tensor, sin: Tensor, d: int, interleaved: bool) -> None:
+    """Refuse, where their values are read (:func:`~posenc.encodings.checks.reads_values`),
+    tables at most ``D/2`` wide whose two copies of each angle agree: transformers' full-width
+    form of a partial rotation (``cat(f, f)`` of ``w/2`` angles, for ``rotary_dim = w``), which
+    has the shape of a half-width table of ``w`` angles and would turn ``2w`` channels by the
+    wrong angles. Tables of a real rotation never repeat every angle at every row (their sines
+    differ by frequency)."""
+    w = cos.shape[-1] if cos.dim() else 0
+    if w < 2 or w % 2 or w > d // 2 or not cos.numel() or not reads_values(cos):
+        return
+    halves = [two_copies(t, interleaved) for t in (cos, sin)]
+    if all(torch.equal(a, b) for a, b in halves) and bool(halves[1][0].ne(0).any()):
+        form = "each angle twice" if interleaved else "cat(f, f)"
+        raise PosencValueError(
+            f"cos/sin of width {w} repeat every angle ({form}, interleaved={interleaved}): "
+            f"transformers' tables of a partial rotation of {w} channels, where a half-width "
+            f"table of width {w} turns {2 * w}; pass their first copy, "
+            f"cos[..., {'::2' if interleaved else f': {w // 2}'}] (and sin alike)"
         )
